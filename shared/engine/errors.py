@@ -1,0 +1,47 @@
+"""Typed engine errors.
+
+Every error the engine raises on bad input derives from ``EngineError`` and
+leaves the engine usable: nothing is allocated before validation passes, and
+a failed forward releases what it took. The gRPC layer maps each class to a
+status code (``grpc_code``) so handlers need no try/except of their own.
+"""
+
+
+class EngineError(Exception):
+    """Base class; ``grpc_code`` names the gRPC status the services return."""
+
+    grpc_code = "INTERNAL"
+
+
+class InvalidRequestError(EngineError):
+    """Malformed input: empty prompt, token id out of vocabulary, bad sampling values."""
+
+    grpc_code = "INVALID_ARGUMENT"
+
+
+class InvalidTreeError(InvalidRequestError):
+    """A token tree whose parent indices do not describe a tree (cycle, forward or out-of-range parent)."""
+
+
+class ContextLengthError(InvalidRequestError):
+    """The sequence (prompt + generated + speculative tokens) would exceed the model's context window."""
+
+    grpc_code = "OUT_OF_RANGE"
+
+
+class UnknownSequenceError(EngineError):
+    """A sequence id the engine does not hold (never added, or already released)."""
+
+    grpc_code = "NOT_FOUND"
+
+
+class DuplicateSequenceError(EngineError):
+    """A sequence id that is already live."""
+
+    grpc_code = "ALREADY_EXISTS"
+
+
+class OutOfBlocksError(EngineError):
+    """The paged KV cache has too few free blocks for this step; nothing was allocated."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"

@@ -1,0 +1,108 @@
+"""Plain data that flows between the engine, the services and the scheduler.
+
+A token tree hangs off the last committed token of a sequence::
+
+    committed:  t0 t1 t2 ... t(n-1)          (n tokens, the KV cache holds them)
+    tree:                        \\
+                                  node0 (parent -1) ── node2 (parent 0)
+                                  node1 (parent -1) ── node3 (parent 1) ── node4 (parent 3)
+
+Node i has depth 0 when its parent is -1, else depth(parent) + 1; its
+position id is n + depth. Parents always precede children (parent < i), which
+is what makes the list a tree and lets every pass run front to back. A chain
+of k tokens is the tree with parents [-1, 0, 1, ..., k-2].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the target picks tokens; temperature 0 means greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class SparseDist:
+    """A probability distribution over a subset of the vocabulary (the rest is 0).
+
+    The draft samples from exactly this distribution, so sending it instead of a
+    dense vocabulary vector keeps rejection sampling exact.
+    """
+
+    token_ids: torch.Tensor  # [k] int64
+    probs: torch.Tensor  # [k] float32, sums to 1
+
+
+@dataclass
+class TokenTree:
+    """Speculative tokens to verify, as node token ids plus parent indices.
+
+    ``draft_probs[i]`` is the draft's conditional probability of node i given
+    its path (AdaServe multiplies them into path probabilities).
+    ``child_dists[j]`` is the distribution the children of row j were sampled
+    from, where row 0 is the last committed token and row i+1 is node i; a
+    missing entry or None means those children were chosen deterministically
+    (greedy / beam search), which acceptance treats as point masses.
+    """
+
+    token_ids: list[int] = field(default_factory=list)
+    parent_ids: list[int] = field(default_factory=list)
+    draft_probs: list[float] = field(default_factory=list)
+    child_dists: dict[int, SparseDist] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @staticmethod
+    def chain(token_ids: list[int], draft_probs: list[float] | None = None) -> "TokenTree":
+        return TokenTree(
+            token_ids=list(token_ids),
+            parent_ids=list(range(-1, len(token_ids) - 1)),
+            draft_probs=list(draft_probs) if draft_probs is not None else [],
+        )
+
+
+@dataclass
+class AcceptResult:
+    """Outcome of verifying one request's tree.
+
+    ``accepted_nodes`` is the root-to-node path of accepted node indices;
+    ``tokens`` is what the request emits this step: the accepted tokens
+    followed by the bonus token sampled from the target at the path's end.
+    ``node_status[i]`` is 1 if node i was accepted, 0 if it was tested and
+    rejected, -1 if it was never reached.
+    """
+
+    accepted_nodes: list[int]
+    tokens: list[int]
+    node_status: list[int]
+
+    @property
+    def bonus_token(self) -> int:
+        return self.tokens[-1]
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.accepted_nodes)
+
+
+@dataclass
+class ForwardCost:
+    """What one forward pass cost: the profiler fits T = a*N_context + g*N_batched + d on these."""
+
+    duration_s: float
+    num_seqs: int
+    num_batched_tokens: int  # tokens run through the model this pass (prefill + decode + tree)
+    num_context_tokens: int  # KV entries attended to, summed over sequences
