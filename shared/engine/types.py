@@ -106,3 +106,64 @@ class ForwardCost:
     num_seqs: int
     num_batched_tokens: int  # tokens run through the model this pass (prefill + decode + tree)
     num_context_tokens: int  # KV entries attended to, summed over sequences
+
+
+# ---------------------------------------------------------------------------
+# Per-iteration work items: what the scheduler asks of the model services.
+# The same items are used in-process (TargetEngine / DraftEngine) and on the
+# wire (the gRPC services translate protobuf <-> these dataclasses).
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class PrefillItem:
+    """Start a sequence: register its prompt and run it through the model.
+
+    On the target this also samples the first generated token.
+    """
+
+    seq_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass
+class VerifyItem:
+    """Verify one sequence's speculative tree on the target (an empty tree is a plain decode step)."""
+
+    seq_id: str
+    tree: TokenTree = field(default_factory=TokenTree)
+
+
+@dataclass
+class SpecItem:
+    """Ask the draft for speculation on one sequence.
+
+    ``new_tokens`` are the tokens committed since the last call for this
+    sequence (accepted path + bonus), so the draft's KV cache follows the
+    target. Exactly one shape: a chain of ``chain_len`` tokens (optionally
+    stopped early when the draft's confidence drops below
+    ``confidence_threshold``, SmartSpec App. A), or a beam-search candidate
+    tree of ``tree_depth`` x ``tree_width`` (AdaServe §4.3 step 1).
+    """
+
+    seq_id: str
+    new_tokens: list[int] = field(default_factory=list)
+    chain_len: int = 0
+    tree_depth: int = 0
+    tree_width: int = 0
+    confidence_threshold: float = 0.0
+
+
+@dataclass
+class PrefillResult:
+    seq_id: str
+    first_token: int
+
+
+@dataclass
+class StepCost:
+    """Timing of one service call, for the profiler and the policies."""
+
+    forward: list[ForwardCost] = field(default_factory=list)
+    total_s: float = 0.0
