@@ -1,0 +1,24 @@
+"""Engine configuration: every field has a default and a description."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class EngineConfig(BaseModel):
+    block_size: int = Field(16, ge=1, description="KV cache block (page) size in tokens.")
+    num_blocks: int | None = Field(
+        None, ge=1, description="KV blocks in the pool; None sizes it from kv_cache_bytes."
+    )
+    kv_cache_bytes: int = Field(
+        256 * 1024**2, ge=1, description="Memory for the KV pool when num_blocks is None."
+    )
+    max_context: int | None = Field(
+        None, ge=1, description="Longest sequence (committed + speculative); None = the model's max_position_embeddings."
+    )
+    attention_backend: str = Field(
+        "auto", description="auto (flashinfer on CUDA when installed, else sdpa), sdpa or flashinfer."
+    )
+    draft_top_k: int = Field(
+        64, ge=1, description="When sampling, the draft samples from its top-k (after top-p) and reports that sparse q."
+    )

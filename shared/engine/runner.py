@@ -1,0 +1,306 @@
+"""ModelRunner: one batched forward over mixed work, on a transformers model with a paged KV cache.
+
+A forward takes, per sequence, a ``Work``: feed the committed tokens not yet
+in the KV cache (a prefill or the last bonus token) and/or new speculative
+tree nodes, and return the logits rows asked for. Prefill, plain decode,
+tree verification and draft steps are all this one call::
+
+    work             fed tokens                       logits rows returned
+    prefill          prompt                           root (last prompt token)
+    decode/verify    bonus token + tree nodes         root + every node
+    draft step       new beam nodes                   every new node
+
+``commit(seq, tokens)`` appends tokens to the committed sequence, keeping the
+KV entries of the tree path that spelled them (moved down into place) and
+dropping every other speculative entry; ``commit(seq, [])`` is a rollback.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from shared.engine.attention.base import ATTN_IMPLEMENTATION, BatchLayout, SeqLayout, register, select_backend
+from shared.engine.config import EngineConfig
+from shared.engine.errors import (
+    ContextLengthError,
+    DuplicateSequenceError,
+    InvalidRequestError,
+    InvalidTreeError,
+    OutOfBlocksError,
+    UnknownSequenceError,
+)
+from shared.engine.kv_cache import PagedKVCache
+from shared.engine.sequence import Sequence
+from shared.engine.types import ForwardCost, SamplingParams
+
+
+@dataclass
+class Work:
+    seq: Sequence
+    new_nodes: list[tuple[int, int]] = field(default_factory=list)  # (token id, parent index in seq.tree)
+    want_root: bool = False  # logits at the last committed token
+    want_nodes: bool = False  # logits at each new node
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # [num_rows, vocab_size] float32
+    root_rows: list[int | None]  # per work: row of its root logits
+    node_rows: list[int | None]  # per work: first row of its new nodes' logits (consecutive)
+    cost: ForwardCost
+
+    def root(self, i: int) -> torch.Tensor:
+        return self.logits[self.root_rows[i]]
+
+    def nodes(self, i: int, count: int) -> torch.Tensor:
+        start = self.node_rows[i]
+        return self.logits[start : start + count]
+
+
+class ModelRunner:
+    """Owns a model, its KV pool and the sequences that live in it."""
+
+    def __init__(self, model, config: EngineConfig | None = None, *, name: str = "model"):
+        self.config = config or EngineConfig()
+        self.name = name
+        register()
+        model.set_attn_implementation(ATTN_IMPLEMENTATION)
+        self.model = model
+        self.decoder = model.get_decoder()
+        self.lm_head = model.get_output_embeddings()
+        cfg = model.config
+        self.vocab_size = model.get_input_embeddings().weight.shape[0]
+        self.max_context = self.config.max_context or cfg.max_position_embeddings
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        num_blocks = self.config.num_blocks or max(
+            1,
+            self.config.kv_cache_bytes
+            // PagedKVCache.bytes_per_block(
+                cfg.num_hidden_layers, self.config.block_size, cfg.num_key_value_heads, head_dim, self.dtype
+            ),
+        )
+        self.cache = PagedKVCache(
+            num_layers=cfg.num_hidden_layers,
+            num_blocks=num_blocks,
+            block_size=self.config.block_size,
+            num_kv_heads=cfg.num_key_value_heads,
+            head_dim=head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self.backend = select_backend(self.config.attention_backend, self.cache, self.device)
+        self.seqs: dict[str, Sequence] = {}
+
+    # ------------------------------------------------------------------ sequences
+
+    def add(self, seq_id: str, token_ids: list[int], sampling: SamplingParams | None = None) -> Sequence:
+        if seq_id in self.seqs:
+            raise DuplicateSequenceError(f"sequence {seq_id!r} is already live")
+        if not token_ids:
+            raise InvalidRequestError(f"sequence {seq_id!r}: empty prompt")
+        self.check_tokens(token_ids, what=f"sequence {seq_id!r}")
+        if len(token_ids) > self.max_context:
+            raise ContextLengthError(
+                f"sequence {seq_id!r}: prompt of {len(token_ids)} tokens exceeds the context window of {self.max_context}"
+            )
+        seq = Sequence(seq_id=seq_id, token_ids=list(token_ids), sampling=sampling or SamplingParams())
+        self.seqs[seq_id] = seq
+        return seq
+
+    def get(self, seq_id: str) -> Sequence:
+        seq = self.seqs.get(seq_id)
+        if seq is None:
+            raise UnknownSequenceError(f"unknown sequence {seq_id!r}")
+        return seq
+
+    def release(self, seq_id: str) -> None:
+        seq = self.seqs.pop(seq_id, None)
+        if seq is None:
+            raise UnknownSequenceError(f"unknown sequence {seq_id!r}")
+        self.cache.allocator.free(seq.block_ids)
+        seq.block_ids = []
+
+    def check_tokens(self, token_ids: list[int], *, what: str) -> None:
+        for t in token_ids:
+            if not (0 <= t < self.vocab_size):
+                raise InvalidRequestError(f"{what}: token id {t} is outside the vocabulary [0, {self.vocab_size})")
+
+    def check_accounting(self) -> None:
+        """Every block is owned by exactly one live sequence or free (DESIGN §4)."""
+        owners = self.cache.allocator.owners()
+        held = [b for s in self.seqs.values() for b in s.block_ids]
+        assert len(held) == len(set(held)), "a KV block is held by two sequences"
+        assert set(held) == set(owners), "allocator and block tables disagree"
+        for s in self.seqs.values():
+            assert all(owners[b] == s.seq_id for b in s.block_ids)
+            assert len(s.block_ids) >= self.cache.blocks_for(s.num_cached + len(s.tree))
+        assert len(owners) + self.cache.num_free_blocks == self.cache.num_blocks
+
+    # ------------------------------------------------------------------ forward
+
+    def _validate(self, works: list[Work]) -> int:
+        """Check every work item before anything is mutated; returns the blocks the batch needs."""
+        needed = 0
+        seen: set[str] = set()
+        for w in works:
+            seq = w.seq
+            if seq.seq_id in seen:
+                raise InvalidRequestError(f"sequence {seq.seq_id!r} appears twice in one batch")
+            seen.add(seq.seq_id)
+            if self.seqs.get(seq.seq_id) is not seq:
+                raise UnknownSequenceError(f"unknown sequence {seq.seq_id!r}")
+            base = len(seq.tree)
+            for i, (token, parent) in enumerate(w.new_nodes):
+                if not (-1 <= parent < base + i):
+                    raise InvalidTreeError(
+                        f"sequence {seq.seq_id!r}: node {base + i} has parent {parent}; parents must precede "
+                        f"their children (-1 <= parent < node index)"
+                    )
+                if not (0 <= token < self.vocab_size):
+                    raise InvalidRequestError(
+                        f"sequence {seq.seq_id!r}: tree token id {token} is outside the vocabulary [0, {self.vocab_size})"
+                    )
+            if w.new_nodes and seq.num_cached < seq.num_committed and len(seq.tree):
+                raise InvalidRequestError(f"sequence {seq.seq_id!r}: tree extended before committed tokens were run")
+            total = seq.num_logical + len(w.new_nodes)
+            if total > self.max_context:
+                raise ContextLengthError(
+                    f"sequence {seq.seq_id!r}: {seq.num_committed} tokens + {total - seq.num_committed} speculative "
+                    f"exceed the context window of {self.max_context}"
+                )
+            needed += max(0, self.cache.blocks_for(total) - len(seq.block_ids))
+        if needed > self.cache.num_free_blocks:
+            raise OutOfBlocksError(
+                f"{self.name}: batch needs {needed} more KV blocks, {self.cache.num_free_blocks} of "
+                f"{self.cache.num_blocks} are free"
+            )
+        return needed
+
+    def _slots(self, seq: Sequence, logical: torch.Tensor) -> torch.Tensor:
+        bs = self.cache.block_size
+        table = torch.tensor(seq.block_ids, dtype=torch.long)
+        return table[logical // bs] * bs + logical % bs
+
+    @torch.inference_mode()
+    def forward(self, works: list[Work]) -> ForwardOutput:
+        if not works:
+            raise InvalidRequestError("empty batch")
+        self._validate(works)
+        start = time.perf_counter()
+
+        input_ids: list[torch.Tensor] = []
+        positions: list[torch.Tensor] = []
+        new_slots: list[torch.Tensor] = []
+        seq_layouts: list[SeqLayout] = []
+        out_rows: list[int] = []  # packed token rows whose logits we return
+        root_rows: list[int | None] = []
+        node_rows: list[int | None] = []
+        snapshots = [(w.seq, w.seq.num_cached, len(w.seq.tree)) for w in works]
+        q_start = 0
+        try:
+            for w in works:
+                seq = w.seq
+                n = seq.num_committed
+                if w.want_root and seq.num_cached == n:
+                    seq.num_cached = n - 1  # re-run the last token: its logits were not kept
+                fed = torch.tensor(seq.token_ids[seq.num_cached :], dtype=torch.long)  # [num_fed]
+                first_new = len(seq.tree)
+                for token, parent in w.new_nodes:
+                    seq.tree.add(token, parent)
+                total = seq.num_logical
+                grow = self.cache.blocks_for(total) - len(seq.block_ids)
+                if grow > 0:
+                    seq.block_ids += self.cache.allocator.allocate(grow, seq.seq_id)
+
+                node_ids = torch.arange(first_new, total - n)  # [num_new]
+                node_tokens = torch.tensor([seq.tree.token_ids[j] for j in node_ids.tolist()], dtype=torch.long)
+                node_depths = torch.tensor([seq.tree.depths[j] for j in node_ids.tolist()], dtype=torch.long)
+                fed_pos = torch.arange(seq.num_cached, n)  # [num_fed]
+                q_len = len(fed_pos) + len(node_ids)
+
+                input_ids += [fed, node_tokens]
+                positions += [fed_pos, n + node_depths]
+                logical_new = torch.cat([fed_pos, n + node_ids])
+                kv_slots = self._slots(seq, torch.arange(total))  # [kv_len]
+                new_slots.append(kv_slots[logical_new])
+
+                cols = torch.arange(total)
+                mask = torch.zeros(q_len, total, dtype=torch.bool)  # [q_len, kv_len]
+                mask[: len(fed_pos)] = cols[None, :] <= fed_pos[:, None]
+                if len(node_ids):
+                    mask[len(fed_pos) :, :n] = True
+                    mask[len(fed_pos) :, n:] = seq.tree.anc[node_ids][:, : total - n]
+                seq_layouts.append(SeqLayout(q_start, q_len, kv_slots, mask, causal=len(seq.tree) == 0))
+
+                root_rows.append(None)
+                node_rows.append(None)
+                if w.want_root:
+                    root_rows[-1] = len(out_rows)
+                    out_rows.append(q_start + len(fed_pos) - 1)
+                if w.want_nodes and len(node_ids):
+                    node_rows[-1] = len(out_rows)
+                    out_rows += range(q_start + len(fed_pos), q_start + q_len)
+                q_start += q_len
+
+            layout = BatchLayout(
+                seqs=seq_layouts,
+                new_slots=torch.cat(new_slots).to(self.device),
+                num_tokens=q_start,
+                device=self.device,
+            )
+            self.backend.plan(layout)
+            ids = torch.cat(input_ids).to(self.device)[None]  # [1, T]
+            pos = torch.cat(positions).to(self.device)[None]  # [1, T]
+            hidden = self.decoder(input_ids=ids, position_ids=pos, use_cache=False, tandem_backend=self.backend)
+            hidden = hidden.last_hidden_state[0]  # [T, hidden]
+            rows = torch.tensor(out_rows, dtype=torch.long, device=self.device)
+            logits = self.lm_head(hidden[rows]).float()  # [num_rows, vocab]
+        except BaseException:
+            for seq, num_cached, tree_len in snapshots:
+                seq.num_cached = num_cached
+                del seq.tree.token_ids[tree_len:], seq.tree.parent_ids[tree_len:], seq.tree.depths[tree_len:]
+            raise
+        for w in works:
+            w.seq.num_cached = w.seq.num_committed
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        cost = ForwardCost(
+            duration_s=time.perf_counter() - start,
+            num_seqs=len(works),
+            num_batched_tokens=q_start,
+            num_context_tokens=layout.num_context_tokens,
+        )
+        return ForwardOutput(logits=logits, root_rows=root_rows, node_rows=node_rows, cost=cost)
+
+    # ------------------------------------------------------------------ commit
+
+    def commit(self, seq: Sequence, tokens: list[int]) -> int:
+        """Append tokens; reuse the KV of the tree path that spells their prefix. Returns nodes reused."""
+        self.check_tokens(tokens, what=f"sequence {seq.seq_id!r}")
+        n = seq.num_committed
+        path: list[int] = []
+        node = -1
+        if seq.num_cached == n:  # tree entries are only valid on top of a fully cached prefix
+            for token in tokens:
+                child = seq.tree.child(node, token)
+                if child is None:
+                    break
+                path.append(child)
+                node = child
+        if path and path != list(range(len(path))):
+            src = self._slots(seq, n + torch.tensor(path))
+            dst = self._slots(seq, n + torch.arange(len(path)))
+            self.cache.move(src.to(self.device), dst.to(self.device))
+        seq.tree.clear()
+        seq.token_ids += tokens
+        seq.num_cached = n + len(path)
+        keep = self.cache.blocks_for(seq.num_cached)
+        if keep < len(seq.block_ids):
+            self.cache.allocator.free(seq.block_ids[keep:])
+            del seq.block_ids[keep:]
+        return len(path)

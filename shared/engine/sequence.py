@@ -1,0 +1,80 @@
+"""One sequence as a model service holds it: committed tokens, KV progress, speculative tree.
+
+::
+
+    logical KV positions of a sequence with n committed tokens and a tree of m nodes
+
+    0 .. num_cached-1 | num_cached .. n-1 | n .. n+m-1
+    committed, in KV  | committed, not    | speculative tree nodes, node j at n + j
+                      | yet in KV         | (position id n + depth(j), not n + j)
+
+Only the model runner mutates KV-related fields; commit() moves the accepted
+root-to-node path of the tree down to n, n+1, ... and drops the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from shared.engine.types import SamplingParams
+
+
+@dataclass
+class SpecTree:
+    """The speculative nodes of a sequence that are in its KV cache."""
+
+    token_ids: list[int] = field(default_factory=list)
+    parent_ids: list[int] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+    # anc[i, j]: j is i or an ancestor of i.  [capacity, capacity] bool, grown by doubling
+    anc: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.bool))
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def add(self, token_id: int, parent_id: int) -> int:
+        j = len(self.token_ids)
+        if j >= self.anc.shape[0]:
+            grown = torch.zeros(max(8, 2 * j), max(8, 2 * j), dtype=torch.bool)
+            grown[:j, :j] = self.anc[:j, :j]
+            self.anc = grown
+        if parent_id >= 0:
+            self.anc[j, :j] = self.anc[parent_id, :j]
+        self.anc[j, j] = True
+        self.token_ids.append(token_id)
+        self.parent_ids.append(parent_id)
+        self.depths.append(0 if parent_id < 0 else self.depths[parent_id] + 1)
+        return j
+
+    def child(self, parent_id: int, token_id: int) -> int | None:
+        for j, (p, t) in enumerate(zip(self.parent_ids, self.token_ids)):
+            if p == parent_id and t == token_id:
+                return j
+        return None
+
+    def clear(self) -> None:
+        self.token_ids.clear()
+        self.parent_ids.clear()
+        self.depths.clear()
+
+
+@dataclass
+class Sequence:
+    seq_id: str
+    token_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    generator: torch.Generator | None = None
+    num_cached: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    tree: SpecTree = field(default_factory=SpecTree)
+
+    @property
+    def num_committed(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_logical(self) -> int:
+        """KV positions in use: committed tokens plus speculative nodes."""
+        return len(self.token_ids) + len(self.tree)
