@@ -1,0 +1,85 @@
+"""The draft side: prefill, then speculate chains or beam-search trees for a batch in lock-step.
+
+Every speculate call first commits the tokens the target accepted since the
+last call, which keeps the KV entries of the matching draft path and drops
+the rest (rollback), then runs all drafters of the batch one forward per step.
+"""
+
+from __future__ import annotations
+
+from shared.engine.drafting import BeamDrafter, ChainDrafter
+from shared.engine.errors import DuplicateSequenceError, InvalidRequestError
+from shared.engine.runner import ModelRunner, Work
+from shared.engine.sampling import validate_sampling
+from shared.engine.types import ForwardCost, PrefillItem, SpecItem, TokenTree
+
+
+class DraftEngine:
+    def __init__(self, runner: ModelRunner, *, max_chain: int = 32, max_depth: int = 16, max_width: int = 16):
+        self.runner = runner
+        self.max_chain = max_chain
+        self.max_depth = max_depth
+        self.max_width = max_width
+        self.costs: list[ForwardCost] = []  # forwards of the last call
+
+    def prefill(self, items: list[PrefillItem]) -> None:
+        ids = [p.seq_id for p in items]
+        if len(ids) != len(set(ids)):
+            raise InvalidRequestError("a sequence appears twice in one prefill")
+        for p in items:
+            if p.seq_id in self.runner.seqs:
+                raise DuplicateSequenceError(f"sequence {p.seq_id!r} is already live")
+            if not p.prompt_ids:
+                raise InvalidRequestError(f"sequence {p.seq_id!r}: empty prompt")
+            self.runner.check_tokens(p.prompt_ids, what=f"sequence {p.seq_id!r}")
+            validate_sampling(p.sampling)
+        added = [self.runner.add(p.seq_id, p.prompt_ids, p.sampling) for p in items]
+        try:
+            self.costs = [self.runner.forward([Work(seq) for seq in added])]
+        except BaseException:
+            for seq in added:
+                self.runner.release(seq.seq_id)
+            raise
+
+    def release(self, seq_ids: list[str]) -> None:
+        for seq_id in seq_ids:
+            self.runner.release(seq_id)
+
+    def _validate(self, items: list[SpecItem]) -> None:
+        ids = [it.seq_id for it in items]
+        if len(ids) != len(set(ids)):
+            raise InvalidRequestError("a sequence appears twice in one speculate call")
+        for it in items:
+            self.runner.get(it.seq_id)
+            self.runner.check_tokens(it.new_tokens, what=f"sequence {it.seq_id!r}")
+            if it.chain_len and (it.tree_depth or it.tree_width):
+                raise InvalidRequestError(f"sequence {it.seq_id!r}: ask for a chain or a tree, not both")
+            if not (0 <= it.chain_len <= self.max_chain):
+                raise InvalidRequestError(f"sequence {it.seq_id!r}: chain length must be in [0, {self.max_chain}]")
+            if not (0 <= it.tree_depth <= self.max_depth and 0 <= it.tree_width <= self.max_width):
+                raise InvalidRequestError(
+                    f"sequence {it.seq_id!r}: tree depth must be in [0, {self.max_depth}] and width in [0, {self.max_width}]"
+                )
+            if not (0.0 <= it.confidence_threshold <= 1.0):
+                raise InvalidRequestError(f"sequence {it.seq_id!r}: confidence threshold must be in [0, 1]")
+
+    def speculate(self, items: list[SpecItem]) -> list[TokenTree]:
+        self._validate(items)
+        drafters: list[ChainDrafter | BeamDrafter] = []
+        for it in items:
+            seq = self.runner.get(it.seq_id)
+            self.runner.commit(seq, it.new_tokens)
+            if it.tree_depth:
+                drafters.append(BeamDrafter(seq, it.tree_depth, it.tree_width))
+            else:
+                drafters.append(
+                    ChainDrafter(seq, it.chain_len, it.confidence_threshold, self.runner.config.draft_top_k)
+                )
+        self.costs = []
+        while active := [d for d in drafters if not d.done]:
+            works = [d.next_work() for d in active]
+            out = self.runner.forward(works)
+            self.costs.append(out.cost)
+            for i, (d, w) in enumerate(zip(active, works)):
+                d.absorb(out.root(i)[None] if w.want_root else out.nodes(i, len(w.new_nodes)))
+        return [d.tree for d in drafters]

@@ -1,0 +1,121 @@
+"""Drafting primitives: chain drafting and beam-search candidate trees, batched over requests.
+
+Each drafter is a small state machine over one sequence: ``next_work()`` says
+what to run in the next batched draft forward, ``absorb(logits)`` reads the
+result. The draft engine runs all drafters of a call in lock-step, one
+forward per step for the whole batch.
+
+Chain of k (SmartSpec §2; confidence stop, App. A)::
+
+    step 0: run committed tail → d1      step i: run d_i → d_{i+1}      (d_k is never run)
+
+Beam search of depth d, width w (AdaServe §4.3 step 1)::
+
+    step 0: root → top-w children by draft probability          (layer 0, w nodes)
+    step s: run layer s-1 → of its w×|V| children keep the w with the
+            highest path probability (product of conditional probabilities)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shared.engine.runner import Work
+from shared.engine.sampling import draft_dist, make_generator, probs_from_logits, sample_sparse
+from shared.engine.sequence import Sequence
+from shared.engine.types import SamplingParams, TokenTree
+
+
+def draft_generator(seq: Sequence) -> torch.Generator:
+    """The draft's own random stream for a sequence, independent of the target's."""
+    if seq.generator is None:
+        seed = seq.sampling.seed
+        seq.generator = make_generator(None if seed is None else (seed * 0x9E3779B1 + 1) % 2**63)
+    return seq.generator
+
+
+def _draft_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Draft probabilities used for ranking and confidence: plain softmax when greedy, tempered otherwise."""
+    if params.greedy:
+        return torch.softmax(logits.float(), dim=-1)
+    return probs_from_logits(logits, params)
+
+
+class ChainDrafter:
+    def __init__(self, seq: Sequence, length: int, confidence_threshold: float = 0.0, top_k: int = 64):
+        self.seq = seq
+        self.length = length
+        self.threshold = confidence_threshold
+        self.top_k = top_k
+        self.tree = TokenTree()
+        self.done = length <= 0
+
+    def next_work(self) -> Work:
+        k = len(self.tree)
+        if k == 0:
+            return Work(self.seq, want_root=True)
+        return Work(self.seq, new_nodes=[(self.tree.token_ids[-1], k - 2)], want_nodes=True)
+
+    def absorb(self, logits: torch.Tensor) -> None:
+        """logits [1, vocab] at the newest row."""
+        logits = logits[-1]  # [vocab]
+        params = self.seq.sampling
+        row = len(self.tree)  # row j+1 predicts node j's children; row 0 is the root
+        if params.greedy:
+            probs = _draft_probs(logits, params)  # [vocab]
+            token = int(probs.argmax())
+            prob = float(probs[token])
+        else:
+            dist = draft_dist(logits, params, self.top_k)
+            token = sample_sparse(dist, draft_generator(self.seq))
+            prob = float(dist.probs[dist.token_ids == token].sum())
+        if prob < self.threshold:  # SmartSpec App. A: stop once the draft is unsure
+            self.done = True
+            return
+        self.tree.token_ids.append(token)
+        self.tree.parent_ids.append(row - 1)
+        self.tree.draft_probs.append(prob)
+        if not params.greedy:
+            self.tree.child_dists[row] = dist
+        self.done = len(self.tree) >= self.length
+
+
+class BeamDrafter:
+    def __init__(self, seq: Sequence, depth: int, width: int):
+        self.seq = seq
+        self.depth = depth
+        self.width = width
+        self.tree = TokenTree()
+        self.path_probs: list[float] = []
+        self.beam: list[int] = []  # node indices of the newest layer
+        self.num_layers = 0
+        self.done = depth <= 0 or width <= 0
+
+    def next_work(self) -> Work:
+        if not self.beam:
+            return Work(self.seq, want_root=True)
+        nodes = [(self.tree.token_ids[j], self.tree.parent_ids[j]) for j in self.beam]
+        return Work(self.seq, new_nodes=nodes, want_nodes=True)
+
+    def absorb(self, logits: torch.Tensor) -> None:
+        """logits [1, vocab] for the root, or [w, vocab] for the beam just run."""
+        probs = _draft_probs(logits, self.seq.sampling)  # [num_parents, vocab]
+        if self.beam:
+            parent_path = torch.tensor([self.path_probs[j] for j in self.beam])  # [num_parents]
+            parents = self.beam
+        else:
+            parent_path = torch.ones(1)
+            parents = [-1]
+        scores = parent_path[:, None] * probs  # [num_parents, vocab] path probability of each child
+        top_scores, flat = scores.flatten().topk(min(self.width, scores.numel()))
+        vocab = probs.shape[-1]
+        self.beam = []
+        for score, index in zip(top_scores.tolist(), flat.tolist()):
+            b, token = divmod(index, vocab)
+            self.beam.append(len(self.tree))
+            self.tree.token_ids.append(token)
+            self.tree.parent_ids.append(parents[b])
+            self.tree.draft_probs.append(float(probs[b, token]))
+            self.path_probs.append(score)
+        self.num_layers += 1
+        self.done = self.num_layers >= self.depth

@@ -1,0 +1,102 @@
+"""The target side: prefill, then verify per-request token trees, all in one batched forward.
+
+    step(prefills, verifies)
+      validate everything ──▶ one forward (prompts | bonus token + tree per request)
+      ──▶ accept (greedy walk or multi-round rejection sampling) ──▶ commit accepted path
+
+Nothing is mutated before every item has been validated, and a failed
+forward releases the sequences it had just added, so a bad request costs
+the caller an error and nothing else.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from shared.engine.acceptance import _validate_child_dists, accept_tree
+from shared.engine.errors import DuplicateSequenceError, InvalidRequestError
+from shared.engine.runner import ModelRunner, Work
+from shared.engine.sampling import make_generator, probs_from_logits, sample, validate_sampling
+from shared.engine.tree import children_of, validate_tree
+from shared.engine.types import AcceptResult, ForwardCost, PrefillItem, PrefillResult, VerifyItem
+
+
+@dataclass
+class TargetStepOutput:
+    prefills: list[PrefillResult] = field(default_factory=list)
+    verifies: list[AcceptResult] = field(default_factory=list)
+    cost: ForwardCost | None = None
+
+
+class TargetEngine:
+    def __init__(self, runner: ModelRunner, *, max_tree_nodes: int = 256):
+        self.runner = runner
+        self.max_tree_nodes = max_tree_nodes
+
+    def prefill(self, items: list[PrefillItem]) -> list[PrefillResult]:
+        return self.step(items, []).prefills
+
+    def verify(self, items: list[VerifyItem]) -> list[AcceptResult]:
+        return self.step([], items).verifies
+
+    def release(self, seq_ids: list[str]) -> None:
+        for seq_id in seq_ids:
+            self.runner.release(seq_id)
+
+    def _validate(self, prefills: list[PrefillItem], verifies: list[VerifyItem]) -> None:
+        ids = [p.seq_id for p in prefills] + [v.seq_id for v in verifies]
+        if len(ids) != len(set(ids)):
+            raise InvalidRequestError("a sequence appears twice in one step")
+        vocab = self.runner.vocab_size
+        for p in prefills:
+            if p.seq_id in self.runner.seqs:
+                raise DuplicateSequenceError(f"sequence {p.seq_id!r} is already live")
+            if not p.prompt_ids:
+                raise InvalidRequestError(f"sequence {p.seq_id!r}: empty prompt")
+            self.runner.check_tokens(p.prompt_ids, what=f"sequence {p.seq_id!r}")
+            validate_sampling(p.sampling)
+        for v in verifies:
+            self.runner.get(v.seq_id)
+            tree = v.tree
+            if len(tree) > self.max_tree_nodes:
+                raise InvalidRequestError(
+                    f"sequence {v.seq_id!r}: tree of {len(tree)} nodes exceeds the limit of {self.max_tree_nodes}"
+                )
+            if len(tree.parent_ids) != len(tree.token_ids):
+                raise InvalidRequestError(
+                    f"sequence {v.seq_id!r}: {len(tree.token_ids)} tree tokens but {len(tree.parent_ids)} parents"
+                )
+            validate_tree(tree.token_ids, tree.parent_ids, vocab)
+            _validate_child_dists(tree, children_of(tree.parent_ids), vocab)
+
+    def step(self, prefills: list[PrefillItem], verifies: list[VerifyItem]) -> TargetStepOutput:
+        self._validate(prefills, verifies)
+        added = [self.runner.add(p.seq_id, p.prompt_ids, p.sampling) for p in prefills]
+        for seq in added:
+            seq.generator = make_generator(seq.sampling.seed)
+        verify_seqs = [self.runner.get(v.seq_id) for v in verifies]
+        works = [Work(seq, want_root=True) for seq in added] + [
+            Work(seq, new_nodes=list(zip(v.tree.token_ids, v.tree.parent_ids)), want_root=True, want_nodes=True)
+            for seq, v in zip(verify_seqs, verifies)
+        ]
+        try:
+            out = self.runner.forward(works)
+        except BaseException:
+            for seq in added:
+                self.runner.release(seq.seq_id)
+            raise
+
+        result = TargetStepOutput(cost=out.cost)
+        for i, seq in enumerate(added):
+            probs = probs_from_logits(out.root(i)[None], seq.sampling)[0]  # [vocab]
+            token = int(probs.argmax()) if seq.sampling.greedy else sample(probs, seq.generator)
+            self.runner.commit(seq, [token])
+            result.prefills.append(PrefillResult(seq_id=seq.seq_id, first_token=token))
+        for j, (seq, v) in enumerate(zip(verify_seqs, verifies)):
+            i = len(added) + j
+            rows = out.logits[out.root_rows[i] : out.root_rows[i] + 1 + len(v.tree)]  # [1 + num_nodes, vocab]
+            accepted = accept_tree(v.tree, rows, seq.sampling, seq.generator)
+            self.runner.commit(seq, accepted.tokens)
+            result.verifies.append(accepted)
+        return result
