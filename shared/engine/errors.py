@@ -45,3 +45,12 @@ class OutOfBlocksError(EngineError):
     """The paged KV cache has too few free blocks for this step; nothing was allocated."""
 
     grpc_code = "RESOURCE_EXHAUSTED"
+
+
+class ModelLoadError(EngineError):
+    """A model source that cannot be loaded: missing path, not a model, unsupported file, bad dtype or device.
+
+    Raised before anything is served, so a service fails at start-up with a message that names the path.
+    """
+
+    grpc_code = "FAILED_PRECONDITION"

@@ -1,0 +1,71 @@
+# Tandem developer entry points. CI runs `make test` (.ci/run) on a fresh clone, so every
+# step a test needs must be reachable from here, not installed by hand.
+#
+#   make setup    .venv with the pinned CPU torch + tandem[dev], then gRPC code
+#   make models   prepare the demo pair's models under $TANDEM_HOME (default ~/.cache/tandem)
+#   make test     setup + models, then the whole test suite
+#   make demo | bench-engine | bench | clean | distclean
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# The local CPU wheel. Installed first and alone: with it in place pyproject's torch>=2.5 is
+# already satisfied, so pip never resolves a (multi-GB, CUDA) torch from an index.
+TORCH := torch==2.13.0
+PAIR ?= demo
+PYTEST_ARGS ?=
+
+.PHONY: help setup protos models test demo bench-engine bench clean distclean
+
+help:
+	@sed -n '4,8p' Makefile | sed 's/^# \{0,1\}//'
+
+setup: $(VENV)/.stamp
+	@$(MAKE) --no-print-directory protos
+
+# Re-run only when pyproject.toml changes; every step is safe to repeat on an existing venv.
+$(VENV)/.stamp: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+		|| { echo "Tandem needs Python >= 3.11; got $(PYTHON) ($$($(PYTHON) --version 2>&1))"; exit 1; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	@echo "installing $(TORCH) (local CPU wheel), then tandem[dev] ..."
+	$(PIP) install -q '$(TORCH)'
+	@# The pin again: even a dependency that wanted another torch cannot make pip swap it.
+	$(PIP) install -q -e '.[dev]' '$(TORCH)'
+	@$(PY) -c 'import torch, sys; v = torch.__version__; print("torch", v); sys.exit(v.split("+")[0] != "2.13.0")'
+	@touch $@
+
+protos: $(VENV)/.stamp
+	@if [ -f shared/rpc/build.py ]; then \
+		$(PY) -m shared.rpc.build; \
+	else \
+		echo "note: shared/rpc/build.py does not exist yet; no gRPC code generated"; \
+	fi
+
+models: setup
+	$(VENV)/bin/tandem models prepare --pair $(PAIR)
+
+test: setup models
+	$(PY) -m pytest -q tests --durations=15 $(PYTEST_ARGS)
+
+demo: setup models
+	$(PY) -m sdk.demo
+
+bench-engine: setup models
+	$(PY) -m bench.engine_bench
+
+# Every benchmark; add new ones as prerequisites.
+bench: bench-engine
+
+# Generated and cached files; keeps .venv and the prepared models (~/.cache/tandem).
+clean:
+	rm -rf shared/rpc/gen .pytest_cache bench/results/tmp build *.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""Model artefacts: where they live, how the demo and test models are prepared, and which pairs exist."""

