@@ -1,0 +1,40 @@
+"""Client channels that carry trace context (sync for the SDK, aio for the scheduler).
+
+    channel = aio_channel("127.0.0.1:50052")
+    stub = target_pb2_grpc.TargetServiceStub(channel)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+import grpc.aio
+
+from shared.rpc.interceptors import SyncTracingClientInterceptor, tracing_client_interceptors
+from shared.rpc.server import DEFAULT_OPTIONS
+
+CLIENT_OPTIONS: tuple[tuple[str, int], ...] = tuple(o for o in DEFAULT_OPTIONS if o[0] != "grpc.so_reuseport")
+
+
+def aio_channel(
+    target: str,
+    *,
+    tracing: bool = True,
+    interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+    options: Sequence[tuple[str, int | str]] = CLIENT_OPTIONS,
+) -> grpc.aio.Channel:
+    """An insecure grpc.aio channel; with ``tracing`` the current trace context rides along."""
+    chain = [*tracing_client_interceptors(), *interceptors] if tracing else list(interceptors)
+    return grpc.aio.insecure_channel(target, options=list(options), interceptors=chain or None)
+
+
+def sync_channel(
+    target: str,
+    *,
+    tracing: bool = True,
+    options: Sequence[tuple[str, int | str]] = CLIENT_OPTIONS,
+) -> grpc.Channel:
+    """An insecure blocking channel; with ``tracing`` the current trace context rides along."""
+    channel = grpc.insecure_channel(target, options=list(options))
+    return grpc.intercept_channel(channel, SyncTracingClientInterceptor()) if tracing else channel

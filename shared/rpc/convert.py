@@ -1,0 +1,221 @@
+"""Protobuf messages <-> engine dataclasses (shared.engine.types), in one place.
+
+The model services translate requests with ``*_from_pb`` and responses with
+``*_to_pb``; the scheduler's gRPC workers do the reverse. Malformed messages
+(lengths that disagree) raise ``InvalidRequestError``, which the error
+interceptor turns into INVALID_ARGUMENT.
+
+Node status: the engine writes 1 / 0 / -1 (accepted / rejected / unreached);
+the wire uses ``NodeStatus`` enum values.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+import shared.rpc  # noqa: F401 - builds the generated code if needed
+from shared.engine.errors import InvalidRequestError
+from shared.engine.types import (
+    AcceptResult,
+    ForwardCost,
+    PrefillItem,
+    PrefillResult,
+    SamplingParams,
+    SparseDist,
+    SpecItem,
+    TokenTree,
+    VerifyItem,
+)
+from shared.rpc.gen.tandem.v1 import common_pb2, draft_pb2, target_pb2
+
+_STATUS_TO_PB = {
+    1: target_pb2.NODE_STATUS_ACCEPTED,
+    0: target_pb2.NODE_STATUS_REJECTED,
+    -1: target_pb2.NODE_STATUS_UNREACHED,
+}
+_STATUS_FROM_PB = {v: k for k, v in _STATUS_TO_PB.items()}
+
+
+# --- sampling -------------------------------------------------------------
+
+
+def sampling_to_pb(params: SamplingParams) -> common_pb2.SamplingParams:
+    msg = common_pb2.SamplingParams(temperature=params.temperature, top_p=params.top_p)
+    if params.seed is not None:
+        msg.seed = params.seed
+    return msg
+
+
+def sampling_from_pb(msg: common_pb2.SamplingParams) -> SamplingParams:
+    """Unset top_p reads as 1.0; an unset message (default instance) is greedy."""
+    return SamplingParams(
+        temperature=msg.temperature,
+        top_p=msg.top_p if msg.HasField("top_p") else 1.0,
+        seed=msg.seed if msg.HasField("seed") else None,
+    )
+
+
+# --- trees ----------------------------------------------------------------
+
+
+def tree_to_pb(tree: TokenTree) -> common_pb2.TokenTree:
+    msg = common_pb2.TokenTree(
+        token_ids=tree.token_ids, parent_ids=tree.parent_ids, draft_probs=[float(p) for p in tree.draft_probs]
+    )
+    for row in sorted(tree.child_dists):
+        dist = tree.child_dists[row]
+        if dist is None:
+            continue
+        msg.child_dists.add(row=row, token_ids=dist.token_ids.tolist(), probs=dist.probs.tolist())
+    return msg
+
+
+def tree_from_pb(msg: common_pb2.TokenTree) -> TokenTree:
+    """Structure (parents before children, in range) is the engine's to validate."""
+    n = len(msg.token_ids)
+    if len(msg.parent_ids) != n:
+        raise InvalidRequestError(f"token tree has {n} token_ids but {len(msg.parent_ids)} parent_ids")
+    if msg.draft_probs and len(msg.draft_probs) != n:
+        raise InvalidRequestError(f"token tree has {n} nodes but {len(msg.draft_probs)} draft_probs")
+    child_dists: dict[int, SparseDist] = {}
+    for entry in msg.child_dists:
+        if entry.row > n:
+            raise InvalidRequestError(f"child_dists row {entry.row} outside a tree of {n} nodes")
+        if len(entry.token_ids) != len(entry.probs):
+            raise InvalidRequestError(f"child_dists row {entry.row}: {len(entry.token_ids)} ids, {len(entry.probs)} probs")
+        if entry.row in child_dists:
+            raise InvalidRequestError(f"child_dists row {entry.row} given twice")
+        child_dists[entry.row] = SparseDist(
+            token_ids=torch.tensor(list(entry.token_ids), dtype=torch.int64),  # [k]
+            probs=torch.tensor(list(entry.probs), dtype=torch.float32),  # [k]
+        )
+    return TokenTree(
+        token_ids=list(msg.token_ids),
+        parent_ids=list(msg.parent_ids),
+        draft_probs=list(msg.draft_probs),
+        child_dists=child_dists,
+    )
+
+
+# --- work items -----------------------------------------------------------
+
+
+def prefill_item_to_pb(item: PrefillItem) -> common_pb2.PrefillItem:
+    return common_pb2.PrefillItem(
+        seq_id=item.seq_id, prompt_ids=item.prompt_ids, sampling=sampling_to_pb(item.sampling)
+    )
+
+
+def prefill_item_from_pb(msg: common_pb2.PrefillItem) -> PrefillItem:
+    return PrefillItem(seq_id=msg.seq_id, prompt_ids=list(msg.prompt_ids), sampling=sampling_from_pb(msg.sampling))
+
+
+def verify_item_to_pb(item: VerifyItem) -> target_pb2.VerifyItem:
+    return target_pb2.VerifyItem(seq_id=item.seq_id, tree=tree_to_pb(item.tree))
+
+
+def verify_item_from_pb(msg: target_pb2.VerifyItem) -> VerifyItem:
+    return VerifyItem(seq_id=msg.seq_id, tree=tree_from_pb(msg.tree))
+
+
+def spec_item_to_pb(item: SpecItem) -> draft_pb2.SpecItem:
+    if item.chain_len and (item.tree_depth or item.tree_width):
+        raise InvalidRequestError(f"{item.seq_id}: a speculation is a chain or a tree, not both")
+    msg = draft_pb2.SpecItem(seq_id=item.seq_id, new_tokens=item.new_tokens)
+    if item.chain_len:
+        msg.chain.length = item.chain_len
+        msg.chain.confidence_threshold = item.confidence_threshold
+    elif item.tree_depth or item.tree_width:
+        msg.tree.depth = item.tree_depth
+        msg.tree.width = item.tree_width
+    return msg
+
+
+def spec_item_from_pb(msg: draft_pb2.SpecItem) -> SpecItem:
+    item = SpecItem(seq_id=msg.seq_id, new_tokens=list(msg.new_tokens))
+    shape = msg.WhichOneof("shape")
+    if shape == "chain":
+        item.chain_len = msg.chain.length
+        item.confidence_threshold = msg.chain.confidence_threshold
+    elif shape == "tree":
+        item.tree_depth = msg.tree.depth
+        item.tree_width = msg.tree.width
+    return item
+
+
+# --- results --------------------------------------------------------------
+
+
+def prefill_result_to_pb(result: PrefillResult) -> target_pb2.PrefillOutput:
+    return target_pb2.PrefillOutput(seq_id=result.seq_id, first_token=result.first_token)
+
+
+def prefill_result_from_pb(msg: target_pb2.PrefillOutput) -> PrefillResult:
+    return PrefillResult(seq_id=msg.seq_id, first_token=msg.first_token)
+
+
+def accept_to_pb(seq_id: str, result: AcceptResult) -> target_pb2.VerifyOutput:
+    return target_pb2.VerifyOutput(
+        seq_id=seq_id,
+        accepted_nodes=result.accepted_nodes,
+        tokens=result.tokens,
+        node_status=[_STATUS_TO_PB[s] for s in result.node_status],
+    )
+
+
+def accept_from_pb(msg: target_pb2.VerifyOutput) -> tuple[str, AcceptResult]:
+    try:
+        status = [_STATUS_FROM_PB[s] for s in msg.node_status]
+    except KeyError as exc:
+        raise InvalidRequestError(f"{msg.seq_id}: node status {exc.args[0]} is not a NodeStatus") from None
+    return msg.seq_id, AcceptResult(
+        accepted_nodes=list(msg.accepted_nodes), tokens=list(msg.tokens), node_status=status
+    )
+
+
+# --- costs and timing -----------------------------------------------------
+
+
+def cost_to_pb(cost: ForwardCost) -> common_pb2.ForwardCost:
+    return common_pb2.ForwardCost(
+        duration_ns=round(cost.duration_s * 1e9),
+        num_seqs=cost.num_seqs,
+        num_batched_tokens=cost.num_batched_tokens,
+        num_context_tokens=cost.num_context_tokens,
+    )
+
+
+def cost_from_pb(msg: common_pb2.ForwardCost) -> ForwardCost:
+    return ForwardCost(
+        duration_s=msg.duration_ns / 1e9,
+        num_seqs=msg.num_seqs,
+        num_batched_tokens=msg.num_batched_tokens,
+        num_context_tokens=msg.num_context_tokens,
+    )
+
+
+class CallTimer:
+    """Fills a response's ``Timing``: start it when the call arrives.
+
+        timer = CallTimer()
+        ... work ...
+        return VerifyResponse(..., timing=timer.timing(forward_ns=fwd_ns))
+    """
+
+    def __init__(self) -> None:
+        self.start_unix_ns = time.time_ns()
+        self._start_ns = time.perf_counter_ns()
+
+    def elapsed_ns(self) -> int:
+        return time.perf_counter_ns() - self._start_ns
+
+    def timing(self, *, queue_ns: int = 0, forward_ns: int = 0, sample_ns: int = 0) -> common_pb2.Timing:
+        return common_pb2.Timing(
+            queue_ns=queue_ns,
+            forward_ns=forward_ns,
+            sample_ns=sample_ns,
+            total_ns=self.elapsed_ns(),
+            start_unix_ns=self.start_unix_ns,
+        )

@@ -1,0 +1,76 @@
+"""grpc.aio servers with Tandem's interceptors and standard health checking.
+
+    server = create_server(tracer_provider=provider)
+    draft_pb2_grpc.add_DraftServiceServicer_to_server(servicer, server)
+    health = await add_health(server, [DRAFT_SERVICE])  # grpc.health.v1, SERVING
+    port = bind(server, "127.0.0.1:0")
+    await server.start()
+    ...
+    await set_serving(health, [DRAFT_SERVICE], False)  # e.g. while draining
+    await server.stop(grace=5)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from opentelemetry.sdk.trace import TracerProvider
+
+import shared.rpc  # noqa: F401 - builds the generated code if needed
+from shared.rpc.gen.tandem.v1 import draft_pb2, tandem_pb2, target_pb2
+from shared.rpc.interceptors import default_server_interceptors
+
+# Fully qualified service names, as health checks and reflection spell them.
+DRAFT_SERVICE = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name  # tandem.v1.DraftService
+TARGET_SERVICE = target_pb2.DESCRIPTOR.services_by_name["TargetService"].full_name  # tandem.v1.TargetService
+TANDEM_SERVICE = tandem_pb2.DESCRIPTOR.services_by_name["Tandem"].full_name  # tandem.v1.Tandem
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # trees with sparse distributions for a large batch fit easily
+
+DEFAULT_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),  # a port in use is an error, not a silently shared listener
+)
+
+
+def create_server(
+    *,
+    tracer_provider: TracerProvider | None = None,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    options: Sequence[tuple[str, int | str]] = DEFAULT_OPTIONS,
+) -> grpc.aio.Server:
+    """A grpc.aio server with error mapping and tracing first, then ``interceptors``."""
+    return grpc.aio.server(
+        interceptors=[*default_server_interceptors(tracer_provider), *interceptors],
+        options=list(options),
+    )
+
+
+async def add_health(
+    server: grpc.aio.Server, service_names: Iterable[str] = (), serving: bool = True
+) -> health.aio.HealthServicer:
+    """Register grpc.health.v1 on ``server``; "" (overall) and ``service_names`` start SERVING
+    (or NOT_SERVING with ``serving=False``, e.g. until a model has loaded)."""
+    servicer = health.aio.HealthServicer()
+    await set_serving(servicer, service_names, serving)
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    return servicer
+
+
+async def set_serving(servicer: health.aio.HealthServicer, service_names: Iterable[str], serving: bool) -> None:
+    """Mark services (and the overall "" entry) SERVING or NOT_SERVING; watchers are notified."""
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    for name in ("", *service_names):
+        await servicer.set(name, status)
+
+
+def bind(server: grpc.aio.Server, address: str = "127.0.0.1:0") -> int:
+    """Listen on ``address`` without TLS; returns the port (the chosen one for port 0)."""
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"cannot listen on {address}")
+    return port
