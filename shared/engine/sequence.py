@@ -40,6 +40,7 @@ class SpecTree:
             grown = torch.zeros(max(8, 2 * j), max(8, 2 * j), dtype=torch.bool)
             grown[:j, :j] = self.anc[:j, :j]
             self.anc = grown
+        self.anc[j] = False  # rows are reused across trees: clear what an earlier tree left
         if parent_id >= 0:
             self.anc[j, :j] = self.anc[parent_id, :j]
         self.anc[j, j] = True
