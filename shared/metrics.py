@@ -1,0 +1,163 @@
+"""Prometheus metrics of the serving loop (DESIGN §6), on a registry of their own.
+
+    metrics = TandemMetrics()                      # its own CollectorRegistry, not the global one
+    server, thread = start_http_server(9400, metrics.registry)
+    metrics.observe_step(num_proposed=4, num_accepted=3)
+    metrics.observe_request(ttft_s=0.12, tpot_s=0.031, num_tokens=128, slo_tpot_ms=50)
+
+Definitions (per request, n generated tokens):
+
+    TTFT  = t_first - t_arrival
+    TPOT  = (t_last - t_first) / (n - 1)          (only when n >= 2)
+    SLO attained  <=>  TPOT <= slo_tpot (and TTFT <= slo_ttft when set); no SLO counts as attained
+    goodput    = rate(tandem_goodput_tokens_total)     tokens/s of SLO-meeting requests
+    throughput = rate(tandem_generated_tokens_total)
+    acceptance rate = accepted / proposed draft tokens; also the last EMA as a gauge
+
+Labels are few and bounded: ``slo_class`` (a name the scheduler gives each SLO
+tier, e.g. "tight"/"loose"/"none"), ``finish_reason``, ``position`` (capped at
+``max_positions``), ``queue``.
+"""
+
+from __future__ import annotations
+
+import threading
+from wsgiref.simple_server import WSGIServer
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Latency buckets in seconds: TTFT spans ms to tens of s under load; TPOT lives in 5-500 ms.
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
+LENGTH_BUCKETS = tuple(float(i) for i in range(1, 17)) + (24.0, 32.0)
+
+
+class TandemMetrics:
+    """Every metric the scheduler exports, registered on ``registry`` (a fresh one by default)."""
+
+    def __init__(
+        self, registry: CollectorRegistry | None = None, namespace: str = "tandem", max_positions: int = 16
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.max_positions = max_positions
+        ns, reg = namespace, self.registry
+
+        self.ttft_seconds = Histogram(
+            "ttft_seconds", "Time to first token.", ["slo_class"], namespace=ns, registry=reg, buckets=TTFT_BUCKETS
+        )
+        self.tpot_seconds = Histogram(
+            "tpot_seconds", "Time per output token, (t_last - t_first) / (n - 1).", ["slo_class"],
+            namespace=ns, registry=reg, buckets=TPOT_BUCKETS,
+        )  # fmt: skip
+        self.requests_total = Counter(
+            "requests_total", "Finished requests.", ["finish_reason"], namespace=ns, registry=reg
+        )
+        self.slo_requests_total = Counter(
+            "slo_requests_total", "Finished requests by SLO outcome; attainment = attained / all.",
+            ["slo_class", "outcome"], namespace=ns, registry=reg,
+        )  # fmt: skip
+        self.generated_tokens_total = Counter(
+            "generated_tokens_total", "Generated tokens (rate = throughput).", namespace=ns, registry=reg
+        )
+        self.goodput_tokens_total = Counter(
+            "goodput_tokens_total", "Tokens of requests that met their SLO (rate = goodput).",
+            ["slo_class"], namespace=ns, registry=reg,
+        )  # fmt: skip
+        self.draft_tokens_proposed_total = Counter(
+            "draft_tokens_proposed_total", "Draft tokens sent to verification.", namespace=ns, registry=reg
+        )
+        self.draft_tokens_accepted_total = Counter(
+            "draft_tokens_accepted_total", "Draft tokens accepted by the target.", namespace=ns, registry=reg
+        )
+        self.accepted_length = Histogram(
+            "accepted_length", "Tokens committed per request per step, bonus included.",
+            namespace=ns, registry=reg, buckets=LENGTH_BUCKETS,
+        )  # fmt: skip
+        self.acceptance_rate = Gauge(
+            "acceptance_rate", "Moving average of accepted / proposed draft tokens.", namespace=ns, registry=reg
+        )
+        self.mean_accepted_length = Gauge(
+            "mean_accepted_length", "Moving average of tokens committed per step.", namespace=ns, registry=reg
+        )
+        self.position_proposed_total = Counter(
+            "position_proposed_total", "Steps that proposed a draft token at this position (depth).",
+            ["position"], namespace=ns, registry=reg,
+        )  # fmt: skip
+        self.position_accepted_total = Counter(
+            "position_accepted_total", "Steps that accepted the draft token at this position (depth).",
+            ["position"], namespace=ns, registry=reg,
+        )  # fmt: skip
+        self.queue_depth = Gauge("queue_depth", "Requests waiting for admission.", ["queue"], namespace=ns, registry=reg)
+        self.running_requests = Gauge("running_requests", "Requests holding KV cache.", namespace=ns, registry=reg)
+
+    # --- recording helpers --------------------------------------------------------------------
+
+    def observe_request(
+        self,
+        *,
+        ttft_s: float | None,
+        tpot_s: float | None,
+        num_tokens: int,
+        finish_reason: str = "length",
+        slo_tpot_ms: float | None = None,
+        slo_ttft_ms: float | None = None,
+        slo_class: str = "default",
+    ) -> bool:
+        """Record a finished request; returns whether it met its SLO."""
+        if ttft_s is not None:
+            self.ttft_seconds.labels(slo_class).observe(ttft_s)
+        if tpot_s is not None:
+            self.tpot_seconds.labels(slo_class).observe(tpot_s)
+        attained = finish_reason not in ("error", "aborted")
+        if slo_tpot_ms and tpot_s is not None:
+            attained = attained and tpot_s * 1000.0 <= slo_tpot_ms
+        if slo_ttft_ms and ttft_s is not None:
+            attained = attained and ttft_s * 1000.0 <= slo_ttft_ms
+        self.requests_total.labels(finish_reason).inc()
+        self.slo_requests_total.labels(slo_class, "attained" if attained else "violated").inc()
+        self.generated_tokens_total.inc(num_tokens)
+        if attained:
+            self.goodput_tokens_total.labels(slo_class).inc(num_tokens)
+        return attained
+
+    def observe_step(
+        self,
+        *,
+        num_proposed: int,
+        num_accepted: int,
+        depth: int | None = None,
+        ema_acceptance_rate: float | None = None,
+        ema_accepted_length: float | None = None,
+    ) -> None:
+        """Record one request's verification step (``depth`` defaults to num_proposed: a chain)."""
+        self.draft_tokens_proposed_total.inc(num_proposed)
+        self.draft_tokens_accepted_total.inc(num_accepted)
+        self.accepted_length.observe(num_accepted + 1)
+        depth = num_proposed if depth is None else depth
+        for position in range(min(depth, self.max_positions)):
+            self.position_proposed_total.labels(str(position)).inc()
+            if position < num_accepted:
+                self.position_accepted_total.labels(str(position)).inc()
+        if ema_acceptance_rate is not None:
+            self.acceptance_rate.set(ema_acceptance_rate)
+        if ema_accepted_length is not None:
+            self.mean_accepted_length.set(ema_accepted_length)
+
+    def set_load(self, *, waiting: int, running: int, queue: str = "all") -> None:
+        self.queue_depth.labels(queue).set(waiting)
+        self.running_requests.set(running)
+
+    def render(self) -> str:
+        """The text exposition format (what /metrics serves)."""
+        return prometheus_client.generate_latest(self.registry).decode()
+
+
+def start_http_server(
+    port: int, registry: CollectorRegistry, addr: str = "127.0.0.1"
+) -> tuple[WSGIServer, threading.Thread]:
+    """Serve ``registry`` on http://addr:port/metrics in a daemon thread; ``server.shutdown()`` stops it.
+
+    Port 0 picks a free port: read it from ``server.server_port``.
+    """
+    return prometheus_client.start_http_server(port, addr=addr, registry=registry)
