@@ -1,0 +1,595 @@
+"""Python client for the Tandem public endpoint (tandem.v1.Tandem), sync and asyncio.
+
+    from sdk import Client
+
+    with Client("127.0.0.1:50051") as client:
+        result = client.generate("Once upon a time", max_new_tokens=64, slo_tpot_ms=50)
+        print(result.text, result.finish_reason, result.tpot_ms, result.stats.acceptance_rate)
+
+        with client.stream([1, 502, 77], max_new_tokens=32, speculation=4) as stream:
+            for event in stream:                  # TokenEvent per committed chunk
+                print(event.text, end="", flush=True)
+        print(stream.result.ttft_ms)
+
+    async with AsyncClient("127.0.0.1:50051") as client:
+        async for event in client.stream("Hello", max_new_tokens=16):
+            ...
+
+Failures raise ``sdk.errors.TandemError`` subclasses carrying the server's
+message; a request that ends with FINISH_REASON_ERROR raises
+``GenerationError`` (with the partial result). Timeouts: ``timeout`` bounds
+generation calls (None: no deadline), ``control_timeout`` bounds abort, info
+and health. The current OpenTelemetry context travels with every call, so a
+caller's span becomes the parent of the request's trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from enum import StrEnum
+from typing import Any, Literal
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from sdk.errors import GenerationError, InvalidRequestError, ServerError, TandemError, from_rpc_error
+from shared.rpc.channel import aio_channel, sync_channel
+from shared.rpc.gen.tandem.v1 import common_pb2, tandem_pb2, tandem_pb2_grpc
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+_UNSET: Any = object()
+
+
+# --- public data types ------------------------------------------------------------------------
+
+
+class FinishReason(StrEnum):
+    LENGTH = "length"
+    STOP = "stop"
+    EOS = "eos"
+    ABORTED = "aborted"
+    ERROR = "error"
+    UNSPECIFIED = "unspecified"
+
+
+_FINISH_FROM_PB = {
+    tandem_pb2.FINISH_REASON_LENGTH: FinishReason.LENGTH,
+    tandem_pb2.FINISH_REASON_STOP: FinishReason.STOP,
+    tandem_pb2.FINISH_REASON_EOS: FinishReason.EOS,
+    tandem_pb2.FINISH_REASON_ABORTED: FinishReason.ABORTED,
+    tandem_pb2.FINISH_REASON_ERROR: FinishReason.ERROR,
+}
+
+
+class Sampling(BaseModel):
+    """Sampling parameters; temperature 0 is greedy."""
+
+    temperature: float = Field(0.0, ge=0.0, description="Softmax temperature; 0 means greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    seed: int | None = Field(None, ge=0, description="Seed for reproducible sampling.")
+
+
+class Speculation(BaseModel):
+    """How much to speculate: the server's policy (auto), none (off), or a fixed chain of k tokens."""
+
+    mode: Literal["auto", "off", "fixed"] = "auto"
+    k: int = Field(0, ge=0, description="Chain length for mode=fixed.")
+
+    @model_validator(mode="after")
+    def _fixed_needs_k(self) -> "Speculation":
+        if self.mode == "fixed" and self.k < 1:
+            raise ValueError("speculation mode 'fixed' needs k >= 1")
+        return self
+
+
+class AcceptanceStats(BaseModel):
+    num_steps: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    mean_accepted_length: float = 0.0
+    acceptance_rate: float = 0.0
+
+
+class Timing(BaseModel):
+    queue_ms: float = 0.0
+    forward_ms: float = 0.0
+    total_ms: float = 0.0
+    start_unix_ns: int = 0
+
+
+class TokenEvent(BaseModel):
+    """Tokens committed in one server iteration."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    timestamps_unix_ns: list[int]
+    num_accepted: int = Field(0, description="How many of these were accepted draft tokens.")
+
+
+class GenerateResult(BaseModel):
+    """A finished request."""
+
+    request_id: str
+    token_ids: list[int] = Field(default_factory=list)
+    text: str = ""
+    finish_reason: FinishReason = FinishReason.UNSPECIFIED
+    error: str = ""
+    num_prompt_tokens: int = 0
+    ttft_ms: float = 0.0
+    tpot_ms: float = 0.0
+    slo_attained: bool = True
+    token_timestamps_unix_ns: list[int] = Field(default_factory=list)
+    stats: AcceptanceStats = Field(default_factory=AcceptanceStats)
+    timing: Timing = Field(default_factory=Timing)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids)
+
+
+class ModelInfo(BaseModel):
+    role: str = ""
+    service_version: str = ""
+    model_name: str = ""
+    vocab_size: int = 0
+    max_context: int = 0
+    dtype: str = ""
+    device: str = ""
+    kv_blocks_total: int = 0
+    kv_blocks_free: int = 0
+    block_size: int = 0
+    num_live_seqs: int = 0
+    weights_offloaded: bool = False
+
+
+class ServerInfo(BaseModel):
+    service_version: str = ""
+    queue_policy: str = ""
+    speculation_policy: str = ""
+    num_running: int = 0
+    num_waiting: int = 0
+    target: ModelInfo | None = None
+    draft: ModelInfo | None = None
+
+
+# --- protobuf <-> SDK types -------------------------------------------------------------------
+
+Prompt = str | Sequence[int]
+SpeculationArg = Speculation | Literal["auto", "off"] | int | dict | None
+
+
+def _speculation(arg: SpeculationArg) -> Speculation | None:
+    if arg is None or isinstance(arg, Speculation):
+        return arg
+    if isinstance(arg, bool):
+        raise InvalidRequestError("speculation must be 'auto', 'off', k (int) or a Speculation")
+    if isinstance(arg, int):
+        return Speculation(mode="off") if arg == 0 else Speculation(mode="fixed", k=arg)
+    if isinstance(arg, str):
+        return Speculation(mode=arg)
+    return Speculation.model_validate(arg)
+
+
+_SPEC_MODE = {
+    "auto": tandem_pb2.SPECULATION_MODE_AUTO,
+    "off": tandem_pb2.SPECULATION_MODE_OFF,
+    "fixed": tandem_pb2.SPECULATION_MODE_FIXED,
+}
+
+
+def build_request(
+    prompt: Prompt,
+    *,
+    max_new_tokens: int = 128,
+    stop: Sequence[str] = (),
+    stop_token_ids: Sequence[int] = (),
+    sampling: Sampling | dict | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    slo_tpot_ms: float | None = None,
+    slo_ttft_ms: float | None = None,
+    priority: int = 0,
+    speculation: SpeculationArg = None,
+    request_id: str | None = None,
+) -> tandem_pb2.GenerateRequest:
+    """The GenerateRequest for these arguments; bad values raise InvalidRequestError before any call."""
+    try:
+        base = Sampling.model_validate(sampling) if isinstance(sampling, dict) else (sampling or Sampling())
+        overrides = {k: v for k, v in (("temperature", temperature), ("top_p", top_p), ("seed", seed)) if v is not None}
+        params = Sampling.model_validate({**base.model_dump(), **overrides})
+        spec = _speculation(speculation)
+    except ValidationError as exc:
+        raise InvalidRequestError(str(exc.errors(include_url=False)[0]["msg"])) from exc
+    if max_new_tokens < 1:
+        raise InvalidRequestError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if slo_tpot_ms is not None and slo_tpot_ms <= 0 or slo_ttft_ms is not None and slo_ttft_ms <= 0:
+        raise InvalidRequestError("SLO targets must be positive milliseconds")
+
+    request = tandem_pb2.GenerateRequest(
+        request_id=request_id or "",
+        max_new_tokens=max_new_tokens,
+        stop=list(stop),
+        stop_token_ids=list(stop_token_ids),
+        priority=priority,
+    )
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidRequestError("prompt is empty")
+        request.text = prompt
+    else:
+        ids = list(prompt)
+        if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+            raise InvalidRequestError("token_ids prompt must be a non-empty list of non-negative ints")
+        request.token_ids.ids.extend(ids)
+    request.sampling.CopyFrom(common_pb2.SamplingParams(temperature=params.temperature, top_p=params.top_p))
+    if params.seed is not None:
+        request.sampling.seed = params.seed
+    if slo_tpot_ms is not None:
+        request.slo.tpot_ms = slo_tpot_ms
+    if slo_ttft_ms is not None:
+        request.slo.ttft_ms = slo_ttft_ms
+    if spec is not None:
+        request.speculation.mode = _SPEC_MODE[spec.mode]
+        request.speculation.k = spec.k
+    return request
+
+
+def _timing(msg: common_pb2.Timing) -> Timing:
+    return Timing(
+        queue_ms=msg.queue_ns / 1e6, forward_ms=msg.forward_ns / 1e6, total_ms=msg.total_ns / 1e6,
+        start_unix_ns=msg.start_unix_ns,
+    )  # fmt: skip
+
+
+def _apply_summary(result: GenerateResult, summary: tandem_pb2.GenerateSummary) -> GenerateResult:
+    s = summary.stats
+    result.finish_reason = _FINISH_FROM_PB.get(summary.finish_reason, FinishReason.UNSPECIFIED)
+    result.error = summary.error
+    result.num_prompt_tokens = summary.num_prompt_tokens or result.num_prompt_tokens
+    result.ttft_ms = summary.ttft_ms
+    result.tpot_ms = summary.tpot_ms
+    result.slo_attained = summary.slo_attained
+    result.stats = AcceptanceStats(
+        num_steps=s.num_steps, num_draft_tokens=s.num_draft_tokens, num_accepted_tokens=s.num_accepted_tokens,
+        mean_accepted_length=s.mean_accepted_length, acceptance_rate=s.acceptance_rate,
+    )  # fmt: skip
+    result.timing = _timing(summary.timing)
+    return result
+
+
+def result_from_pb(msg: tandem_pb2.GenerateResult) -> GenerateResult:
+    result = GenerateResult(
+        request_id=msg.request_id,
+        token_ids=list(msg.token_ids),
+        text=msg.text,
+        token_timestamps_unix_ns=list(msg.token_timestamps_unix_ns),
+    )
+    return _apply_summary(result, msg.summary)
+
+
+def _model_info(msg: common_pb2.ServiceInfo) -> ModelInfo:
+    return ModelInfo(**{f.name: getattr(msg, f.name) for f in msg.DESCRIPTOR.fields})
+
+
+def info_from_pb(msg: tandem_pb2.TandemInfo) -> ServerInfo:
+    return ServerInfo(
+        service_version=msg.service_version,
+        queue_policy=msg.queue_policy,
+        speculation_policy=msg.speculation_policy,
+        num_running=msg.num_running,
+        num_waiting=msg.num_waiting,
+        target=_model_info(msg.target) if msg.HasField("target") else None,
+        draft=_model_info(msg.draft) if msg.HasField("draft") else None,
+    )
+
+
+def _check(result: GenerateResult) -> GenerateResult:
+    if result.finish_reason == FinishReason.ERROR:
+        raise GenerationError(result.error or "generation failed", result)
+    return result
+
+
+class _Assembler:
+    """Folds the Generate stream (started, tokens..., final) into events and a result."""
+
+    def __init__(self) -> None:
+        self.result: GenerateResult | None = None
+        self._partial = GenerateResult(request_id="")
+        self.finished = False
+
+    @property
+    def request_id(self) -> str | None:
+        return self._partial.request_id or None
+
+    def feed(self, msg: tandem_pb2.GenerateResponse) -> TokenEvent | None:
+        if msg.request_id:
+            self._partial.request_id = msg.request_id
+        kind = msg.WhichOneof("event")
+        if kind == "started":
+            self._partial.num_prompt_tokens = msg.started.num_prompt_tokens
+        elif kind == "tokens":
+            chunk = msg.tokens
+            self._partial.token_ids.extend(chunk.token_ids)
+            self._partial.text += chunk.text
+            self._partial.token_timestamps_unix_ns.extend(chunk.timestamps_unix_ns)
+            return TokenEvent(
+                request_id=self._partial.request_id,
+                token_ids=list(chunk.token_ids),
+                text=chunk.text,
+                timestamps_unix_ns=list(chunk.timestamps_unix_ns),
+                num_accepted=chunk.num_accepted,
+            )
+        elif kind == "final":
+            self.result = _apply_summary(self._partial, msg.final)
+            self.finished = True
+        return None
+
+    def finish(self) -> GenerateResult:
+        if self.result is None:
+            raise ServerError("the Generate stream ended without a final message", code="INTERNAL")
+        return _check(self.result)
+
+
+# --- sync -------------------------------------------------------------------------------------
+
+
+class TokenStream:
+    """Iterator of ``TokenEvent``s for one request; ``result`` holds the summary once it ends.
+
+    Leaving a ``with`` block early (or ``cancel()``) cancels the call; the server
+    then aborts the request.
+    """
+
+    def __init__(self, call: Any, target: str) -> None:
+        self._call = call
+        self._target = target
+        self._asm = _Assembler()
+
+    @property
+    def request_id(self) -> str | None:
+        """The request id, known once the first message arrived."""
+        return self._asm.request_id
+
+    @property
+    def result(self) -> GenerateResult | None:
+        return self._asm.result
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        try:
+            for msg in self._call:
+                event = self._asm.feed(msg)
+                if event is not None:
+                    yield event
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, self._target) from None
+        self._asm.finish()
+
+    def collect(self) -> GenerateResult:
+        """Drain the stream and return the result."""
+        for _ in self:
+            pass
+        return self._asm.finish()
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+    def __enter__(self) -> "TokenStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._asm.finished:
+            self.cancel()
+
+
+class Client:
+    """Blocking client. ``target`` is host:port of the scheduler."""
+
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        *,
+        timeout: float | None = None,
+        control_timeout: float = 10.0,
+        metadata: Sequence[tuple[str, str]] = (),
+        wait_for_ready: bool = False,
+        tracing: bool = True,
+    ) -> None:
+        self.target = target
+        self.timeout = timeout
+        self.control_timeout = control_timeout
+        self._metadata = list(metadata) or None
+        self._wait = wait_for_ready
+        self._channel = sync_channel(target, tracing=tracing)
+        self._stub = tandem_pb2_grpc.TandemStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: Any, request: Any, timeout: float | None) -> Any:
+        try:
+            return method(request, timeout=timeout, metadata=self._metadata, wait_for_ready=self._wait)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, self.target) from None
+
+    def generate(self, prompt: Prompt, *, timeout: float | None = _UNSET, **kwargs: Any) -> GenerateResult:
+        """Generate to completion (GenerateUnary). Keyword arguments: see ``build_request``."""
+        request = build_request(prompt, **kwargs)
+        msg = self._call(self._stub.GenerateUnary, request, self.timeout if timeout is _UNSET else timeout)
+        return _check(result_from_pb(msg))
+
+    def stream(self, prompt: Prompt, *, timeout: float | None = _UNSET, **kwargs: Any) -> TokenStream:
+        """Start a streaming generation; iterate the returned TokenStream for TokenEvents."""
+        request = build_request(prompt, **kwargs)
+        call = self._stub.Generate(
+            request,
+            timeout=self.timeout if timeout is _UNSET else timeout,
+            metadata=self._metadata,
+            wait_for_ready=self._wait,
+        )
+        return TokenStream(call, self.target)
+
+    def abort(self, request_id: str, *, timeout: float | None = _UNSET) -> bool:
+        """Stop a request; False when it had already finished. Unknown ids raise NotFoundError."""
+        request = tandem_pb2.AbortRequest(request_id=request_id)
+        reply = self._call(self._stub.Abort, request, self.control_timeout if timeout is _UNSET else timeout)
+        return reply.aborted
+
+    def info(self, *, timeout: float | None = _UNSET) -> ServerInfo:
+        reply = self._call(self._stub.Info, common_pb2.InfoRequest(), self.control_timeout if timeout is _UNSET else timeout)
+        return info_from_pb(reply)
+
+    def health(self, service: str = "", *, timeout: float | None = _UNSET) -> str:
+        """grpc.health.v1 status of ``service`` ("" = the server as a whole): "SERVING", "NOT_SERVING", ..."""
+        reply = self._call(
+            self._health.Check,
+            health_pb2.HealthCheckRequest(service=service),
+            self.control_timeout if timeout is _UNSET else timeout,
+        )
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+# --- asyncio ----------------------------------------------------------------------------------
+
+
+class AsyncTokenStream:
+    """Async iterator of ``TokenEvent``s; ``result`` holds the summary once it ends."""
+
+    def __init__(self, call: Any, target: str) -> None:
+        self._call = call
+        self._target = target
+        self._asm = _Assembler()
+
+    @property
+    def request_id(self) -> str | None:
+        return self._asm.request_id
+
+    @property
+    def result(self) -> GenerateResult | None:
+        return self._asm.result
+
+    async def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        try:
+            async for msg in self._call:
+                event = self._asm.feed(msg)
+                if event is not None:
+                    yield event
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, self._target) from None
+        self._asm.finish()
+
+    async def collect(self) -> GenerateResult:
+        async for _ in self:
+            pass
+        return self._asm.finish()
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+    async def __aenter__(self) -> "AsyncTokenStream":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if not self._asm.finished:
+            self.cancel()
+
+
+class AsyncClient:
+    """asyncio client; same methods as ``Client``, awaited (``stream`` returns an async iterator)."""
+
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        *,
+        timeout: float | None = None,
+        control_timeout: float = 10.0,
+        metadata: Sequence[tuple[str, str]] = (),
+        wait_for_ready: bool = False,
+        tracing: bool = True,
+    ) -> None:
+        self.target = target
+        self.timeout = timeout
+        self.control_timeout = control_timeout
+        self._metadata = list(metadata) or None
+        self._wait = wait_for_ready
+        self._channel = aio_channel(target, tracing=tracing)
+        self._stub = tandem_pb2_grpc.TandemStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _call(self, method: Any, request: Any, timeout: float | None) -> Any:
+        try:
+            return await method(request, timeout=timeout, metadata=self._metadata, wait_for_ready=self._wait)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, self.target) from None
+
+    async def generate(self, prompt: Prompt, *, timeout: float | None = _UNSET, **kwargs: Any) -> GenerateResult:
+        request = build_request(prompt, **kwargs)
+        msg = await self._call(self._stub.GenerateUnary, request, self.timeout if timeout is _UNSET else timeout)
+        return _check(result_from_pb(msg))
+
+    def stream(self, prompt: Prompt, *, timeout: float | None = _UNSET, **kwargs: Any) -> AsyncTokenStream:
+        request = build_request(prompt, **kwargs)
+        call = self._stub.Generate(
+            request,
+            timeout=self.timeout if timeout is _UNSET else timeout,
+            metadata=self._metadata,
+            wait_for_ready=self._wait,
+        )
+        return AsyncTokenStream(call, self.target)
+
+    async def abort(self, request_id: str, *, timeout: float | None = _UNSET) -> bool:
+        request = tandem_pb2.AbortRequest(request_id=request_id)
+        reply = await self._call(self._stub.Abort, request, self.control_timeout if timeout is _UNSET else timeout)
+        return reply.aborted
+
+    async def info(self, *, timeout: float | None = _UNSET) -> ServerInfo:
+        reply = await self._call(
+            self._stub.Info, common_pb2.InfoRequest(), self.control_timeout if timeout is _UNSET else timeout
+        )
+        return info_from_pb(reply)
+
+    async def health(self, service: str = "", *, timeout: float | None = _UNSET) -> str:
+        reply = await self._call(
+            self._health.Check,
+            health_pb2.HealthCheckRequest(service=service),
+            self.control_timeout if timeout is _UNSET else timeout,
+        )
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+__all__ = [
+    "AcceptanceStats",
+    "AsyncClient",
+    "AsyncTokenStream",
+    "Client",
+    "FinishReason",
+    "GenerateResult",
+    "ModelInfo",
+    "Sampling",
+    "ServerInfo",
+    "Speculation",
+    "TandemError",
+    "Timing",
+    "TokenEvent",
+    "TokenStream",
+    "build_request",
+]
