@@ -446,7 +446,9 @@ class Client:
         return reply.aborted
 
     def info(self, *, timeout: float | None = _UNSET) -> ServerInfo:
-        reply = self._call(self._stub.Info, common_pb2.InfoRequest(), self.control_timeout if timeout is _UNSET else timeout)
+        reply = self._call(
+            self._stub.Info, common_pb2.InfoRequest(), self.control_timeout if timeout is _UNSET else timeout
+        )
         return info_from_pb(reply)
 
     def health(self, service: str = "", *, timeout: float | None = _UNSET) -> str:

@@ -88,7 +88,9 @@ class TandemMetrics:
             "position_accepted_total", "Steps that accepted the draft token at this position (depth).",
             ["position"], namespace=ns, registry=reg,
         )  # fmt: skip
-        self.queue_depth = Gauge("queue_depth", "Requests waiting for admission.", ["queue"], namespace=ns, registry=reg)
+        self.queue_depth = Gauge(
+            "queue_depth", "Requests waiting for admission.", ["queue"], namespace=ns, registry=reg
+        )
         self.running_requests = Gauge("running_requests", "Requests holding KV cache.", namespace=ns, registry=reg)
 
     # --- recording helpers --------------------------------------------------------------------

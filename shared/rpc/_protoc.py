@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.util
 import os
 import re
 import shutil
@@ -56,7 +57,14 @@ def proto_files(proto_dir: Path = PROTO_DIR) -> list[Path]:
 
 
 def _stamp(proto_dir: Path) -> str:
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as _version
+
+    def version(name: str) -> str:
+        try:
+            return _version(name)
+        except PackageNotFoundError:  # e.g. a runtime image without grpcio-tools: trust the stamp's sources
+            return ""
 
     h = hashlib.sha256()
     h.update(f"format={_BUILD_FORMAT};pkg={GEN_PACKAGE};".encode())
@@ -119,6 +127,8 @@ def build(force: bool = False, proto_dir: Path = PROTO_DIR, gen_dir: Path = GEN_
     """Generate the code if stale (or ``force``); returns True when it built."""
     if not force and is_up_to_date(proto_dir, gen_dir):
         return False
+    if not force and importlib.util.find_spec("grpc_tools") is None and any(gen_dir.rglob("*_pb2.py")):
+        return False  # a runtime install without grpcio-tools: use the code that was built
     if not proto_dir.is_dir():
         raise ProtoBuildError(
             f"generated code missing in {gen_dir} and no protos at {proto_dir}; "

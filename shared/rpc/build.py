@@ -19,7 +19,9 @@ __all__ = ["build", "is_up_to_date", "main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shared.rpc.build", description="Build the code generated from protos/.")
+    parser = argparse.ArgumentParser(
+        prog="python -m shared.rpc.build", description="Build the code generated from protos/."
+    )
     parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
     args = parser.parse_args(argv)
     built = build(force=args.force)

@@ -1,7 +1,7 @@
 """Client channels that carry trace context (sync for the SDK, aio for the scheduler).
 
-    channel = aio_channel("127.0.0.1:50052")
-    stub = target_pb2_grpc.TargetServiceStub(channel)
+channel = aio_channel("127.0.0.1:50052")
+stub = target_pb2_grpc.TargetServiceStub(channel)
 """
 
 from __future__ import annotations

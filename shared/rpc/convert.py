@@ -84,7 +84,9 @@ def tree_from_pb(msg: common_pb2.TokenTree) -> TokenTree:
         if entry.row > n:
             raise InvalidRequestError(f"child_dists row {entry.row} outside a tree of {n} nodes")
         if len(entry.token_ids) != len(entry.probs):
-            raise InvalidRequestError(f"child_dists row {entry.row}: {len(entry.token_ids)} ids, {len(entry.probs)} probs")
+            raise InvalidRequestError(
+                f"child_dists row {entry.row}: {len(entry.token_ids)} ids, {len(entry.probs)} probs"
+            )
         if entry.row in child_dists:
             raise InvalidRequestError(f"child_dists row {entry.row} given twice")
         child_dists[entry.row] = SparseDist(
@@ -199,9 +201,9 @@ def cost_from_pb(msg: common_pb2.ForwardCost) -> ForwardCost:
 class CallTimer:
     """Fills a response's ``Timing``: start it when the call arrives.
 
-        timer = CallTimer()
-        ... work ...
-        return VerifyResponse(..., timing=timer.timing(forward_ns=fwd_ns))
+    timer = CallTimer()
+    ... work ...
+    return VerifyResponse(..., timing=timer.timing(forward_ns=fwd_ns))
     """
 
     def __init__(self) -> None:

@@ -1,9 +1,9 @@
 """Ask a server's grpc.health.v1 whether it is SERVING (container healthchecks, the launcher).
 
-    python -m shared.rpc.health_probe 127.0.0.1:50052 tandem.v1.TargetService   # exit 0 when SERVING
+python -m shared.rpc.health_probe 127.0.0.1:50052 tandem.v1.TargetService   # exit 0 when SERVING
 
-    status = check("127.0.0.1:50052", TARGET_SERVICE)            # "SERVING", "NOT_SERVING", "UNREACHABLE", ...
-    wait_serving("127.0.0.1:50052", TARGET_SERVICE, timeout_s=60) # True once SERVING
+status = check("127.0.0.1:50052", TARGET_SERVICE)            # "SERVING", "NOT_SERVING", "UNREACHABLE", ...
+wait_serving("127.0.0.1:50052", TARGET_SERVICE, timeout_s=60) # True once SERVING
 """
 
 from __future__ import annotations

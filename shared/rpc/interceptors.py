@@ -20,7 +20,9 @@ match wins (see ``status_for_exception``):
 untouched. The server never crashes on a handler error.
 
 Trace context is W3C ``traceparent``/``tracestate`` (+ ``baggage``) in gRPC
-metadata. The client interceptors inject the *current* OpenTelemetry context
+metadata. The client interceptors (``tracing_client_interceptors()`` for
+grpc.aio, ``SyncTracingClientInterceptor`` for blocking channels; see
+shared.rpc.channel) inject the *current* OpenTelemetry context
 (they create no span: callers such as the scheduler own the meaningful spans —
 speculate, verify — around their calls). Propagators are instances held here,
 not OpenTelemetry's global propagator.

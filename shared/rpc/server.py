@@ -1,13 +1,13 @@
 """grpc.aio servers with Tandem's interceptors and standard health checking.
 
-    server = create_server(tracer_provider=provider)
-    draft_pb2_grpc.add_DraftServiceServicer_to_server(servicer, server)
-    health = await add_health(server, [DRAFT_SERVICE])  # grpc.health.v1, SERVING
-    port = bind(server, "127.0.0.1:0")
-    await server.start()
-    ...
-    await set_serving(health, [DRAFT_SERVICE], False)  # e.g. while draining
-    await server.stop(grace=5)
+server = create_server(tracer_provider=provider)
+draft_pb2_grpc.add_DraftServiceServicer_to_server(servicer, server)
+health = await add_health(server, [DRAFT_SERVICE])  # grpc.health.v1, SERVING
+port = bind(server, "127.0.0.1:0")
+await server.start()
+...
+await set_serving(health, [DRAFT_SERVICE], False)  # e.g. while draining
+await server.stop(grace=5)
 """
 
 from __future__ import annotations

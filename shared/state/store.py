@@ -196,7 +196,9 @@ def _encode_record(record: RequestRecord) -> tuple[dict[str, str], list[str]]:
 
 
 def _decode_hash(raw: dict[Any, Any]) -> dict[str, str]:
-    return {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v) for k, v in raw.items()}
+    return {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v) for k, v in raw.items()
+    }
 
 
 def _decode_stats(raw: dict[Any, Any]) -> AcceptanceStats:
@@ -291,7 +293,15 @@ class _Ops:
             keys.append(self.stats_key("policy", outcome.policy))
         c = self.config
         depth = outcome.depth if outcome.depth is not None else outcome.num_proposed
-        args = [now_ns, c.request_ttl_s, c.ema_alpha, c.max_positions, outcome.num_proposed, outcome.num_accepted, depth]
+        args = [
+            now_ns,
+            c.request_ttl_s,
+            c.ema_alpha,
+            c.max_positions,
+            outcome.num_proposed,
+            outcome.num_accepted,
+            depth,
+        ]
         pipe.evalsha(sha, len(keys), *keys, *args, *outcome.token_ids)
 
     def delete_request(self, pipe: Any, request_id: str) -> None:

@@ -7,7 +7,6 @@ import socket
 import threading
 import time
 
-import grpc
 import pytest
 
 from sdk import (
@@ -67,7 +66,8 @@ class FakeTandem(tandem_pb2_grpc.TandemServicer):
         prompt = request.text
         num_prompt = len(request.token_ids.ids) or len(prompt.split())
         yield tandem_pb2.GenerateResponse(
-            request_id=rid, started=tandem_pb2.GenerateStarted(num_prompt_tokens=num_prompt, arrival_unix_ns=time.time_ns())
+            request_id=rid,
+            started=tandem_pb2.GenerateStarted(num_prompt_tokens=num_prompt, arrival_unix_ns=time.time_ns()),
         )
         if prompt == "hang":
             await asyncio.sleep(30)
@@ -116,8 +116,11 @@ class FakeTandem(tandem_pb2_grpc.TandemServicer):
                 tpot_ms=4.0,
                 slo_attained=request.slo.tpot_ms == 0 or request.slo.tpot_ms >= 4.0,
                 stats=tandem_pb2.AcceptanceStats(
-                    num_steps=(n + 1) // 2, num_draft_tokens=n, num_accepted_tokens=n // 2,
-                    mean_accepted_length=2.0, acceptance_rate=0.5,
+                    num_steps=(n + 1) // 2,
+                    num_draft_tokens=n,
+                    num_accepted_tokens=n // 2,
+                    mean_accepted_length=2.0,
+                    acceptance_rate=0.5,
                 ),
                 timing=common_pb2.Timing(queue_ns=1_000_000, total_ns=50_000_000),
             ),
@@ -147,7 +150,10 @@ class FakeTandem(tandem_pb2_grpc.TandemServicer):
 
     async def Info(self, request, context):
         return tandem_pb2.TandemInfo(
-            service_version="0.1.0", queue_policy="fcfs", speculation_policy="smartspec", num_running=1,
+            service_version="0.1.0",
+            queue_policy="fcfs",
+            speculation_policy="smartspec",
+            num_running=1,
             target=common_pb2.ServiceInfo(role="target", model_name="tiny-llama", vocab_size=512, device="cpu"),
         )
 
@@ -193,8 +199,15 @@ def test_generate_unary(server) -> None:
     address, fake = server
     with Client(address, metadata=[("x-tenant", "acme")]) as client:
         result = client.generate(
-            "hello there", max_new_tokens=5, slo_tpot_ms=50, slo_ttft_ms=500, temperature=0.7, seed=3,
-            speculation=4, stop=["\n"], priority=2,
+            "hello there",
+            max_new_tokens=5,
+            slo_tpot_ms=50,
+            slo_ttft_ms=500,
+            temperature=0.7,
+            seed=3,
+            speculation=4,
+            stop=["\n"],
+            priority=2,
         )
     assert result.request_id.startswith("srv-")
     assert result.token_ids == [100, 101, 102, 103, 104] and result.text == "t0 t1 t2 t3 t4 "

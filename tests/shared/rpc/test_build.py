@@ -10,8 +10,15 @@ import pytest
 
 import shared.rpc
 from shared.rpc import _protoc
-from shared.rpc.gen.tandem.v1 import common_pb2, draft_pb2, draft_pb2_grpc, tandem_pb2, tandem_pb2_grpc
-from shared.rpc.gen.tandem.v1 import target_pb2, target_pb2_grpc
+from shared.rpc.gen.tandem.v1 import (
+    common_pb2,
+    draft_pb2,
+    draft_pb2_grpc,
+    tandem_pb2,
+    tandem_pb2_grpc,
+    target_pb2,
+    target_pb2_grpc,
+)
 
 PROTO_DIR = _protoc.PROTO_DIR
 PROTOS = sorted(PROTO_DIR.rglob("*.proto"))
@@ -61,8 +68,7 @@ def test_every_response_carries_timing() -> None:
                 out = method.output_type
                 if out.full_name.startswith("tandem.v1.") and out.name not in {"ServiceInfo", "TandemInfo"}:
                     has = "timing" in out.fields_by_name or any(
-                        f.message_type is not None and "timing" in f.message_type.fields_by_name
-                        for f in out.fields
+                        f.message_type is not None and "timing" in f.message_type.fields_by_name for f in out.fields
                     )
                     assert has, f"{service.name}.{method.name} -> {out.name} has no timing"
 

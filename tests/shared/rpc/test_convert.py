@@ -6,8 +6,16 @@ import pytest
 import torch
 
 from shared.engine.errors import InvalidRequestError
-from shared.engine.types import AcceptResult, ForwardCost, PrefillItem, SamplingParams, SparseDist, SpecItem, TokenTree
-from shared.engine.types import VerifyItem
+from shared.engine.types import (
+    AcceptResult,
+    ForwardCost,
+    PrefillItem,
+    SamplingParams,
+    SparseDist,
+    SpecItem,
+    TokenTree,
+    VerifyItem,
+)
 from shared.rpc import convert
 from shared.rpc.gen.tandem.v1 import common_pb2, target_pb2
 

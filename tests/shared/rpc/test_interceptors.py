@@ -244,6 +244,7 @@ def test_sync_channel_injects_trace_context() -> None:
     async def main() -> None:
         server, address = await _start(server_tp)
         try:
+
             def call() -> int:
                 channel = sync_channel(address)
                 try:

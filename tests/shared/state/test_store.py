@@ -19,7 +19,6 @@ from shared.state.store import (
     StoreConfig,
 )
 
-
 # --- the launcher ------------------------------------------------------------------------------
 
 
@@ -46,7 +45,9 @@ def test_redis_server_reports_a_failed_start() -> None:
 
 
 def _record(request_id: str = "r1", **kw) -> RequestRecord:
-    return RequestRecord(request_id=request_id, prompt_len=12, max_new_tokens=64, slo_tpot_ms=50.0, arrival_unix_ns=1_000, **kw)
+    return RequestRecord(
+        request_id=request_id, prompt_len=12, max_new_tokens=64, slo_tpot_ms=50.0, arrival_unix_ns=1_000, **kw
+    )
 
 
 def test_request_record_round_trip_ttl_and_live_set(store: StateStore, store_config: StoreConfig) -> None:
@@ -72,7 +73,9 @@ def test_request_record_round_trip_ttl_and_live_set(store: StateStore, store_con
 
     raw.delete(f"{store_config.namespace}:v1:request:r2")  # as if its TTL ran out
     assert store.live_request_ids() == []
-    assert all(k.decode().startswith(f"{store_config.namespace}:v1:") for k in raw.scan_iter(f"{store_config.namespace}:*"))
+    assert all(
+        k.decode().startswith(f"{store_config.namespace}:v1:") for k in raw.scan_iter(f"{store_config.namespace}:*")
+    )
     raw.close()
 
 
@@ -95,7 +98,10 @@ def test_commit_step_appends_tokens_and_times(store: StateStore) -> None:
     store.put_request(_record("a"))
     store.put_request(_record("b"))
     assert store.commit_step(
-        [StepOutcome(request_id="a", token_ids=[5]), StepOutcome(request_id="b", token_ids=[7, 8, 9], num_proposed=3, num_accepted=2)],
+        [
+            StepOutcome(request_id="a", token_ids=[5]),
+            StepOutcome(request_id="b", token_ids=[7, 8, 9], num_proposed=3, num_accepted=2),
+        ],
         now_ns=2_000_000,
     ) == [1, 3]
     assert store.commit_step([StepOutcome(request_id="a", token_ids=[6, 7])], now_ns=6_000_000) == [3]
@@ -119,8 +125,15 @@ def test_acceptance_statistics_and_moving_averages(store: StateStore) -> None:
     steps = [(4, 4), (4, 1), (0, 0), (2, 0), (4, 3)]  # (proposed, accepted); (0, 0) is a plain decode step
     ema_rate = ema_len = None
     for proposed, accepted in steps:
-        store.commit(StepOutcome(request_id="r", token_ids=[1] * (accepted + 1), num_proposed=proposed,
-                                 num_accepted=accepted, policy="smartspec"))
+        store.commit(
+            StepOutcome(
+                request_id="r",
+                token_ids=[1] * (accepted + 1),
+                num_proposed=proposed,
+                num_accepted=accepted,
+                policy="smartspec",
+            )
+        )
         length = accepted + 1
         ema_len = length if ema_len is None else ema_len + alpha * (length - ema_len)
         if proposed:
