@@ -25,7 +25,9 @@ asyncio one; both queue the same commands (``_Ops``) and parse the same way.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 import time
 from collections.abc import Callable, Sequence
 from enum import StrEnum
@@ -185,6 +187,11 @@ return generated
 
 def _now_ns() -> int:
     return time.time_ns()
+
+
+def _backoff_s(attempt: int) -> float:
+    """Jittered, growing pause after a lost WATCH race, so contending writers spread out."""
+    return random.uniform(0, min(0.05, 0.0005 * 2 ** min(attempt, 7)))
 
 
 def _encode_record(record: RequestRecord) -> tuple[dict[str, str], list[str]]:
@@ -429,11 +436,11 @@ class StateStore:
         raw = self._r.get(self._ops.blob_key(name))
         return json.loads(raw) if raw is not None else default
 
-    def update_json(self, name: str, fn: Callable[[Any], Any], default: Any = None, retries: int = 32) -> Any:
+    def update_json(self, name: str, fn: Callable[[Any], Any], default: Any = None, retries: int = 64) -> Any:
         """Read-modify-write with optimistic locking (WATCH): ``fn`` may run more than once."""
         key = self._ops.blob_key(name)
         with self._r.pipeline(transaction=True) as pipe:
-            for _ in range(retries):
+            for attempt in range(retries):
                 try:
                     pipe.watch(key)
                     raw = pipe.get(key)
@@ -443,7 +450,7 @@ class StateStore:
                     pipe.execute()
                     return value
                 except WatchError:
-                    continue
+                    time.sleep(_backoff_s(attempt))
         raise RuntimeError(f"update_json({name!r}) lost the race {retries} times")
 
     def delete_json(self, name: str) -> None:
@@ -550,10 +557,10 @@ class AsyncStateStore:
         raw = await self._r.get(self._ops.blob_key(name))
         return json.loads(raw) if raw is not None else default
 
-    async def update_json(self, name: str, fn: Callable[[Any], Any], default: Any = None, retries: int = 32) -> Any:
+    async def update_json(self, name: str, fn: Callable[[Any], Any], default: Any = None, retries: int = 64) -> Any:
         key = self._ops.blob_key(name)
         async with self._r.pipeline(transaction=True) as pipe:
-            for _ in range(retries):
+            for attempt in range(retries):
                 try:
                     await pipe.watch(key)
                     raw = await pipe.get(key)
@@ -563,7 +570,7 @@ class AsyncStateStore:
                     await pipe.execute()
                     return value
                 except WatchError:
-                    continue
+                    await asyncio.sleep(_backoff_s(attempt))
         raise RuntimeError(f"update_json({name!r}) lost the race {retries} times")
 
     async def delete_json(self, name: str) -> None:

@@ -19,6 +19,25 @@ from shared.state.store import (
     StoreConfig,
 )
 
+
+def _run_threads(target, n: int) -> None:
+    """Run ``target`` in n threads; fail with the first exception any of them raised."""
+    errors: list[BaseException] = []
+
+    def guarded() -> None:
+        try:
+            target()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
 # --- the launcher ------------------------------------------------------------------------------
 
 
@@ -172,11 +191,7 @@ def test_concurrent_commits_are_atomic(store: StateStore, store_config: StoreCon
             for _ in range(50):
                 mine.commit(StepOutcome(request_id="c", token_ids=[1, 2], num_proposed=2, num_accepted=1))
 
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _run_threads(worker, 4)
     stats = store.acceptance()
     assert (stats.num_steps, stats.num_proposed, stats.num_accepted) == (200, 400, 200)
     assert stats.ema_acceptance_rate == pytest.approx(0.5)
@@ -206,11 +221,7 @@ def test_json_blobs(store: StateStore, store_config: StoreConfig) -> None:
             for _ in range(25):
                 mine.update_json("counter", lambda v: {"n": v["n"] + 1}, default={"n": 0})
 
-    threads = [threading.Thread(target=bump) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _run_threads(bump, 4)
     assert store.get_json("counter") == {"n": 100}
     store.delete_json("counter")
     assert store.get_json("counter") is None
