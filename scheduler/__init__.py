@@ -1,0 +1,48 @@
+"""Tandem scheduler: the iteration loop and its policies, written against narrow worker interfaces.
+
+    request.py        Request (the unit that flows everywhere) + validation
+    workers.py        TargetWorker / DraftWorker / Clock / IterationObserver protocols; RealClock, FakeClock
+    policies/         queue order (FCFS), speculation shape (NoSpeculation, FixedChain), tree selection
+    engine_loop.py    Scheduler: admit -> prefill -> plan -> speculate -> select -> verify -> commit
+    report.py         StepReport: per-iteration outcomes and phase timings
+    testing.py        toy LM and fake workers (tests, simulator)
+
+No module here imports grpc, redis or torch (``shared.engine.types`` pulls torch in for SparseDist only).
+"""
+
+from scheduler.engine_loop import RequestStream, Scheduler, SchedulerConfig, TokenEvent
+from scheduler.report import PhaseTimes, RequestOutcome, StepReport
+from scheduler.request import (
+    SLO,
+    FinishReason,
+    Request,
+    RequestState,
+    SpecMode,
+    SpeculationSetting,
+    validate_request,
+)
+from scheduler.workers import Clock, DraftWorker, FakeClock, IterationObserver, NullObserver, RealClock, TargetWorker
+
+__all__ = [
+    "SLO",
+    "Clock",
+    "DraftWorker",
+    "FakeClock",
+    "FinishReason",
+    "IterationObserver",
+    "NullObserver",
+    "PhaseTimes",
+    "RealClock",
+    "Request",
+    "RequestOutcome",
+    "RequestState",
+    "RequestStream",
+    "Scheduler",
+    "SchedulerConfig",
+    "SpecMode",
+    "SpeculationSetting",
+    "StepReport",
+    "TargetWorker",
+    "TokenEvent",
+    "validate_request",
+]

@@ -1,0 +1,641 @@
+"""The iteration loop (DESIGN §2): admit → prefill → plan → speculate → select → verify → commit.
+
+    submit() ─▶ waiting ──admit──▶ running ──finish/abort/fail──▶ (released on both workers)
+                   ▲                  │
+                   └────preempt───────┘
+
+One ``step`` is one target forward for every running request::
+
+    admit      queue policy picks from waiting (batch-size and token caps)
+    prefill    target.prefill(new) ‖ draft.prefill(new that may speculate)   -> first tokens
+    plan       speculation policy: a shape per running request
+    speculate  ONE draft.speculate for all speculating requests (each sends the
+               tokens committed since its last draft call)
+    select     tree selector prunes under the budget (default: keep all)
+    verify     ONE target.verify for all running requests (empty tree = plain decode)
+    commit     append, stop checks (truncating past a stop), stream, finish, release
+
+Failure handling:
+- draft raises -> it is marked unavailable, the step runs as plain decode for
+  everybody, and it is retried after an exponential backoff. What it held is
+  then unknown, so on retry the loop first releases every id it may hold and
+  re-prefills each speculating request with its full sequence so far.
+- target raises -> the requests of that call end FAILED with the error
+  (the call is atomic, so there is nothing to salvage), and the loop goes on.
+
+Workers see releases only between calls (flushed right after admission and at
+the end of a step), never while one of their calls is in flight.
+
+No torch, grpc or redis here: workers, clock and observers are injected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel, Field
+
+from scheduler.policies.queue import FCFS, Capacity, QueuePolicy, reserved_tokens
+from scheduler.policies.selection import PassThrough, TreeSelector
+from scheduler.policies.speculation import (
+    NoSpeculation,
+    SpecContext,
+    SpecShape,
+    SpeculationPolicy,
+    plan_shapes,
+    wants_draft,
+)
+from scheduler.report import RequestOutcome, StepReport
+from scheduler.request import FinishReason, Request, RequestState, validate_request
+from scheduler.workers import Clock, DraftWorker, IterationObserver, RealClock, TargetWorker
+from shared.engine.types import AcceptResult, PrefillItem, TokenTree, VerifyItem
+
+log = logging.getLogger(__name__)
+
+Detokenize = Callable[[Sequence[int]], str]
+
+
+class SchedulerConfig(BaseModel):
+    max_batch_size: int = Field(64, ge=1, description="Most requests running (verified) at once.")
+    max_tokens_in_flight: int = Field(
+        1 << 16,
+        ge=1,
+        description="Token budget over running requests, each reserving prompt + max_new_tokens from admission.",
+    )
+    draft_retry_initial_s: float = Field(1.0, ge=0, description="Wait after a draft failure before trying it again.")
+    draft_retry_max_s: float = Field(30.0, ge=0, description="Cap of the exponential draft retry backoff.")
+    stop_string_window: int = Field(
+        16, ge=1, description="Extra tokens decoded beyond the longest stop string when matching stop strings."
+    )
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """New output tokens of one request, or its end (``finished``); the last event of a stream is finished."""
+
+    request_id: str
+    token_ids: list[int]
+    index: int  # position of token_ids[0] in the request's output
+    time: float  # scheduler clock when emitted
+    state: RequestState
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    error_code: str | None = None
+
+
+class RequestStream:
+    """Async iterator over one request's ``TokenEvent``s; stops after the finished event."""
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self._done = False
+
+    def _put(self, event: TokenEvent) -> None:
+        self._queue.put_nowait(event)
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        if self._done:
+            raise StopAsyncIteration
+        event = await self._queue.get()
+        self._done = event.finished
+        return event
+
+    async def collect(self) -> list[int]:
+        """All output tokens, once the request ends."""
+        out: list[int] = []
+        async for ev in self:
+            out.extend(ev.token_ids)
+        return out
+
+
+class Scheduler:
+    def __init__(
+        self,
+        target: TargetWorker,
+        draft: DraftWorker | None = None,
+        *,
+        config: SchedulerConfig | None = None,
+        clock: Clock | None = None,
+        spec_policy: SpeculationPolicy | None = None,
+        queue_policy: QueuePolicy | None = None,
+        selector: TreeSelector | None = None,
+        detokenize: Detokenize | None = None,
+        observers: Iterable[IterationObserver] = (),
+    ) -> None:
+        self.target = target
+        self.draft = draft
+        self.config = config or SchedulerConfig()
+        self.clock = clock or RealClock()
+        self.spec_policy = spec_policy or NoSpeculation()
+        self.queue_policy = queue_policy or FCFS()
+        self.selector = selector or PassThrough()
+        self.detokenize = detokenize
+        self.observers: list[IterationObserver] = list(observers)
+
+        self._waiting: list[Request] = []
+        self._running: dict[str, Request] = {}  # insertion order = admission order
+        self._streams: dict[str, RequestStream] = {}
+        self._release_target: list[str] = []
+        self._release_draft: list[str] = []
+        self._finished_unnotified: list[Request] = []
+        self._num_steps = 0
+        self._wakeup = asyncio.Event()
+        self._stopping = False
+
+        # draft health: ids it may still hold although we no longer track them there
+        self._draft_up = draft is not None
+        self._draft_stale: set[str] = set()
+        self._draft_retry_at = 0.0
+        self._draft_backoff = 0.0
+        self._draft_error: str | None = None  # this step's
+
+    # ------------------------------------------------------------------ public API
+    def submit(self, request: Request) -> RequestStream:
+        """Validate (``ValueError``) and queue a request; returns its token stream."""
+        validate_request(request, max_total_tokens=self.config.max_tokens_in_flight)
+        if request.stop_strings and self.detokenize is None:
+            raise ValueError(f"request {request.id}: stop strings need a detokenizer, and this scheduler has none")
+        if request.id in self._streams:
+            raise ValueError(f"request {request.id}: a request with this id is already live")
+        if request.state is not RequestState.WAITING or request.output_ids:
+            raise ValueError(f"request {request.id}: only fresh requests can be submitted")
+        if request.arrival_time is None:
+            request.arrival_time = self.clock.now()
+        stream = RequestStream(request)
+        self._streams[request.id] = stream
+        self._waiting.append(request)
+        self._wakeup.set()
+        return stream
+
+    def abort(self, request_id: str) -> bool:
+        """End a live request now (final ABORTED event); its worker state is released at the next step boundary."""
+        req = self.get(request_id)
+        if req is None:
+            return False
+        if req in self._waiting:
+            self._waiting.remove(req)
+        self._end(req, RequestState.ABORTED, FinishReason.ABORTED)
+        self._wakeup.set()
+        return True
+
+    def get(self, request_id: str) -> Request | None:
+        stream = self._streams.get(request_id)
+        return stream.request if stream is not None else None
+
+    @property
+    def waiting(self) -> tuple[Request, ...]:
+        return tuple(self._waiting)
+
+    @property
+    def running(self) -> tuple[Request, ...]:
+        return tuple(self._running.values())
+
+    @property
+    def draft_available(self) -> bool:
+        return self._draft_up
+
+    @property
+    def num_steps(self) -> int:
+        return self._num_steps
+
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running or self._release_target or self._release_draft)
+
+    def add_observer(self, observer: IterationObserver) -> None:
+        self.observers.append(observer)
+
+    async def run(self) -> None:
+        """Step while there is work, sleep on new submissions otherwise, until ``stop``."""
+        self._stopping = False
+        while not self._stopping:
+            if not self.has_work():
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            try:
+                await self.step()
+            except Exception as exc:  # noqa: BLE001 - a bug must not leave clients waiting forever
+                log.exception("scheduler step failed; failing all live requests")
+                self._fail_all(exc)
+            await asyncio.sleep(0)  # let stream consumers and submitters run
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wakeup.set()
+
+    async def run_until_idle(self, max_steps: int | None = None) -> int:
+        """Step until nothing is waiting or running (tests, simulator); returns the number of steps."""
+        n = 0
+        while self.has_work() and (max_steps is None or n < max_steps):
+            await self.step()
+            await asyncio.sleep(0)
+            n += 1
+        return n
+
+    # ------------------------------------------------------------------ one iteration
+    async def step(self) -> StepReport:
+        clock = self.clock
+        t0 = clock.now()
+        report = StepReport(step=self._num_steps, started_at=t0)
+        times = report.times
+        self._draft_error = None
+
+        # 1. admit (and preempt, if the queue policy wants to)
+        new = self._admit(report)
+        await self._flush_releases()
+
+        # 2. prefill
+        t = clock.now()
+        if new:
+            await self._prefill(new, report)
+        times.prefill = clock.now() - t
+
+        # 3. plan
+        batch = list(self._running.values())
+        if self.draft is not None and not self._draft_up and clock.now() >= self._draft_retry_at:
+            self._draft_up = True  # probe: the resync calls in _speculate tell whether it is back
+        ctx = SpecContext(now=clock.now(), step=self._num_steps, draft_available=self._draft_up)
+        try:
+            shapes = plan_shapes(self.spec_policy, batch, ctx)
+        except Exception:  # noqa: BLE001 - a policy bug costs speed, not requests
+            log.exception("speculation policy failed; plain decoding this step")
+            shapes = [SpecShape.none()] * len(batch)
+
+        # 4. speculate
+        t = clock.now()
+        trees = await self._speculate(batch, shapes)
+        times.speculate = clock.now() - t
+
+        # 5. select
+        t = clock.now()
+        if any(len(tree) for tree in trees):
+            try:
+                selected = self.selector.select(batch, trees, ctx)
+                if len(selected) != len(batch) or not all(_tree_ok(tree) for tree in selected):
+                    raise ValueError("selector must return one well-formed tree per request")
+                trees = selected
+            except Exception:  # noqa: BLE001
+                log.exception("tree selector failed; plain decoding this step")
+                trees = [TokenTree() for _ in batch]
+        times.select = clock.now() - t
+
+        # 6. verify
+        t = clock.now()
+        results = await self._verify(batch, trees, report) if batch else []
+        times.verify = clock.now() - t
+
+        # 7. commit
+        t = clock.now()
+        if results is not None:
+            self._commit(batch, shapes, trees, results, report)
+        await self._flush_releases()
+        times.commit = clock.now() - t
+
+        times.total = clock.now() - t0
+        times.overhead = times.total - (times.prefill + times.speculate + times.select + times.verify + times.commit)
+        for req in batch:
+            req.attained_service_s += times.total
+        report.batch_size = len(batch)
+        report.draft_available = self._draft_up
+        report.draft_error = self._draft_error
+        self._num_steps += 1
+        await self._notify(report)
+        return report
+
+    # ------------------------------------------------------------------ phases
+    def _admit(self, report: StepReport) -> list[Request]:
+        cfg = self.config
+        capacity = Capacity(cfg.max_batch_size, cfg.max_tokens_in_flight)
+        running = list(self._running.values())
+        adm = self.queue_policy.schedule(list(self._waiting), running, capacity, self.clock.now())
+        for req in adm.preempt:
+            if req.id in self._running:
+                self._preempt(req)
+                report.preempted_ids.append(req.id)
+        # the policy proposes, the loop enforces the caps
+        num = len(self._running)
+        tokens = sum(reserved_tokens(r) for r in self._running.values())
+        new = []
+        for req in adm.admit:
+            if req not in self._waiting or req.id in report.preempted_ids:
+                continue
+            if num >= cfg.max_batch_size or tokens + reserved_tokens(req) > cfg.max_tokens_in_flight:
+                break
+            self._waiting.remove(req)
+            req.state = RequestState.RUNNING
+            self._running[req.id] = req
+            new.append(req)
+            num += 1
+            tokens += reserved_tokens(req)
+        return new
+
+    async def _prefill(self, new: list[Request], report: StepReport) -> None:
+        # a preempted request comes back with its output so far; the target continues after it
+        items = [PrefillItem(r.id, r.tokens(), r.sampling) for r in new]
+        to_draft = [r for r in new if self._draft_up and wants_draft(self.spec_policy, r)]
+        calls = [self.target.prefill(items)]
+        if to_draft:
+            calls.append(self.draft.prefill([PrefillItem(r.id, r.tokens(), r.sampling) for r in to_draft]))
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+
+        if to_draft:  # before the target's token is appended: the draft saw tokens() as it was
+            if isinstance(outcomes[1], Exception):
+                self._draft_failed(outcomes[1], also_stale=[r.id for r in to_draft])
+            else:
+                for r in to_draft:
+                    self._mark_on_draft(r, r.num_tokens)
+
+        results = outcomes[0]
+        if isinstance(results, Exception):
+            self._fail(new, "target prefill failed", results, report)
+            return
+        if len(results) != len(new) or any(res.seq_id != r.id for res, r in zip(results, new)):
+            self._fail(new, "target prefill returned results that do not match its items", None, report)
+            return
+        now = self.clock.now()
+        for req, res in zip(new, results):
+            if req.state is not RequestState.RUNNING:  # aborted while prefilling
+                continue
+            report.prefilled_ids.append(req.id)
+            report.num_prefill_tokens += len(self._commit_tokens(req, [res.first_token], now))
+
+    async def _speculate(self, batch: list[Request], shapes: list[SpecShape]) -> list[TokenTree]:
+        trees = [TokenTree() for _ in batch]
+        spec = [(i, r, s) for i, (r, s) in enumerate(zip(batch, shapes)) if s.speculates]
+        if not spec:
+            return trees
+        draft = self.draft
+        try:
+            if self._draft_stale:
+                await draft.release(sorted(self._draft_stale))
+                self._draft_stale.clear()
+            # requests the draft does not hold (recovery, or AUTO requests not prefilled there):
+            # give it everything but the last token, which then goes in as new_tokens
+            resync = [r for _, r, _ in spec if not r.on_draft]
+            if resync:
+                try:
+                    await draft.prefill([PrefillItem(r.id, r.tokens()[:-1], r.sampling) for r in resync])
+                except Exception:
+                    self._draft_stale.update(r.id for r in resync)
+                    raise
+                for r in resync:
+                    self._mark_on_draft(r, r.num_tokens - 1)
+            items = [s.spec_item(r.id, r.tokens()[r.draft_seen :]) for _, r, s in spec]
+            drafted = await draft.speculate(items)
+            if len(drafted) != len(items):
+                raise RuntimeError(f"draft returned {len(drafted)} trees for {len(items)} items")
+        except Exception as exc:  # noqa: BLE001 - any draft failure degrades to plain decoding
+            self._draft_failed(exc)
+            return [TokenTree() for _ in batch]
+
+        self._draft_backoff = 0.0
+        for (i, r, _), tree in zip(spec, drafted):
+            r.draft_seen = r.num_tokens
+            if _tree_ok(tree):
+                trees[i] = tree
+            else:
+                log.warning("draft returned a malformed tree for %s; verifying without it", r.id)
+        return trees
+
+    async def _verify(
+        self, batch: list[Request], trees: list[TokenTree], report: StepReport
+    ) -> list[AcceptResult] | None:
+        items = [VerifyItem(r.id, tree) for r, tree in zip(batch, trees)]
+        try:
+            results = await self.target.verify(items)
+        except Exception as exc:  # noqa: BLE001 - reported to the requests, not swallowed
+            self._fail(batch, "target verify failed", exc, report)
+            return None
+        if len(results) != len(items):
+            self._fail(batch, f"target verify returned {len(results)} results for {len(items)} items", None, report)
+            return None
+        return results
+
+    def _commit(
+        self,
+        batch: list[Request],
+        shapes: list[SpecShape],
+        trees: list[TokenTree],
+        results: list[AcceptResult],
+        report: StepReport,
+    ) -> None:
+        now = self.clock.now()
+        for req, shape, tree, res in zip(batch, shapes, trees, results):
+            if req.state is not RequestState.RUNNING:  # aborted during the step
+                continue
+            if not res.tokens:
+                self._fail([req], "target verify returned no token", None, report)
+                continue
+            if len(tree):
+                _record_acceptance(req, tree, res)
+            emitted = self._commit_tokens(req, res.tokens, now)
+            report.outcomes.append(
+                RequestOutcome(
+                    request_id=req.id,
+                    shape=shape if len(tree) else SpecShape.none(),
+                    num_drafted=len(tree),
+                    num_accepted=res.num_accepted if len(tree) else 0,
+                    num_emitted=len(emitted),
+                    finish_reason=req.finish_reason,
+                )
+            )
+
+    # ------------------------------------------------------------------ tokens and endings
+    def _commit_tokens(self, req: Request, tokens: list[int], now: float) -> list[int]:
+        """Append tokens up to the first stop; stream them; finish the request if it stopped."""
+        index = len(req.output_ids)
+        reason = None
+        for tok in tokens:
+            req.output_ids.append(tok)
+            req.token_times.append(now)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            if tok in req.stop_token_ids:
+                reason = FinishReason.STOP_TOKEN
+            elif req.stop_strings and self._hits_stop_string(req):
+                reason = FinishReason.STOP_STRING
+            elif len(req.output_ids) >= req.max_new_tokens:
+                reason = FinishReason.LENGTH
+            if reason is not None:
+                break
+        emitted = req.output_ids[index:]
+        if reason is not None:
+            self._end(req, RequestState.FINISHED, reason, tokens=emitted, index=index)
+        elif emitted:
+            self._emit(req, TokenEvent(req.id, emitted, index, now, req.state))
+        return emitted
+
+    def _hits_stop_string(self, req: Request) -> bool:
+        longest = max(len(s) for s in req.stop_strings)
+        tail = self.detokenize(req.output_ids[-(longest + self.config.stop_string_window) :])
+        return any(s in tail for s in req.stop_strings)
+
+    def _end(
+        self,
+        req: Request,
+        state: RequestState,
+        reason: FinishReason,
+        *,
+        tokens: list[int] | None = None,
+        index: int | None = None,
+        error: str | None = None,
+        error_code: str | None = None,
+    ) -> None:
+        now = self.clock.now()
+        req.state, req.finish_reason, req.finish_time = state, reason, now
+        req.error, req.error_code = error, error_code
+        if self._running.pop(req.id, None) is not None:
+            self._release_target.append(req.id)
+        if req.on_draft:
+            self._release_draft.append(req.id)
+            req.on_draft = False
+        stream = self._streams.pop(req.id)
+        self._finished_unnotified.append(req)
+        stream._put(
+            TokenEvent(
+                req.id,
+                tokens or [],
+                len(req.output_ids) if index is None else index,
+                now,
+                state,
+                finished=True,
+                finish_reason=reason,
+                error=error,
+                error_code=error_code,
+            )
+        )
+
+    def _emit(self, req: Request, event: TokenEvent) -> None:
+        self._streams[req.id]._put(event)
+
+    def _fail(self, reqs: list[Request], what: str, exc: Exception | None, report: StepReport) -> None:
+        msg = what if exc is None else f"{what}: {type(exc).__name__}: {exc}"
+        code = _status_name(exc)
+        log.error("%s; failing %d request(s)", msg, len(reqs))
+        for req in reqs:
+            if req.state is RequestState.RUNNING:
+                self._end(req, RequestState.FAILED, FinishReason.ERROR, error=msg, error_code=code)
+                report.failed_ids.append(req.id)
+
+    def _fail_all(self, exc: Exception) -> None:
+        msg = f"scheduler internal error: {type(exc).__name__}: {exc}"
+        for req in [*self._waiting, *self._running.values()]:
+            if not req.state.done:
+                self._end(req, RequestState.FAILED, FinishReason.ERROR, error=msg, error_code="INTERNAL")
+        self._waiting.clear()
+
+    def _preempt(self, req: Request) -> None:
+        del self._running[req.id]
+        self._release_target.append(req.id)
+        if req.on_draft:
+            self._release_draft.append(req.id)
+            req.on_draft = False
+        req.state = RequestState.WAITING
+        req.num_preemptions += 1
+        self._waiting.append(req)
+
+    # ------------------------------------------------------------------ workers
+    def _draft_failed(self, exc: Exception, also_stale: Iterable[str] = ()) -> None:
+        cfg = self.config
+        # exponential backoff; 0 means "not failing" until the first failure of a streak
+        backoff = self._draft_backoff
+        self._draft_backoff = cfg.draft_retry_initial_s if backoff == 0 else min(2 * backoff, cfg.draft_retry_max_s)
+        self._draft_retry_at = self.clock.now() + self._draft_backoff
+        self._draft_error = f"{type(exc).__name__}: {exc}"
+        if self._draft_up:
+            log.warning("draft failed (%s); plain decoding, retry in %.2fs", self._draft_error, self._draft_backoff)
+        self._draft_up = False
+        # whatever it held is unknown now: forget it, release it all on recovery
+        self._draft_stale.update(also_stale)
+        for req in self._running.values():
+            if req.on_draft:
+                req.on_draft = False
+                self._draft_stale.add(req.id)
+
+    def _mark_on_draft(self, req: Request, num_seen: int) -> None:
+        if req.state is RequestState.RUNNING:
+            req.on_draft, req.draft_seen = True, num_seen
+        else:  # ended while the draft was registering it
+            self._release_draft.append(req.id)
+
+    async def _flush_releases(self) -> None:
+        if self._release_target:
+            ids, self._release_target = self._release_target, []
+            try:
+                await self.target.release(ids)
+            except Exception as exc:  # noqa: BLE001 - the requests are over; a leak is the target's to report
+                log.error("target release of %d sequence(s) failed: %s", len(ids), exc)
+        if self._release_draft:
+            ids, self._release_draft = self._release_draft, []
+            if not self._draft_up:
+                self._draft_stale.update(ids)
+                return
+            try:
+                await self.draft.release(ids)
+            except Exception as exc:  # noqa: BLE001
+                self._draft_failed(exc, also_stale=ids)
+
+    async def _notify(self, report: StepReport) -> None:
+        finished, self._finished_unnotified = self._finished_unnotified, []
+        calls = [(self.spec_policy.observe, report)]
+        calls += [(obs.on_step, report) for obs in self.observers]
+        calls += [(obs.on_finish, req) for req in finished for obs in self.observers]
+        for fn, arg in calls:
+            try:
+                out = fn(arg)
+                if inspect.isawaitable(out):
+                    await out
+            except Exception:  # noqa: BLE001 - an observer never stops the loop
+                log.exception("observer %r failed", fn)
+
+
+def _record_acceptance(req: Request, tree: TokenTree, res: AcceptResult) -> None:
+    depth: list[int] = []
+    for p in tree.parent_ids:
+        depth.append(0 if p == -1 else depth[p] + 1)
+    max_depth = max(depth) + 1
+    for counts in (req.position_drafted, req.position_accepted):
+        counts.extend([0] * (max_depth - len(counts)))
+    for d in range(max_depth):
+        req.position_drafted[d] += 1
+    for d in range(res.num_accepted):
+        req.position_accepted[d] += 1
+    req.accepted_lens.append(res.num_accepted)
+    req.num_drafted_tokens += len(tree)
+    req.num_accepted_tokens += res.num_accepted
+
+
+def _tree_ok(tree: TokenTree) -> bool:
+    n = len(tree.token_ids)
+    if len(tree.parent_ids) != n or (tree.draft_probs and len(tree.draft_probs) != n):
+        return False
+    return all(-1 <= p < i for i, p in enumerate(tree.parent_ids))
+
+
+def _status_name(exc: Exception | None) -> str:
+    """gRPC status name for an error: the engine's ``grpc_code``, a gRPC error's ``code()``, or a guess."""
+    if exc is None:
+        return "INTERNAL"
+    code = getattr(exc, "grpc_code", None)
+    if isinstance(code, str):
+        return code
+    code_fn = getattr(exc, "code", None)
+    if callable(code_fn):
+        try:
+            name = getattr(code_fn(), "name", None)
+            if isinstance(name, str):
+                return name
+        except Exception:  # noqa: BLE001
+            pass
+    if isinstance(exc, (ConnectionError, TimeoutError, OSError)):
+        return "UNAVAILABLE"
+    return "INTERNAL"

@@ -1,0 +1,54 @@
+"""What one iteration did: handed to observers (metrics, Redis, traces) and to learning policies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler.policies.speculation import SpecShape
+from scheduler.request import FinishReason
+
+
+@dataclass
+class PhaseTimes:
+    """Seconds on the scheduler's clock; ``overhead`` is total minus the named phases (admission, planning)."""
+
+    prefill: float = 0.0  # target + draft prefill of admitted requests (run concurrently)
+    speculate: float = 0.0  # draft resync (release/prefill) + the speculate call
+    select: float = 0.0
+    verify: float = 0.0
+    commit: float = 0.0  # appending, stop checks, events, releases
+    overhead: float = 0.0
+    total: float = 0.0
+
+
+@dataclass
+class RequestOutcome:
+    request_id: str
+    shape: SpecShape
+    num_drafted: int  # tree nodes sent to verification
+    num_accepted: int  # of which accepted
+    num_emitted: int  # tokens streamed this step (after stop truncation)
+    finish_reason: FinishReason | None = None
+
+
+@dataclass
+class StepReport:
+    step: int
+    started_at: float
+    times: PhaseTimes = field(default_factory=PhaseTimes)
+    batch_size: int = 0  # requests verified this step
+    prefilled_ids: list[str] = field(default_factory=list)
+    num_prefill_tokens: int = 0  # tokens emitted by target prefill (first tokens)
+    preempted_ids: list[str] = field(default_factory=list)
+    failed_ids: list[str] = field(default_factory=list)
+    draft_available: bool = False  # at the end of the step
+    draft_error: str | None = None  # the draft failure this step, if any
+    outcomes: list[RequestOutcome] = field(default_factory=list)
+
+    @property
+    def num_speculating(self) -> int:
+        return sum(1 for o in self.outcomes if o.shape.speculates)
+
+    @property
+    def num_emitted(self) -> int:
+        return self.num_prefill_tokens + sum(o.num_emitted for o in self.outcomes)
