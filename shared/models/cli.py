@@ -46,7 +46,7 @@ def list_(home: HomeOption = None) -> None:
                 s.role,
                 s.name,
                 "[green]yes[/]" if s.prepared else "[yellow]no[/]",
-                f"{s.size_bytes / 1e6:.0f} MB" if s.size_bytes else "-",
+                _size(s.size_bytes),
                 str(s.path) if s.prepared else s.note,
             )
     Console().print(table)
@@ -100,6 +100,12 @@ def check(pair: PairOption = "demo", home: HomeOption = None) -> None:
     if len(set(vocab_sizes.values())) > 1:
         console.print(f"[red]target and draft vocabularies differ: {vocab_sizes}[/]")
         raise typer.Exit(1)
+
+
+def _size(num_bytes: int) -> str:
+    if not num_bytes:
+        return "-"
+    return f"{num_bytes / 1e6:.0f} MB" if num_bytes >= 1e6 else f"{num_bytes / 1e3:.0f} kB"
 
 
 def _next_token(loaded) -> tuple[int, str]:
