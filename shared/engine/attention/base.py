@@ -74,10 +74,10 @@ def register() -> None:
 
 
 def select_backend(name: str, kv_cache, device: torch.device) -> AttentionBackend:
-    """``auto``: flashinfer when CUDA and flashinfer are present, else SDPA."""
+    """``auto``: flashinfer when CUDA and flashinfer are present and the cache is fp16/bf16, else SDPA."""
     if name == "auto":
         name = "sdpa"
-        if device.type == "cuda":
+        if device.type == "cuda" and kv_cache.kv.dtype in (torch.float16, torch.bfloat16):
             try:
                 import flashinfer  # noqa: F401
 
