@@ -1,0 +1,51 @@
+"""In-process workers: the scheduler drives a TargetEngine / DraftEngine without gRPC (tests, one-process runs).
+
+    scheduler = Scheduler(LocalTargetWorker(target_engine), LocalDraftWorker(draft_engine), ...)
+
+Engine calls are blocking torch, so each runs in a worker thread and the
+event loop stays free (streams, aborts, the other worker). The scheduler never
+has two calls in flight on one worker (see workers.py), so the engines need no
+lock; target and draft may well run at the same time, as two services would.
+Engine errors (EngineError subclasses) reach the scheduler unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from shared.engine.draft_engine import DraftEngine
+from shared.engine.target_engine import TargetEngine
+from shared.engine.types import AcceptResult, PrefillItem, PrefillResult, SpecItem, TokenTree, VerifyItem
+
+
+def _release_live(engine: TargetEngine | DraftEngine, seq_ids: list[str]) -> None:
+    """Workers' release is idempotent, the engine's is strict: skip the ids it does not hold."""
+    engine.release([s for s in dict.fromkeys(seq_ids) if s in engine.runner.seqs])
+
+
+class LocalTargetWorker:
+    def __init__(self, engine: TargetEngine) -> None:
+        self.engine = engine
+
+    async def prefill(self, items: list[PrefillItem]) -> list[PrefillResult]:
+        return await asyncio.to_thread(self.engine.prefill, items)
+
+    async def verify(self, items: list[VerifyItem]) -> list[AcceptResult]:
+        return await asyncio.to_thread(self.engine.verify, items)
+
+    async def release(self, seq_ids: list[str]) -> None:
+        await asyncio.to_thread(_release_live, self.engine, seq_ids)
+
+
+class LocalDraftWorker:
+    def __init__(self, engine: DraftEngine) -> None:
+        self.engine = engine
+
+    async def prefill(self, items: list[PrefillItem]) -> None:
+        await asyncio.to_thread(self.engine.prefill, items)
+
+    async def speculate(self, items: list[SpecItem]) -> list[TokenTree]:
+        return await asyncio.to_thread(self.engine.speculate, items)
+
+    async def release(self, seq_ids: list[str]) -> None:
+        await asyncio.to_thread(_release_live, self.engine, seq_ids)

@@ -1,0 +1,156 @@
+"""Configuration of one Tandem process (target, draft or scheduler), from arguments or TANDEM_* variables.
+
+    settings = ServiceSettings.from_env(port=0)          # TANDEM_PORT etc., then explicit overrides
+    settings.listen_address("target")                    # "127.0.0.1:50052" unless TANDEM_PORT says otherwise
+    settings.model_path("target")                        # TANDEM_MODEL, else the pair's target under TANDEM_HOME
+
+Environment names are the field names upper-cased behind the prefix: the
+contract docker-compose.yml and deploy/README.md document (TANDEM_HOST,
+TANDEM_PORT, TANDEM_SERVICE_NAME, TANDEM_TRACE_EXPORTER, TANDEM_OTLP_ENDPOINT,
+TANDEM_HOME, TANDEM_PAIR, TANDEM_MODEL, TANDEM_DEVICE, TANDEM_DTYPE, and for
+the scheduler TANDEM_TARGET_ADDR, TANDEM_DRAFT_ADDR, TANDEM_REDIS_URL,
+TANDEM_METRICS_PORT, TANDEM_QUEUE_POLICY, TANDEM_SPECULATION_POLICY).
+The environment is read when ``from_env`` is called, never at import.
+An empty variable counts as unset, because compose writes
+``TANDEM_MODEL: ${TANDEM_TARGET_MODEL:-}`` to mean "the pair's model".
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from shared.engine.config import EngineConfig
+from shared.engine.errors import ModelLoadError
+from shared.telemetry import ExporterKind, TracingConfig
+
+Role = Literal["scheduler", "target", "draft"]
+
+# Where each role listens when no port is configured (the ports docker-compose.yml uses).
+DEFAULT_PORTS: dict[str, int] = {"scheduler": 50051, "target": 50052, "draft": 50053}
+
+
+class ServiceSettings(BaseModel):
+    """Everything a Tandem process reads from its environment; every field has a default."""
+
+    # --- serving ------------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Interface to listen on (0.0.0.0 in containers).")
+    port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Port to listen on; unset = the role's default (50051/50052/50053); 0 = any free port.",
+    )
+    service_name: str | None = Field(None, description="service.name of traces and logs; unset = the role.")
+    log_level: str = Field("info", description="Python logging level name.")
+    shutdown_grace_s: float = Field(5.0, ge=0, description="Seconds in-flight calls get to finish on shutdown.")
+
+    # --- tracing ------------------------------------------------------------------------------
+    trace_exporter: ExporterKind = Field(
+        "none", description="otlp (to otlp_endpoint), console, memory (tests) or none."
+    )
+    otlp_endpoint: str | None = Field(None, description="OTLP/gRPC endpoint, e.g. http://jaeger:4317.")
+
+    # --- model (target and draft services) ----------------------------------------------------
+    home: Path | None = Field(
+        None, description="Tandem home with models/<name>/; unset = $TANDEM_HOME or ~/.cache/tandem."
+    )
+    pair: str = Field("demo", description="Model pair whose target/draft is served when `model` is unset.")
+    model: str | None = Field(
+        None,
+        description="Model to serve: a directory or .gguf path, a model name under <home>/models, "
+        "or a role of the pair (target, draft); unset = the pair's model for this service's role.",
+    )
+    device: str = Field("auto", description="auto (CUDA when available, else CPU), cpu, cuda, cuda:N.")
+    dtype: str = Field("auto", description="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16, float16.")
+    block_size: int | None = Field(None, ge=1, description="KV cache block size in tokens; unset = the engine default.")
+    num_blocks: int | None = Field(None, ge=1, description="KV cache blocks; unset = sized from kv_cache_bytes.")
+    kv_cache_bytes: int | None = Field(
+        None, ge=1, description="KV cache memory when num_blocks is unset; unset = the engine default."
+    )
+
+    # --- scheduler ----------------------------------------------------------------------------
+    target_addr: str = Field("127.0.0.1:50052", description="host:port of the target service.")
+    draft_addr: str | None = Field(
+        "127.0.0.1:50053", description="host:port of the draft service; unset = no draft (plain decoding)."
+    )
+    redis_url: str | None = Field(
+        None, description="Redis URL for request state and statistics; unset = start a local one."
+    )
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint; unset = none."
+    )
+    queue_policy: str = Field("fcfs", description="Request order policy of the scheduler.")
+    speculation_policy: str = Field("none", description="Speculation policy of the scheduler.")
+
+    @classmethod
+    def from_env(
+        cls, prefix: str = "TANDEM_", env: Mapping[str, str] | None = None, **overrides: Any
+    ) -> ServiceSettings:
+        """Fields from ``env`` (default ``os.environ``) named PREFIX + FIELD; ``overrides`` win.
+
+        Raises pydantic.ValidationError naming the variable's field when a value does not parse.
+        """
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            raw = env.get(prefix + name.upper())
+            if raw is not None and raw.strip() != "":
+                values[name] = raw.strip()
+        values.update(overrides)
+        return cls.model_validate(values)
+
+    # --- derived ------------------------------------------------------------------------------
+    def name_for(self, role: Role) -> str:
+        return self.service_name or role
+
+    def port_for(self, role: Role) -> int:
+        return DEFAULT_PORTS[role] if self.port is None else self.port
+
+    def listen_address(self, role: Role) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host  # IPv6 literals need brackets
+        return f"{host}:{self.port_for(role)}"
+
+    def tracing(self, role: Role) -> TracingConfig:
+        return TracingConfig(
+            service_name=self.name_for(role), exporter=self.trace_exporter, endpoint=self.otlp_endpoint
+        )
+
+    def engine_config(self) -> EngineConfig:
+        """EngineConfig with the KV cache fields that are set here; the engine's defaults for the rest."""
+        fields = {"block_size": self.block_size, "num_blocks": self.num_blocks, "kv_cache_bytes": self.kv_cache_bytes}
+        return EngineConfig(**{k: v for k, v in fields.items() if v is not None})
+
+    def model_path(self, role: Literal["target", "draft"]) -> Path:
+        """The model directory or .gguf this role serves; raises ModelLoadError naming what was tried.
+
+        ``model`` is tried as a path, then as a model name under <home>/models,
+        then as a role of ``pair``; unset means the pair's model for ``role``.
+        """
+        from shared.models.paths import Paths
+        from shared.models.registry import get_pair
+
+        paths = Paths.resolve(self.home)
+        spec = self.model or role
+        if spec in ("target", "draft"):
+            try:
+                pair = get_pair(self.pair)
+            except ValueError as exc:
+                raise ModelLoadError(str(exc)) from None
+            path = paths.model_dir((pair.target if spec == "target" else pair.draft).name)
+            if not path.exists():
+                raise ModelLoadError(
+                    f"the {spec} model of pair {pair.name!r} is not prepared at {path}; "
+                    f"run `tandem models prepare --pair {pair.name}` or set TANDEM_MODEL"
+                )
+            return path
+        candidates = [Path(spec).expanduser(), paths.model_dir(spec), paths.home / spec]
+        for path in candidates:
+            if path.exists():
+                return path
+        tried = ", ".join(str(p) for p in candidates)
+        raise ModelLoadError(f"model {spec!r} not found (tried {tried})")

@@ -1,0 +1,58 @@
+"""Model source → ready engine, in one call (what services, the launcher and tests share).
+
+    engine, loaded = build_target_engine("~/.cache/tandem/models/smollm2-135m-instruct")
+    engine.prefill([...])                 # loaded.tokenizer / vocab_size / max_context describe the model
+
+The runner is named after role and model ("target:smollm2-135m-instruct"), so
+an OutOfBlocksError says which service ran out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from shared.engine.config import EngineConfig
+from shared.engine.draft_engine import DraftEngine
+from shared.engine.loading import LoadedModel, load_causal_lm
+from shared.engine.runner import ModelRunner
+from shared.engine.target_engine import TargetEngine
+
+
+def build_target_engine(
+    source: Path | str,
+    *,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+    engine_config: EngineConfig | None = None,
+    with_tokenizer: bool = True,
+) -> tuple[TargetEngine, LoadedModel]:
+    """Load a local HF directory or .gguf and wrap it in a TargetEngine; raises ModelLoadError."""
+    loaded, runner = _load("target", source, device, dtype, engine_config, with_tokenizer)
+    return TargetEngine(runner), loaded
+
+
+def build_draft_engine(
+    source: Path | str,
+    *,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+    engine_config: EngineConfig | None = None,
+    with_tokenizer: bool = True,
+) -> tuple[DraftEngine, LoadedModel]:
+    """Load a local HF directory or .gguf and wrap it in a DraftEngine; raises ModelLoadError."""
+    loaded, runner = _load("draft", source, device, dtype, engine_config, with_tokenizer)
+    return DraftEngine(runner), loaded
+
+
+def _load(
+    role: str,
+    source: Path | str,
+    device: str | torch.device,
+    dtype: str | torch.dtype,
+    engine_config: EngineConfig | None,
+    with_tokenizer: bool,
+) -> tuple[LoadedModel, ModelRunner]:
+    loaded = load_causal_lm(source, dtype=dtype, device=device, with_tokenizer=with_tokenizer)
+    return loaded, ModelRunner(loaded.model, engine_config, name=f"{role}:{loaded.name}")

@@ -1,0 +1,65 @@
+"""ServiceSettings: the TANDEM_* contract of docker-compose.yml, model resolution, engine config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pydantic
+import pytest
+import yaml
+
+from services.settings import ServiceSettings
+from shared.engine.errors import ModelLoadError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_variable_compose_sets_is_a_field():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    fields = set(ServiceSettings.model_fields)
+    for service in ("target", "draft", "scheduler"):
+        env = {**compose["x-tandem-env"], **compose["services"][service]["environment"]}
+        names = {k.removeprefix("TANDEM_").lower() for k in env if k.startswith("TANDEM_")}
+        assert names <= fields, (service, names - fields)
+
+
+def test_from_env_parses_and_overrides_win():
+    env = {
+        "TANDEM_HOST": "0.0.0.0",
+        "TANDEM_PORT": "50052",
+        "TANDEM_MODEL": "",  # compose's "unset"
+        "TANDEM_TRACE_EXPORTER": "otlp",
+        "TANDEM_NUM_BLOCKS": "128",
+        "TANDEM_DRAFT_ADDR": "draft:50053",
+        "OTHER_PORT": "1",
+    }
+    s = ServiceSettings.from_env(env=env, num_blocks=7)
+    assert (s.host, s.port, s.model, s.trace_exporter, s.num_blocks) == ("0.0.0.0", 50052, None, "otlp", 7)
+    assert s.draft_addr == "draft:50053" and s.listen_address("target") == "0.0.0.0:50052"
+    assert ServiceSettings.from_env(env={}).listen_address("draft") == "127.0.0.1:50053"
+    assert ServiceSettings(port=0, host="::1").listen_address("target") == "[::1]:0"
+    assert ServiceSettings().tracing("draft").service_name == "draft"
+    with pytest.raises(pydantic.ValidationError, match="port"):
+        ServiceSettings.from_env(env={"TANDEM_PORT": "http"})
+
+
+def test_engine_config_keeps_engine_defaults_for_unset_fields():
+    assert ServiceSettings().engine_config().num_blocks is None
+    config = ServiceSettings(num_blocks=9, block_size=4).engine_config()
+    assert (config.num_blocks, config.block_size) == (9, 4)
+
+
+def test_model_path_resolution(tmp_path):
+    home = tmp_path / "home"
+    target = home / "models" / "tiny-target"
+    target.mkdir(parents=True)
+    s = ServiceSettings(home=home, pair="tiny")
+    assert s.model_path("target") == target
+    assert ServiceSettings(home=home, model="tiny-target").model_path("draft") == target
+    assert ServiceSettings(home=home, model=str(target)).model_path("draft") == target
+    with pytest.raises(ModelLoadError, match="tandem models prepare --pair tiny"):
+        s.model_path("draft")
+    with pytest.raises(ModelLoadError, match="not found"):
+        ServiceSettings(home=home, model="nope").model_path("target")
+    with pytest.raises(ModelLoadError, match="unknown model pair"):
+        ServiceSettings(home=home, pair="nope").model_path("target")
