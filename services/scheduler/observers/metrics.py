@@ -1,0 +1,73 @@
+"""Prometheus metrics from the iteration loop (shared.metrics.TandemMetrics, DESIGN §6).
+
+    on_submit   queue depth
+    on_step     per request: draft tokens proposed/accepted, accepted length, per-position acceptance;
+                moving averages of acceptance rate and accepted length; queue depth, running requests
+    on_finish   TTFT, TPOT, SLO attainment, goodput tokens, finish reason
+
+Requests are labelled by SLO class, a bucket of their TPOT target, so the
+label set stays small whatever targets clients send.
+"""
+
+from __future__ import annotations
+
+from scheduler.engine_loop import Scheduler
+from scheduler.report import StepReport
+from scheduler.request import SLO, Request
+from shared.metrics import TandemMetrics
+
+# Upper bounds (ms) of the SLO classes: a 40 ms TPOT target is in class "tpot<=50ms".
+SLO_CLASS_BOUNDS_MS = (10, 20, 50, 100, 200, 500, 1000)
+
+
+def slo_class(slo: SLO) -> str:
+    if slo.tpot_ms is None:
+        return "none"
+    for bound in SLO_CLASS_BOUNDS_MS:
+        if slo.tpot_ms <= bound:
+            return f"tpot<={bound}ms"
+    return f"tpot>{SLO_CLASS_BOUNDS_MS[-1]}ms"
+
+
+class MetricsObserver:
+    def __init__(self, metrics: TandemMetrics, scheduler: Scheduler, ema_alpha: float = 0.1) -> None:
+        self.metrics = metrics
+        self.scheduler = scheduler
+        self.ema_alpha = ema_alpha
+        self._ema_rate: float | None = None
+        self._ema_length: float | None = None
+
+    def on_submit(self, request: Request) -> None:
+        self._set_load()
+
+    def on_step(self, report: StepReport) -> None:
+        for o in report.outcomes:
+            if o.num_drafted:
+                self._ema_rate = self._ema(self._ema_rate, o.num_accepted / o.num_drafted)
+            self._ema_length = self._ema(self._ema_length, o.num_accepted + 1)
+            self.metrics.observe_step(
+                num_proposed=o.num_drafted,
+                num_accepted=o.num_accepted,
+                depth=o.num_drafted if o.shape.kind == "chain" else o.shape.max_depth,
+                ema_acceptance_rate=self._ema_rate,
+                ema_accepted_length=self._ema_length,
+            )
+        self._set_load()
+
+    def on_finish(self, request: Request) -> None:
+        self.metrics.observe_request(
+            ttft_s=request.ttft,
+            tpot_s=request.tpot,
+            num_tokens=len(request.output_ids),
+            finish_reason=request.finish_reason.value if request.finish_reason else "error",
+            slo_tpot_ms=request.slo.tpot_ms,
+            slo_ttft_ms=request.slo.ttft_ms,
+            slo_class=slo_class(request.slo),
+        )
+        self._set_load()
+
+    def _ema(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.ema_alpha * (new - old)
+
+    def _set_load(self) -> None:
+        self.metrics.set_load(waiting=len(self.scheduler.waiting), running=len(self.scheduler.running))

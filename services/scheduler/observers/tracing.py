@@ -1,0 +1,245 @@
+"""One trace per request across scheduler, draft and target (DESIGN §6).
+
+The span tree of one request::
+
+    tandem.v1.Tandem/Generate        SERVER span (rpc interceptor); child of the client's span if it sent one
+      request                        submission -> end: prompt/SLO/speculation in, outcome and latencies out
+        queue                        submission -> first prefill (again after a preemption)
+        prefill                      one per worker call (tandem.worker = target | draft)
+        speculate                    one per step it speculated in: k (or tree d x w), drafted
+        verify                       one per step: tree size, accepted length
+        commit                       one per step: accepted length, tokens emitted, finish reason
+          └╌▶ TargetService/Verify, DraftService/Speculate ...   SERVER spans of the model services
+
+The catch is batching: one Verify RPC serves every running request, but an
+RPC carries a single trace context. So each worker call opens a phase span
+per request of its batch, all children of their own request spans, and
+makes ONE of them, the representative, current while the RPC is in flight:
+the model service's server span (and anything under it) joins that
+request's trace. The other requests' phase spans carry a link to the
+representative span, so from any request one hop reaches the RPC that
+served it. The representative is the request of the batch that has
+represented the fewest calls so far (ties: batch order), so every request's
+trace gets its share of draft and target spans, not just the oldest one's.
+
+``TracedTarget`` / ``TracedDraft`` wrap the workers (they need the call, to
+make the span current around it); ``RequestTracer`` owns the request spans
+and is the observer (``on_submit`` opens, ``on_step`` adds commit spans,
+``on_finish`` closes). Span attributes are ``tandem.*``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Link, Span, Status, StatusCode
+
+from scheduler.report import StepReport
+from scheduler.request import Request
+from scheduler.workers import DraftWorker, TargetWorker
+from services.scheduler.summary import slo_attained
+from shared.engine.types import AcceptResult, PrefillItem, PrefillResult, SpecItem, TokenTree, VerifyItem
+
+Attributes = dict[str, Any]
+
+
+@dataclass
+class _Live:
+    span: Span  # the request span
+    queue: Span | None  # open while the request waits for (re-)admission
+    num_represented: int = 0  # worker calls whose RPC ran in this request's context
+
+
+class RequestTracer:
+    """Request spans and per-request phase spans; also the ``IterationObserver`` that ends them."""
+
+    def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
+        self.tracer = trace.get_tracer("tandem.scheduler", tracer_provider=tracer_provider)
+        self._live: dict[str, _Live] = {}
+
+    # ------------------------------------------------------------------ observer hooks
+    def on_submit(self, request: Request) -> None:
+        """Open the request span under the current context (the Generate call's server span)."""
+        spec = request.speculation
+        span = self.tracer.start_span(
+            "request",
+            attributes={
+                "tandem.request_id": request.id,
+                "tandem.num_prompt_tokens": len(request.prompt_ids),
+                "tandem.max_new_tokens": request.max_new_tokens,
+                "tandem.slo.tpot_ms": request.slo.tpot_ms or 0.0,
+                "tandem.slo.ttft_ms": request.slo.ttft_ms or 0.0,
+                "tandem.speculation.mode": spec.mode.value,
+                "tandem.speculation.k": spec.k,
+                "tandem.temperature": request.sampling.temperature,
+            },
+        )
+        self._live[request.id] = _Live(span, self._child(span, "queue"))
+
+    def on_step(self, report: StepReport) -> None:
+        end_ns = time.time_ns()
+        start_ns = end_ns - round(report.times.commit * 1e9)
+        for o in report.outcomes:
+            live = self._live.get(o.request_id)
+            if live is None:
+                continue
+            attrs: Attributes = {
+                "tandem.step": report.step,
+                "tandem.batch_size": report.batch_size,
+                "tandem.k": o.shape.max_depth,
+                "tandem.num_drafted": o.num_drafted,
+                "tandem.accepted_length": o.num_accepted,
+                "tandem.num_emitted": o.num_emitted,
+            }
+            if o.finish_reason is not None:
+                attrs["tandem.finish_reason"] = o.finish_reason.value
+            self._child(live.span, "commit", attrs, start_ns).end(end_ns)
+        for request_id in report.preempted_ids:
+            live = self._live.get(request_id)
+            if live is not None and live.queue is None:
+                live.queue = self._child(live.span, "queue", {"tandem.preempted": True})
+
+    def on_finish(self, request: Request) -> None:
+        live = self._live.pop(request.id, None)
+        if live is None:
+            return
+        if live.queue is not None:
+            live.queue.end()
+        span = live.span
+        span.set_attributes(
+            {
+                "tandem.finish_reason": request.finish_reason.value if request.finish_reason else "",
+                "tandem.num_generated": len(request.output_ids),
+                "tandem.ttft_ms": (request.ttft or 0.0) * 1e3,
+                "tandem.tpot_ms": (request.tpot or 0.0) * 1e3,
+                "tandem.slo_attained": slo_attained(request),
+                "tandem.num_drafted": request.num_drafted_tokens,
+                "tandem.num_accepted": request.num_accepted_tokens,
+            }
+        )
+        if request.error:
+            span.set_status(Status(StatusCode.ERROR, request.error))
+        span.end()
+
+    # ------------------------------------------------------------------ phases of a batched call
+    @contextmanager
+    def batch_phase(
+        self, name: str, seq_ids: Sequence[str], attrs: Sequence[Attributes]
+    ) -> Iterator[list[Span | None]]:
+        """A ``name`` span per traced request of the batch; the representative's is current inside."""
+        lives = [self._live.get(sid) for sid in seq_ids]
+        traced = [i for i, live in enumerate(lives) if live is not None]
+        spans: list[Span | None] = [None] * len(seq_ids)
+        if not traced:
+            yield spans
+            return
+        rep = min(traced, key=lambda i: lives[i].num_represented)
+        lives[rep].num_represented += 1
+        common = {"tandem.batch_size": len(seq_ids)}
+        spans[rep] = self._child(lives[rep].span, name, {**common, **attrs[rep], "tandem.representative": True})
+        link = [Link(spans[rep].get_span_context())]
+        for i in traced:
+            if i != rep:
+                spans[i] = self._child(lives[i].span, name, {**common, **attrs[i]}, links=link)
+        try:
+            with trace.use_span(spans[rep], end_on_exit=False, record_exception=False, set_status_on_exception=False):
+                yield spans
+        except BaseException as exc:
+            for span in spans:
+                if span is not None:
+                    span.record_exception(exc)
+                    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            raise
+        finally:
+            for span in spans:
+                if span is not None:
+                    span.end()
+
+    def admitted(self, seq_ids: Sequence[str]) -> None:
+        """End the queue spans of requests whose prefill starts now."""
+        for sid in seq_ids:
+            live = self._live.get(sid)
+            if live is not None and live.queue is not None:
+                live.queue.end()
+                live.queue = None
+
+    def _child(
+        self, parent: Span, name: str, attrs: Attributes | None = None, start_ns: int | None = None, links=()
+    ) -> Span:
+        return self.tracer.start_span(
+            name, context=trace.set_span_in_context(parent), attributes=attrs, links=links, start_time=start_ns
+        )
+
+
+class TracedTarget:
+    """A ``TargetWorker`` whose prefill / verify calls run inside the requests' phase spans."""
+
+    def __init__(self, target: TargetWorker, tracer: RequestTracer) -> None:
+        self.target = target
+        self.tracer = tracer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.target, name)
+
+    async def prefill(self, items: list[PrefillItem]) -> list[PrefillResult]:
+        ids = [it.seq_id for it in items]
+        self.tracer.admitted(ids)
+        attrs = [{"tandem.worker": "target", "tandem.num_prompt_tokens": len(it.prompt_ids)} for it in items]
+        with self.tracer.batch_phase("prefill", ids, attrs):
+            return await self.target.prefill(items)
+
+    async def verify(self, items: list[VerifyItem]) -> list[AcceptResult]:
+        attrs = [{"tandem.worker": "target", "tandem.tree_size": len(it.tree)} for it in items]
+        with self.tracer.batch_phase("verify", [it.seq_id for it in items], attrs) as spans:
+            results = await self.target.verify(items)
+            for span, res in zip(spans, results):
+                if span is not None:
+                    span.set_attributes(
+                        {"tandem.accepted_length": res.num_accepted, "tandem.num_committed": len(res.tokens)}
+                    )
+            return results
+
+    async def release(self, seq_ids: list[str]) -> None:
+        await self.target.release(seq_ids)
+
+
+class TracedDraft:
+    """A ``DraftWorker`` whose prefill / speculate calls run inside the requests' phase spans."""
+
+    def __init__(self, draft: DraftWorker, tracer: RequestTracer) -> None:
+        self.draft = draft
+        self.tracer = tracer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.draft, name)
+
+    async def prefill(self, items: list[PrefillItem]) -> None:
+        attrs = [{"tandem.worker": "draft", "tandem.num_prompt_tokens": len(it.prompt_ids)} for it in items]
+        with self.tracer.batch_phase("prefill", [it.seq_id for it in items], attrs):
+            await self.draft.prefill(items)
+
+    async def speculate(self, items: list[SpecItem]) -> list[TokenTree]:
+        attrs = [_shape_attrs(it) for it in items]
+        with self.tracer.batch_phase("speculate", [it.seq_id for it in items], attrs) as spans:
+            trees = await self.draft.speculate(items)
+            for span, tree in zip(spans, trees):
+                if span is not None:
+                    span.set_attribute("tandem.num_drafted", len(tree))
+            return trees
+
+    async def release(self, seq_ids: list[str]) -> None:
+        await self.draft.release(seq_ids)
+
+
+def _shape_attrs(item: SpecItem) -> Attributes:
+    attrs: Attributes = {"tandem.worker": "draft", "tandem.num_new_tokens": len(item.new_tokens)}
+    if item.tree_depth:
+        attrs.update({"tandem.tree.depth": item.tree_depth, "tandem.tree.width": item.tree_width})
+    else:
+        attrs["tandem.k"] = item.chain_len
+    return attrs

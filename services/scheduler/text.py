@@ -1,0 +1,89 @@
+"""Text <-> token ids for the public endpoint, with the target model's tokenizer.
+
+The scheduler is the only service that sees text: clients may send a prompt
+as text, and every streamed chunk carries the text its tokens add. Draft and
+target work on token ids only. A server whose target directory has no
+tokenizer (the tiny test models) still serves token-id prompts; text prompts
+and stop strings then fail with FAILED_PRECONDITION.
+
+Streaming text is decoded incrementally (the TGI / vLLM scheme): a token can
+be half of a UTF-8 character or change how the previous one renders (a
+leading space), so each chunk's text is the difference between decoding a
+short window with and without the new tokens, held back while it ends in an
+incomplete character (U+FFFD)::
+
+    ids:   ... | prefix ........ read | new ...
+                 decode(prefix:read)  -> already sent
+                 decode(prefix:)      -> its extra suffix is this chunk's text
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from shared.engine.loading import TOKENIZER_FILES
+
+log = logging.getLogger(__name__)
+
+_INCOMPLETE = "\ufffd"
+
+
+class TextCodec:
+    """Encode prompts, decode outputs, and name the end-of-sequence ids of one tokenizer."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.eos_token_ids: tuple[int, ...] = (eos,) if isinstance(eos, int) else tuple(eos or ())
+
+    @classmethod
+    def load(cls, model_dir: str | Path) -> TextCodec | None:
+        """The tokenizer of a Hugging Face model directory; None when it has none (token ids only)."""
+        path = Path(model_dir).expanduser()
+        if not path.is_dir() or not any((path / name).is_file() for name in TOKENIZER_FILES):
+            log.info("no tokenizer in %s: serving token-id prompts only", path)
+            return None
+        from transformers import AutoTokenizer  # seconds to import; only servers with text pay for it
+
+        return cls(AutoTokenizer.from_pretrained(path, local_files_only=True))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text)["input_ids"])
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
+
+    def stream(self) -> IncrementalDecoder:
+        return IncrementalDecoder(self.decode)
+
+
+class IncrementalDecoder:
+    """Turns a request's tokens, fed chunk by chunk, into text deltas whose concatenation is the output."""
+
+    def __init__(self, decode: Any) -> None:
+        self._decode = decode
+        self._ids: list[int] = []
+        self._prefix = 0  # start of the decode window
+        self._read = 0  # tokens whose text has been sent
+
+    def push(self, token_ids: Sequence[int]) -> str:
+        """Text the new tokens add; "" while they end inside a multi-byte character."""
+        self._ids.extend(token_ids)
+        return self._advance(final=False)
+
+    def flush(self) -> str:
+        """Whatever is still held back (the request ended)."""
+        return self._advance(final=True)
+
+    def _advance(self, *, final: bool) -> str:
+        if self._read == len(self._ids):
+            return ""
+        sent = self._decode(self._ids[self._prefix : self._read])
+        text = self._decode(self._ids[self._prefix :])
+        if len(text) <= len(sent) or (text.endswith(_INCOMPLETE) and not final):
+            return ""
+        self._prefix, self._read = self._read, len(self._ids)
+        return text[len(sent) :]

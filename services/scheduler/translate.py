@@ -1,0 +1,144 @@
+"""GenerateRequest (wire) -> Request (scheduler), with every check the public endpoint owes its clients.
+
+Checks run before anything is queued, so a bad request costs the caller a
+status and nobody else anything. That matters most for token ids: draft and
+target prefill new requests in batches, and one out-of-vocabulary id would
+fail the whole batch.
+
+    field                      rule                                   status
+    prompt                     text or token_ids, not empty           INVALID_ARGUMENT
+    text prompt / stop strings need a tokenizer                       FAILED_PRECONDITION
+    token ids                  0 <= id < target vocab                 INVALID_ARGUMENT
+    prompt + max_new_tokens    <= target max_context                  OUT_OF_RANGE
+    max_new_tokens             >= 1                                   INVALID_ARGUMENT
+    sampling                   temperature >= 0, top_p in (0, 1]      INVALID_ARGUMENT
+    slo                        tpot_ms >= 0 (0: none), ttft_ms > 0    INVALID_ARGUMENT
+    speculation                FIXED needs 1 <= k <= max_spec_k       INVALID_ARGUMENT
+
+Two conventions differ between the wire and the scheduler: the wire's
+priority is "higher runs earlier", the scheduler's "lower value is more
+urgent" (vLLM's), so the sign flips here; and the model's end-of-sequence
+token joins the request's stop ids, so generation ends where the model says.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+
+from scheduler.request import SLO, Request, SpecMode, SpeculationSetting, validate_request
+from services.scheduler.errors import NoTokenizerError, PromptTooLongError, TandemRequestError
+from services.scheduler.text import TextCodec
+from shared.engine.types import SamplingParams
+from shared.rpc.gen.tandem.v1 import tandem_pb2
+
+_SPEC_MODES = {
+    tandem_pb2.SPECULATION_MODE_UNSPECIFIED: SpecMode.AUTO,
+    tandem_pb2.SPECULATION_MODE_AUTO: SpecMode.AUTO,
+    tandem_pb2.SPECULATION_MODE_OFF: SpecMode.OFF,
+    tandem_pb2.SPECULATION_MODE_FIXED: SpecMode.FIXED,
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the models behind the scheduler accept (from the target's Info)."""
+
+    vocab_size: int
+    max_context: int
+    max_spec_k: int = 32  # the draft engine's longest chain
+
+
+def new_request_id() -> str:
+    return f"req-{uuid.uuid4().hex[:16]}"
+
+
+def to_request(msg: tandem_pb2.GenerateRequest, limits: Limits, codec: TextCodec | None) -> Request:
+    """The scheduler Request for ``msg``; raises a TandemRequestError naming the bad field."""
+    request_id = msg.request_id or new_request_id()
+    prompt_ids = _prompt(msg, codec)
+    _check_ids(prompt_ids, limits, "prompt token ids")
+    _check_ids(list(msg.stop_token_ids), limits, "stop_token_ids")
+    if msg.stop and codec is None:
+        raise NoTokenizerError("stop strings need a tokenizer and this server has none; use stop_token_ids")
+    if msg.max_new_tokens < 1:
+        raise TandemRequestError("max_new_tokens must be at least 1")
+    total = len(prompt_ids) + msg.max_new_tokens
+    if total > limits.max_context:
+        raise PromptTooLongError(
+            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({msg.max_new_tokens}) = {total} tokens "
+            f"exceeds the target's context window of {limits.max_context}"
+        )
+    stop_ids = list(dict.fromkeys([*msg.stop_token_ids, *(codec.eos_token_ids if codec else ())]))
+    request = Request(
+        id=request_id,
+        prompt_ids=prompt_ids,
+        sampling=_sampling(msg),
+        max_new_tokens=msg.max_new_tokens,
+        stop_token_ids=stop_ids,
+        stop_strings=list(msg.stop),
+        slo=_slo(msg),
+        priority=-msg.priority,
+        speculation=_speculation(msg, limits),
+    )
+    try:
+        validate_request(request)
+    except ValueError as exc:  # the scheduler's own checks, in its words
+        raise TandemRequestError(str(exc)) from None
+    return request
+
+
+def _prompt(msg: tandem_pb2.GenerateRequest, codec: TextCodec | None) -> list[int]:
+    kind = msg.WhichOneof("prompt")
+    if kind is None:
+        raise TandemRequestError("prompt is required: set text or token_ids")
+    if kind == "token_ids":
+        ids = list(msg.token_ids.ids)
+    else:
+        if not msg.text:
+            raise TandemRequestError("prompt is empty")
+        if codec is None:
+            raise NoTokenizerError("this server has no tokenizer; send the prompt as token_ids")
+        ids = codec.encode(msg.text)
+    if not ids:
+        raise TandemRequestError("prompt is empty: at least one prompt token is required")
+    return ids
+
+
+def _check_ids(ids: list[int], limits: Limits, what: str) -> None:
+    bad = [t for t in ids if not 0 <= t < limits.vocab_size]
+    if bad:
+        raise TandemRequestError(f"{what} must be in [0, {limits.vocab_size}) (the target's vocabulary); got {bad[:5]}")
+
+
+def _sampling(msg: tandem_pb2.GenerateRequest) -> SamplingParams:
+    s = msg.sampling
+    temperature = s.temperature
+    top_p = s.top_p if s.HasField("top_p") else 1.0
+    if not math.isfinite(temperature) or temperature < 0:
+        raise TandemRequestError(f"sampling.temperature must be a finite number >= 0, got {temperature}")
+    if not math.isfinite(top_p) or not 0.0 < top_p <= 1.0:
+        raise TandemRequestError(f"sampling.top_p must be in (0, 1], got {top_p}")
+    return SamplingParams(temperature=temperature, top_p=top_p, seed=s.seed if s.HasField("seed") else None)
+
+
+def _slo(msg: tandem_pb2.GenerateRequest) -> SLO:
+    tpot, ttft = msg.slo.tpot_ms, (msg.slo.ttft_ms if msg.slo.HasField("ttft_ms") else None)
+    if not math.isfinite(tpot) or tpot < 0:
+        raise TandemRequestError(f"slo.tpot_ms must be >= 0 ms (0: best effort), got {tpot}")
+    if ttft is not None and (not math.isfinite(ttft) or ttft <= 0):
+        raise TandemRequestError(f"slo.ttft_ms must be > 0 ms when set, got {ttft}")
+    return SLO(tpot_ms=tpot or None, ttft_ms=ttft)
+
+
+def _speculation(msg: tandem_pb2.GenerateRequest, limits: Limits) -> SpeculationSetting:
+    mode = _SPEC_MODES.get(msg.speculation.mode)
+    if mode is None:
+        raise TandemRequestError(f"unknown speculation mode {msg.speculation.mode}")
+    if mode is not SpecMode.FIXED:
+        return SpeculationSetting(mode)  # k is ignored outside FIXED (proto contract)
+    k = msg.speculation.k
+    if not 1 <= k <= limits.max_spec_k:
+        raise TandemRequestError(f"speculation FIXED needs 1 <= k <= {limits.max_spec_k}, got k={k}")
+    return SpeculationSetting(mode, k)

@@ -1,0 +1,138 @@
+"""Observers over the fake stack: request traces (span tree, batching links) and Redis records."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from opentelemetry import trace
+
+from sdk import Client
+from shared.state.redis_server import start_redis
+from shared.state.store import AsyncStateStore
+from shared.telemetry import setup_tracing
+from tests.support.fake_stack import fake_stack
+
+PHASES = {"queue", "prefill", "speculate", "verify", "commit"}
+
+
+def _by_name(spans, name):
+    return [s for s in spans if s.name == name]
+
+
+def test_one_request_one_trace_with_phase_spans(token_stack):
+    client_provider = setup_tracing("client", "memory")
+    tracer = client_provider.get_tracer("test")
+    with tracer.start_as_current_span("client-call") as client_span, Client(token_stack.address) as client:
+        result = client.generate([1, 2, 3], max_new_tokens=9, speculation=2)
+    spans = token_stack.tracer_provider.memory_exporter.get_finished_spans()
+    trace_id = client_span.get_span_context().trace_id
+    assert {s.context.trace_id for s in spans} == {trace_id}  # the client's trace covers the scheduler's spans
+
+    (server,) = _by_name(spans, "tandem.v1.Tandem/GenerateUnary")
+    (request,) = _by_name(spans, "request")
+    assert request.parent.span_id == server.context.span_id
+    assert request.attributes["tandem.request_id"] == result.request_id
+    assert request.attributes["tandem.num_generated"] == 9
+    assert request.attributes["service.name"] == "scheduler"
+    children = [s for s in spans if s.parent is not None and s.parent.span_id == request.context.span_id]
+    assert {s.name for s in children} == PHASES
+    assert len(_by_name(children, "queue")) == 1
+    assert {s.attributes["tandem.worker"] for s in _by_name(children, "prefill")} == {"target", "draft"}
+    verifies = _by_name(children, "verify")
+    assert len(verifies) == result.stats.num_steps
+    assert sum(s.attributes["tandem.accepted_length"] for s in verifies) == result.stats.num_accepted_tokens
+    assert all(s.attributes["tandem.k"] == 2 for s in _by_name(children, "speculate"))
+    assert all(s.attributes["tandem.batch_size"] == 1 for s in verifies)
+
+
+def test_batched_calls_pick_a_representative_and_link_the_rest(token_stack):
+    with Client(token_stack.address, timeout=30) as client, ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda i: client.generate([i + 1, 7], max_new_tokens=30, speculation=2), range(4)))
+    spans = token_stack.tracer_provider.memory_exporter.get_finished_spans()
+    requests = {s.context.span_id: s for s in _by_name(spans, "request")}
+    assert len(requests) == 4 and len({s.context.trace_id for s in requests.values()}) == 4
+    batched = [s for s in _by_name(spans, "verify") if s.attributes["tandem.batch_size"] > 1]
+    assert batched, "the four requests never shared a step"
+    reps = {s.context.span_id: s for s in batched if s.attributes.get("tandem.representative")}
+    for span in batched:
+        assert span.parent.span_id in requests  # a child of its own request
+        if span.context.span_id not in reps:
+            (link,) = span.links
+            assert link.context.span_id in reps
+    # every request represented some calls, so every trace holds some worker RPCs
+    represented = {reps[s].parent.span_id for s in reps}
+    assert represented == set(requests)
+
+
+def test_trace_context_reaches_the_workers(token_stack):
+    """What a worker sees as current during its call is the representative's phase span."""
+    seen = []
+    verify = token_stack.target.verify
+
+    async def spy(items):
+        seen.append(trace.get_current_span().get_span_context())
+        return await verify(items)
+
+    token_stack.target.verify = spy
+    with Client(token_stack.address) as client:
+        client.generate([5, 6], max_new_tokens=4, speculation="off")
+    spans = token_stack.tracer_provider.memory_exporter.get_finished_spans()
+    verify_ids = {s.context.span_id for s in _by_name(spans, "verify")}
+    assert seen and all(ctx.span_id in verify_ids for ctx in seen)
+
+
+@pytest.fixture(scope="module")
+def redis_url():
+    server = start_redis()
+    yield server.url
+    server.stop()
+
+
+def test_redis_holds_records_tokens_and_acceptance(redis_url):
+    with fake_stack(redis_url=redis_url) as stack, Client(stack.address, timeout=30) as client:
+        fixed = client.generate([1, 2, 3], max_new_tokens=20, speculation=3, slo_tpot_ms=100, priority=2)
+        off = client.generate([4, 5], max_new_tokens=6, speculation="off")
+        one = client.generate([6], max_new_tokens=1)  # ends at prefill
+        stack.loop.run(stack.recorder.flush())
+        store: AsyncStateStore = stack.recorder.store
+
+        async def read():
+            records = {r.request_id: await store.get_request(r.request_id) for r in (fixed, off, one)}
+            tokens = {r.request_id: await store.get_tokens(r.request_id) for r in (fixed, off, one)}
+            stats = {
+                "request": await store.acceptance("request", fixed.request_id),
+                "policy": await store.acceptance("policy", "client_fixed"),
+                "global": await store.acceptance("global"),
+            }
+            return records, tokens, stats, await store.live_request_ids()
+
+        records, tokens, stats, live = stack.loop.run(read())
+    for r in (fixed, off, one):
+        rec = records[r.request_id]
+        assert rec.state == "finished" and rec.finish_reason == "length"
+        assert tokens[r.request_id] == r.token_ids and rec.num_generated == len(r.token_ids)
+        assert rec.first_token_unix_ns <= rec.last_token_unix_ns <= rec.finish_unix_ns
+        assert rec.arrival_unix_ns <= rec.first_token_unix_ns
+    rec = records[fixed.request_id]
+    assert rec.slo_tpot_ms == 100 and rec.priority == 2 and rec.prompt_len == 3 and rec.policy == "client_fixed"
+    assert records[off.request_id].policy is None
+    assert abs(rec.tpot_ms - fixed.tpot_ms) < 1.0
+    assert stats["request"].num_proposed == fixed.stats.num_draft_tokens
+    assert stats["request"].num_accepted == fixed.stats.num_accepted_tokens
+    assert stats["policy"].num_accepted == fixed.stats.num_accepted_tokens
+    assert stats["global"].num_proposed == fixed.stats.num_draft_tokens  # "off" proposed nothing
+    assert stats["request"].position_proposed[0] > 0
+    assert live == []
+
+
+def test_redis_outage_costs_records_not_requests(redis_url):
+    server = start_redis()
+    with fake_stack(redis_url=server.url) as stack, Client(stack.address, timeout=30) as client:
+        server.stop()
+        t = time.monotonic()
+        result = client.generate([1, 2], max_new_tokens=10, speculation=2)
+        assert len(result.token_ids) == 10 and time.monotonic() - t < 10
+        stack.loop.run(asyncio.wait_for(stack.recorder.flush(), 30))
