@@ -3,9 +3,9 @@
 The speculation policy decides for requests in mode AUTO; requests that ask
 for OFF or FIXED k override it per request (scheduler.policies.speculation).
 
-    speculation   fixed (default): every AUTO request drafts a chain of k     FixedChain(k)
-                  off:             plain decoding unless a request asks        NoSpeculation
-    queue         fcfs (default):  first come first served, priority first     FCFS
+    speculation   fixed, fixed:K   every AUTO request drafts a chain of K (4)   FixedChain(K)
+                  none, off        plain decoding unless a request asks         NoSpeculation
+    queue         fcfs             first come first served, priority first      FCFS
 
 Later policies (smartspec, nightjar, faser, adaserve, laps-sd) register here
 under the names DESIGN §5 gives them.
@@ -18,21 +18,34 @@ from collections.abc import Callable
 from scheduler.policies.queue import FCFS, QueuePolicy
 from scheduler.policies.speculation import FixedChain, NoSpeculation, SpeculationPolicy
 
-SPECULATION_POLICIES: dict[str, Callable[[int], SpeculationPolicy]] = {
-    "fixed": lambda k: FixedChain(k) if k > 0 else NoSpeculation(),
-    "off": lambda k: NoSpeculation(),
+DEFAULT_K = 4
+
+# name -> factory(argument after the colon, or None)
+SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
+    "fixed": lambda arg: FixedChain(_chain_length(arg)),
+    "none": lambda arg: NoSpeculation(),
+    "off": lambda arg: NoSpeculation(),
 }
 QUEUE_POLICIES: dict[str, Callable[[], QueuePolicy]] = {
     "fcfs": FCFS,
 }
 
 
-def speculation_policy(name: str, k: int = 4) -> SpeculationPolicy:
-    """The policy called ``name``; ``k`` is the chain length of ``fixed``."""
-    try:
-        return SPECULATION_POLICIES[name.lower()](k)
-    except KeyError:
-        raise ValueError(f"unknown speculation policy {name!r}; available: {', '.join(SPECULATION_POLICIES)}") from None
+def speculation_policy(spec: str) -> SpeculationPolicy:
+    """The policy ``spec`` names: ``NAME`` or ``NAME:ARG`` (``fixed:3`` is a chain of 3)."""
+    name, _, arg = spec.strip().lower().partition(":")
+    factory = SPECULATION_POLICIES.get(name)
+    if factory is None:
+        raise ValueError(f"unknown speculation policy {spec!r}; available: {', '.join(SPECULATION_POLICIES)}")
+    return factory(arg or None)
+
+
+def _chain_length(arg: str | None) -> int:
+    if arg is None:
+        return DEFAULT_K
+    if not arg.isdigit() or int(arg) < 1:
+        raise ValueError(f"fixed:K needs a chain length K >= 1, got {arg!r}")
+    return int(arg)
 
 
 def queue_policy(name: str) -> QueuePolicy:
