@@ -55,11 +55,9 @@ class SdpaBackend:
             q = query  # [1, H, T, D]
         else:
             q = query[0][:, self.q_index].transpose(0, 1)  # [B, H, max_q, D]
-        if q.shape[1] != k.shape[1]:  # grouped-query attention
-            group = q.shape[1] // k.shape[1]
-            k = k.repeat_interleave(group, dim=1)
-            v = v.repeat_interleave(group, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, scale=scaling)  # [B, H, max_q, D]
+        # grouped-query attention without materialising repeated k/v heads
+        gqa = q.shape[1] != k.shape[1]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, scale=scaling, enable_gqa=gqa)  # [B, H, max_q, D]
         out = out.transpose(1, 2)  # [B, max_q, H, D]
         if self.single:
             return out
