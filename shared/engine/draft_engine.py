@@ -8,7 +8,7 @@ the rest (rollback), then runs all drafters of the batch one forward per step.
 from __future__ import annotations
 
 from shared.engine.drafting import BeamDrafter, ChainDrafter
-from shared.engine.errors import DuplicateSequenceError, InvalidRequestError
+from shared.engine.errors import ContextLengthError, DuplicateSequenceError, InvalidRequestError
 from shared.engine.runner import ModelRunner, Work
 from shared.engine.sampling import validate_sampling
 from shared.engine.types import ForwardCost, PrefillItem, SpecItem, TokenTree
@@ -33,6 +33,12 @@ class DraftEngine:
                 raise InvalidRequestError(f"sequence {p.seq_id!r}: empty prompt")
             self.runner.check_tokens(p.prompt_ids, what=f"sequence {p.seq_id!r}")
             validate_sampling(p.sampling)
+            # checked here, not only in add(): a later item failing must not strand the earlier ones
+            if len(p.prompt_ids) > self.runner.max_context:
+                raise ContextLengthError(
+                    f"sequence {p.seq_id!r}: prompt of {len(p.prompt_ids)} tokens exceeds the context window of "
+                    f"{self.runner.max_context}"
+                )
         added = [self.runner.add(p.seq_id, p.prompt_ids, p.sampling) for p in items]
         try:
             self.costs = [self.runner.forward([Work(seq) for seq in added])]

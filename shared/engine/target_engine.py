@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from shared.engine.acceptance import _validate_child_dists, accept_tree
-from shared.engine.errors import DuplicateSequenceError, InvalidRequestError
+from shared.engine.errors import ContextLengthError, DuplicateSequenceError, InvalidRequestError
 from shared.engine.runner import ModelRunner, Work
 from shared.engine.sampling import make_generator, probs_from_logits, sample, validate_sampling
 from shared.engine.tree import children_of, validate_tree
@@ -56,6 +56,12 @@ class TargetEngine:
                 raise InvalidRequestError(f"sequence {p.seq_id!r}: empty prompt")
             self.runner.check_tokens(p.prompt_ids, what=f"sequence {p.seq_id!r}")
             validate_sampling(p.sampling)
+            # checked here, not only in add(): a later item failing must not strand the earlier ones
+            if len(p.prompt_ids) > self.runner.max_context:
+                raise ContextLengthError(
+                    f"sequence {p.seq_id!r}: prompt of {len(p.prompt_ids)} tokens exceeds the context window of "
+                    f"{self.runner.max_context}"
+                )
         for v in verifies:
             self.runner.get(v.seq_id)
             tree = v.tree
