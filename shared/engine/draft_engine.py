@@ -41,7 +41,7 @@ class DraftEngine:
                 )
         added = [self.runner.add(p.seq_id, p.prompt_ids, p.sampling) for p in items]
         try:
-            self.costs = [self.runner.forward([Work(seq) for seq in added])]
+            self.costs = [self.runner.forward([Work(seq) for seq in added]).cost]
         except BaseException:
             for seq in added:
                 self.runner.release(seq.seq_id)
