@@ -1,0 +1,147 @@
+"""The scheduler's workers over gRPC: one batched RPC per worker call, trace context attached.
+
+    target = GrpcTargetWorker("127.0.0.1:50052")     # or a grpc.aio channel you own
+    results = await target.verify(items)             # ONE Verify RPC for the whole batch
+    info = await target.info()                       # tandem.v1.ServiceInfo
+    await target.close()
+
+Errors. A failed RPC raises ``WorkerRpcError``: still a grpc.aio.AioRpcError
+(``code()``, ``details()``), plus ``grpc_code``, the status name the
+scheduler puts on the requests it fails, and a one-line message. A reply that
+does not answer the request (other seq ids, another count) raises
+``WorkerProtocolError``. The loop treats both like any worker failure: a
+failed draft call degrades to plain decoding, a failed target call fails
+that call's requests (engine_loop.py, "Failure handling").
+
+Trace context. Channels made here carry the tracing client interceptors, so
+the span that is current at the call (the scheduler's speculate or verify
+span) parents the service's server span: one trace across processes. A
+channel passed in is used as it is.
+
+Deadlines. Every call has one (``timeout_s``), so a hung service costs a
+timeout, not a stuck loop; and none waits for a service to come up
+(no wait_for_ready): a draft that is down fails fast with UNAVAILABLE and the
+loop degrades at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+import grpc.aio
+
+import shared.rpc  # noqa: F401 - builds the generated code if needed
+from shared.engine.types import AcceptResult, PrefillItem, PrefillResult, SpecItem, TokenTree, VerifyItem
+from shared.rpc.channel import aio_channel
+from shared.rpc.convert import (
+    accept_from_pb,
+    prefill_item_to_pb,
+    prefill_result_from_pb,
+    spec_item_to_pb,
+    tree_from_pb,
+    verify_item_to_pb,
+)
+from shared.rpc.gen.tandem.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
+
+DEFAULT_TIMEOUT_S = 60.0  # one batched call; generous for CPU forwards of long prompts
+
+
+class WorkerRpcError(grpc.aio.AioRpcError):
+    """An RPC to a model service failed; ``grpc_code`` is the status name (e.g. "NOT_FOUND")."""
+
+    def __init__(self, role: str, method: str, err: grpc.aio.AioRpcError) -> None:
+        super().__init__(
+            err.code(), err.initial_metadata(), err.trailing_metadata(), err.details(), err.debug_error_string()
+        )
+        self.role, self.method = role, method
+        self.grpc_code = err.code().name
+
+    def __str__(self) -> str:
+        return f"{self.role} {self.method}: {self.grpc_code}: {self.details()}"
+
+
+class WorkerProtocolError(RuntimeError):
+    """A model service answered, but not what was asked (a buggy or mismatched peer)."""
+
+
+class _GrpcWorker:
+    role = ""
+
+    def __init__(self, channel_or_address: grpc.aio.Channel | str, *, timeout_s: float | None = DEFAULT_TIMEOUT_S):
+        if isinstance(channel_or_address, str):
+            self.channel, self._owns_channel = aio_channel(channel_or_address), True
+        else:
+            self.channel, self._owns_channel = channel_or_address, False
+        self.timeout_s = timeout_s
+        self._stub = self._make_stub(self.channel)
+
+    def _make_stub(self, channel: grpc.aio.Channel) -> Any:
+        raise NotImplementedError
+
+    async def _call(self, method: str, request: Any) -> Any:
+        try:
+            return await getattr(self._stub, method)(request, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise WorkerRpcError(self.role, method, err) from None
+
+    def _check_ids(self, method: str, asked: Sequence[str], answered: Sequence[str]) -> None:
+        if list(asked) != list(answered):
+            raise WorkerProtocolError(
+                f"{self.role} {method} answered for {len(answered)} sequence(s) {list(answered)[:8]} "
+                f"when asked about {len(asked)} {list(asked)[:8]}"
+            )
+
+    async def release(self, seq_ids: list[str]) -> None:
+        """Idempotent: the services ignore ids they do not hold."""
+        if seq_ids:
+            await self._call("Release", common_pb2.ReleaseRequest(seq_ids=seq_ids))
+
+    async def info(self) -> common_pb2.ServiceInfo:
+        return await self._call("Info", common_pb2.InfoRequest())
+
+    async def close(self) -> None:
+        """Close the channel if this worker made it."""
+        if self._owns_channel:
+            await self.channel.close()
+
+
+class GrpcTargetWorker(_GrpcWorker):
+    """``TargetWorker`` over a TargetService."""
+
+    role = "target"
+
+    def _make_stub(self, channel: grpc.aio.Channel) -> target_pb2_grpc.TargetServiceStub:
+        return target_pb2_grpc.TargetServiceStub(channel)
+
+    async def prefill(self, items: list[PrefillItem]) -> list[PrefillResult]:
+        reply = await self._call(
+            "Prefill", target_pb2.TargetPrefillRequest(items=[prefill_item_to_pb(i) for i in items])
+        )
+        results = [prefill_result_from_pb(o) for o in reply.outputs]
+        self._check_ids("Prefill", [i.seq_id for i in items], [r.seq_id for r in results])
+        return results
+
+    async def verify(self, items: list[VerifyItem]) -> list[AcceptResult]:
+        reply = await self._call("Verify", target_pb2.VerifyRequest(items=[verify_item_to_pb(i) for i in items]))
+        answered = [accept_from_pb(o) for o in reply.outputs]
+        self._check_ids("Verify", [i.seq_id for i in items], [seq_id for seq_id, _ in answered])
+        return [result for _, result in answered]
+
+
+class GrpcDraftWorker(_GrpcWorker):
+    """``DraftWorker`` over a DraftService."""
+
+    role = "draft"
+
+    def _make_stub(self, channel: grpc.aio.Channel) -> draft_pb2_grpc.DraftServiceStub:
+        return draft_pb2_grpc.DraftServiceStub(channel)
+
+    async def prefill(self, items: list[PrefillItem]) -> None:
+        await self._call("Prefill", draft_pb2.DraftPrefillRequest(items=[prefill_item_to_pb(i) for i in items]))
+
+    async def speculate(self, items: list[SpecItem]) -> list[TokenTree]:
+        reply = await self._call("Speculate", draft_pb2.SpeculateRequest(items=[spec_item_to_pb(i) for i in items]))
+        self._check_ids("Speculate", [i.seq_id for i in items], [o.seq_id for o in reply.outputs])
+        return [tree_from_pb(o.tree) for o in reply.outputs]

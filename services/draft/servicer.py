@@ -1,0 +1,92 @@
+"""DraftService over a DraftEngine: protobuf in, one batched engine call, protobuf out.
+
+Speculate first commits each sequence's ``new_tokens`` (what the target
+accepted since the last call), so the draft's KV cache follows the target,
+then drafts every chain or tree of the batch in lock-step (one forward per
+draft step, not per request). As in the target servicer, errors are raised,
+never caught: the error interceptor maps them to status codes.
+"""
+
+from __future__ import annotations
+
+import grpc.aio
+
+from services.engine_host import EngineHost
+from services.spans import annotate
+from shared.engine.draft_engine import DraftEngine
+from shared.engine.types import ForwardCost, PrefillItem, SpecItem, TokenTree
+from shared.rpc.convert import CallTimer, cost_to_pb, prefill_item_from_pb, spec_item_from_pb, tree_to_pb
+from shared.rpc.gen.tandem.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+
+OFFLOAD_UNIMPLEMENTED = "draft weight offload/reload is not implemented yet; the Nightjar issue (DESIGN §5.3) adds it"
+
+
+class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
+    def __init__(self, host: EngineHost) -> None:
+        self.host = host
+        self.engine: DraftEngine = host.engine
+
+    async def Prefill(
+        self, request: draft_pb2.DraftPrefillRequest, context: grpc.aio.ServicerContext
+    ) -> draft_pb2.DraftPrefillResponse:
+        timer = CallTimer()
+        items = [prefill_item_from_pb(m) for m in request.items]
+        annotate(
+            batch_size=len(items),
+            prefill_tokens=sum(len(p.prompt_ids) for p in items),
+            seq_ids=[p.seq_id for p in items],
+        )
+        ran = await self.host.run(self._prefill, items)
+        costs = [cost_to_pb(c) for c in ran.result]
+        return draft_pb2.DraftPrefillResponse(
+            costs=costs, timing=ran.timing(timer, forward_ns=sum(c.duration_ns for c in costs))
+        )
+
+    async def Speculate(
+        self, request: draft_pb2.SpeculateRequest, context: grpc.aio.ServicerContext
+    ) -> draft_pb2.SpeculateResponse:
+        timer = CallTimer()
+        items = [spec_item_from_pb(m) for m in request.items]
+        annotate(
+            batch_size=len(items),
+            new_tokens=sum(len(it.new_tokens) for it in items),
+            chain_lens=[it.chain_len for it in items],
+            tree_shapes=[f"{it.tree_depth}x{it.tree_width}" for it in items],
+            seq_ids=[it.seq_id for it in items],
+        )
+        ran = await self.host.run(self._speculate, items)
+        trees, engine_costs = ran.result
+        costs = [cost_to_pb(c) for c in engine_costs]
+        annotate(drafted_tokens=[len(t) for t in trees], draft_forwards=len(costs))
+        return draft_pb2.SpeculateResponse(
+            outputs=[draft_pb2.SpecOutput(seq_id=it.seq_id, tree=tree_to_pb(t)) for it, t in zip(items, trees)],
+            costs=costs,
+            timing=ran.timing(timer, forward_ns=sum(c.duration_ns for c in costs)),
+        )
+
+    async def Release(
+        self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.ReleaseResponse:
+        return await self.host.release(request)
+
+    async def Offload(
+        self, request: draft_pb2.OffloadRequest, context: grpc.aio.ServicerContext
+    ) -> draft_pb2.OffloadResponse:
+        raise NotImplementedError(OFFLOAD_UNIMPLEMENTED)
+
+    async def Reload(
+        self, request: draft_pb2.ReloadRequest, context: grpc.aio.ServicerContext
+    ) -> draft_pb2.ReloadResponse:
+        raise NotImplementedError(OFFLOAD_UNIMPLEMENTED)
+
+    async def Info(self, request: common_pb2.InfoRequest, context: grpc.aio.ServicerContext) -> common_pb2.ServiceInfo:
+        return self.host.info()
+
+    # --- on the engine thread -----------------------------------------------------------------
+    def _prefill(self, items: list[PrefillItem]) -> list[ForwardCost]:
+        self.engine.prefill(items)
+        return list(self.engine.costs)
+
+    def _speculate(self, items: list[SpecItem]) -> tuple[list[TokenTree], list[ForwardCost]]:
+        trees = self.engine.speculate(items)
+        return trees, list(self.engine.costs)

@@ -1,0 +1,134 @@
+"""One engine behind an async front: calls run one at a time, off the event loop.
+
+The engines are blocking torch code and not thread-safe. The servicers hand
+every engine call to ``EngineHost.run``::
+
+    RPC ─▶ await the lock (queue_ns) ─▶ the host's single engine thread: engine call (work_ns) ─▶ response
+
+so the event loop stays free to answer health checks and to accept (and
+queue) more calls while a forward runs. The lock orders calls by arrival and
+measures how long each waited; the single thread is what actually keeps two
+engine calls from ever overlapping, even when a caller gives up (cancels)
+while its call still runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Generic, Literal, TypeVar
+
+import shared.rpc  # noqa: F401 - builds the generated code if needed
+from services.settings import ServiceSettings
+from services.spans import annotate
+from shared.engine.draft_engine import DraftEngine
+from shared.engine.factory import build_draft_engine, build_target_engine
+from shared.engine.loading import LoadedModel
+from shared.engine.target_engine import TargetEngine
+from shared.rpc.convert import CallTimer
+from shared.rpc.gen.tandem.v1 import common_pb2
+
+T = TypeVar("T")
+
+
+@dataclass
+class Ran(Generic[T]):
+    """An engine call's result and where its time went."""
+
+    result: T
+    queue_ns: int  # waiting behind earlier calls
+    work_ns: int  # on the engine thread
+
+    def timing(self, timer: CallTimer, forward_ns: int = 0) -> common_pb2.Timing:
+        """The response Timing: what was not forward pass on the engine thread counts as sampling."""
+        return timer.timing(queue_ns=self.queue_ns, forward_ns=forward_ns, sample_ns=max(0, self.work_ns - forward_ns))
+
+
+class EngineHost:
+    def __init__(self, engine: TargetEngine | DraftEngine, loaded: LoadedModel, role: str) -> None:
+        self.engine = engine
+        self.loaded = loaded
+        self.role = role
+        self._lock = asyncio.Lock()
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tandem-{role}-engine")
+
+    @classmethod
+    async def load(cls, settings: ServiceSettings, role: Literal["target", "draft"]) -> EngineHost:
+        """Build the role's engine from ``settings`` (off the loop: loading takes seconds to minutes)."""
+        build = build_target_engine if role == "target" else build_draft_engine
+        engine, loaded = await asyncio.to_thread(
+            build,
+            settings.model_path(role),
+            device=settings.device,
+            dtype=settings.dtype,
+            engine_config=settings.engine_config(),
+            with_tokenizer=False,  # the services see token ids only
+        )
+        return cls(engine, loaded, role)
+
+    async def run(self, fn: Callable[..., T], *args: object) -> Ran[T]:
+        """``fn(*args)`` on the engine thread, after every call that arrived earlier."""
+        arrived = time.perf_counter_ns()
+        async with self._lock:
+            started = time.perf_counter_ns()
+            result = await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+        return Ran(result, queue_ns=started - arrived, work_ns=time.perf_counter_ns() - started)
+
+    async def release(self, request: common_pb2.ReleaseRequest) -> common_pb2.ReleaseResponse:
+        """The Release RPC of both services: ids the engine does not hold are ignored (idempotent)."""
+        timer = CallTimer()
+        ran = await self.run(self._release_live, list(request.seq_ids))
+        num_released, blocks_free = ran.result
+        annotate(num_released=num_released, kv_blocks_free=blocks_free)
+        return common_pb2.ReleaseResponse(
+            num_released=num_released, kv_blocks_free=blocks_free, timing=ran.timing(timer)
+        )
+
+    def _release_live(self, seq_ids: list[str]) -> tuple[int, int]:
+        live = [s for s in dict.fromkeys(seq_ids) if s in self.engine.runner.seqs]
+        self.engine.release(live)
+        return len(live), self.engine.runner.cache.num_free_blocks
+
+    def info(self) -> common_pb2.ServiceInfo:
+        """A snapshot of model and KV occupancy; read without the lock, so Info never waits behind a forward."""
+        runner = self.engine.runner
+        return common_pb2.ServiceInfo(
+            role=self.role,
+            service_version=service_version(),
+            model_name=self.loaded.name,
+            vocab_size=runner.vocab_size,
+            max_context=runner.max_context,
+            dtype=str(runner.dtype).removeprefix("torch."),
+            device=str(runner.device),
+            kv_blocks_total=runner.cache.num_blocks,
+            kv_blocks_free=runner.cache.num_free_blocks,
+            block_size=runner.cache.block_size,
+            num_live_seqs=len(runner.seqs),
+            weights_offloaded=False,
+        )
+
+    def close(self) -> None:
+        """Stop the engine thread once its current call (if any) ends."""
+        self._thread.shutdown(wait=False, cancel_futures=True)
+
+
+@lru_cache(maxsize=1)
+def service_version() -> str:
+    """The installed package's version; in a plain checkout, pyproject's."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tandem")
+    except PackageNotFoundError:
+        import tomllib
+        from pathlib import Path
+
+        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+        try:
+            return tomllib.loads(pyproject.read_text())["project"]["version"]
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "unknown"

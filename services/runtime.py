@@ -1,0 +1,129 @@
+"""Lifecycle of a model service process: load, serve with health, stop gracefully.
+
+    running = await start_model_service(settings, "target", register)   # tests, launcher: returns once SERVING
+    running.address                                                      # "127.0.0.1:50052"
+    await running.stop()
+
+    await serve_until_stopped(start_model_service(...), ready=event)     # a process: until SIGTERM or cancel
+
+Order in ``start_model_service``::
+
+    tracing provider ─▶ load the engine (worker thread) ─▶ server + servicer + health SERVING ─▶ bind ─▶ start
+
+Health goes SERVING only together with the servicer, so a launcher or a
+compose healthcheck that sees SERVING can send work at once. ``stop`` first
+flips health to NOT_SERVING (load balancers and the launcher stop sending),
+then lets in-flight calls finish for ``shutdown_grace_s``, then frees the
+engine thread and flushes the spans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import grpc.aio
+from grpc_health.v1 import health
+
+from services.engine_host import EngineHost
+from services.settings import ServiceSettings
+from shared.rpc.server import add_health, bind, create_server, set_serving
+from shared.telemetry import TandemTracerProvider
+
+log = logging.getLogger(__name__)
+
+Register = Callable[[EngineHost, grpc.aio.Server], None]  # adds the role's servicer over the host to the server
+
+# Addresses a server listens on that a client cannot dial; loopback reaches them.
+_WILDCARD_HOSTS = {"0.0.0.0", "::", "[::]", ""}
+
+
+@dataclass
+class RunningService:
+    """A serving model service."""
+
+    role: str
+    service: str  # fully qualified gRPC service name, as health checks spell it
+    host: str
+    port: int
+    server: grpc.aio.Server
+    health: health.aio.HealthServicer
+    engine_host: EngineHost
+    tracer_provider: TandemTracerProvider
+    grace_s: float
+
+    @property
+    def address(self) -> str:
+        """Where clients on this machine dial it (loopback when it listens on every interface)."""
+        host = "127.0.0.1" if self.host in _WILDCARD_HOSTS else self.host
+        host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        return f"{host}:{self.port}"
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        await set_serving(self.health, [self.service], False)
+        await self.server.stop(self.grace_s if grace_s is None else grace_s)
+        self.engine_host.close()
+        self.tracer_provider.shutdown()
+
+
+async def start_model_service(settings: ServiceSettings, role: str, service: str, register: Register) -> RunningService:
+    """Load the role's model and serve it; returns once health reports SERVING."""
+    provider = settings.tracing(role).setup()
+    try:
+        engine_host = await EngineHost.load(settings, role)
+    except BaseException:
+        provider.shutdown()
+        raise
+    server = create_server(tracer_provider=provider)
+    register(engine_host, server)
+    health_servicer = await add_health(server, [service])
+    try:
+        port = bind(server, settings.listen_address(role))
+        await server.start()
+    except BaseException:
+        engine_host.close()
+        provider.shutdown()
+        raise
+    running = RunningService(
+        role=role,
+        service=service,
+        host=settings.host,
+        port=port,
+        server=server,
+        health=health_servicer,
+        engine_host=engine_host,
+        tracer_provider=provider,
+        grace_s=settings.shutdown_grace_s,
+    )
+    loaded = engine_host.loaded
+    log.info(
+        "%s serving %s (%s, %s) on %s, %d KV blocks",
+        role, loaded.source, loaded.dtype, loaded.device, running.address, engine_host.engine.runner.cache.num_blocks,
+    )  # fmt: skip
+    return running
+
+
+async def serve_until_stopped(starting: Awaitable[RunningService], *, ready: asyncio.Event | None = None) -> None:
+    """Await ``starting``, set ``ready``, serve until cancelled or SIGTERM/SIGINT, then stop gracefully."""
+    running = await starting
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    handled = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stopping.set)
+            handled.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
+            pass
+    if ready is not None:
+        ready.set()
+    try:
+        await stopping.wait()
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+        log.info("%s stopping", running.role)
+        await running.stop()

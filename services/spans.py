@@ -1,0 +1,18 @@
+"""Attributes on the server span of the current call.
+
+The tracing interceptor (shared.rpc.interceptors) opens one SERVER span per
+RPC, parented on the scheduler's span, and makes it current while the handler
+runs; handlers only add what the call was about (DESIGN §6: batch size, k or
+tree size, accepted length), as ``tandem.*`` attributes.
+"""
+
+from __future__ import annotations
+
+from opentelemetry import trace
+from opentelemetry.util.types import AttributeValue
+
+
+def annotate(**attributes: AttributeValue) -> None:
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attributes({f"tandem.{name}": value for name, value in attributes.items()})

@@ -1,0 +1,1 @@
+"""Target service: the large model behind TargetService (prefill, batched tree verification, release)."""

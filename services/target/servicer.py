@@ -1,0 +1,92 @@
+"""TargetService over a TargetEngine: protobuf in, one engine step, protobuf out.
+
+Prefill, Verify and Step are the same engine call (``TargetEngine.step``, one
+forward pass for the whole batch) with different halves filled in. Handlers
+hold no try/except: malformed messages raise InvalidRequestError in
+shared.rpc.convert, bad requests raise typed EngineErrors in the engine
+(which validates everything before it mutates anything), and the error
+interceptor turns both into status codes.
+"""
+
+from __future__ import annotations
+
+import grpc.aio
+
+from services.engine_host import EngineHost
+from services.spans import annotate
+from shared.engine.target_engine import TargetEngine, TargetStepOutput
+from shared.engine.types import PrefillItem, VerifyItem
+from shared.rpc.convert import (
+    CallTimer,
+    accept_to_pb,
+    cost_to_pb,
+    prefill_item_from_pb,
+    prefill_result_to_pb,
+    verify_item_from_pb,
+)
+from shared.rpc.gen.tandem.v1 import common_pb2, target_pb2, target_pb2_grpc
+
+
+class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
+    def __init__(self, host: EngineHost) -> None:
+        self.host = host
+        self.engine: TargetEngine = host.engine
+
+    async def Prefill(
+        self, request: target_pb2.TargetPrefillRequest, context: grpc.aio.ServicerContext
+    ) -> target_pb2.TargetPrefillResponse:
+        timer = CallTimer()
+        prefills = [prefill_item_from_pb(m) for m in request.items]
+        out, costs, timing = await self._step(prefills, [], timer)
+        return target_pb2.TargetPrefillResponse(
+            outputs=[prefill_result_to_pb(r) for r in out.prefills], costs=costs, timing=timing
+        )
+
+    async def Verify(
+        self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext
+    ) -> target_pb2.VerifyResponse:
+        timer = CallTimer()
+        verifies = [verify_item_from_pb(m) for m in request.items]
+        out, costs, timing = await self._step([], verifies, timer)
+        return target_pb2.VerifyResponse(
+            outputs=[accept_to_pb(v.seq_id, r) for v, r in zip(verifies, out.verifies)], costs=costs, timing=timing
+        )
+
+    async def Step(self, request: target_pb2.StepRequest, context: grpc.aio.ServicerContext) -> target_pb2.StepResponse:
+        timer = CallTimer()
+        prefills = [prefill_item_from_pb(m) for m in request.prefills]
+        verifies = [verify_item_from_pb(m) for m in request.verifies]
+        out, costs, timing = await self._step(prefills, verifies, timer)
+        return target_pb2.StepResponse(
+            prefills=[prefill_result_to_pb(r) for r in out.prefills],
+            verifies=[accept_to_pb(v.seq_id, r) for v, r in zip(verifies, out.verifies)],
+            costs=costs,
+            timing=timing,
+        )
+
+    async def Release(
+        self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.ReleaseResponse:
+        return await self.host.release(request)
+
+    async def Info(self, request: common_pb2.InfoRequest, context: grpc.aio.ServicerContext) -> common_pb2.ServiceInfo:
+        return self.host.info()
+
+    async def _step(
+        self, prefills: list[PrefillItem], verifies: list[VerifyItem], timer: CallTimer
+    ) -> tuple[TargetStepOutput, list[common_pb2.ForwardCost], common_pb2.Timing]:
+        annotate(
+            batch_size=len(prefills) + len(verifies),
+            num_prefills=len(prefills),
+            prefill_tokens=sum(len(p.prompt_ids) for p in prefills),
+            tree_nodes=[len(v.tree) for v in verifies],
+            seq_ids=[p.seq_id for p in prefills] + [v.seq_id for v in verifies],
+        )
+        ran = await self.host.run(self.engine.step, prefills, verifies)
+        out = ran.result
+        costs = [cost_to_pb(out.cost)] if out.cost is not None else []
+        if verifies:
+            annotate(accepted_lens=[r.num_accepted for r in out.verifies])
+        if out.cost is not None:
+            annotate(batched_tokens=out.cost.num_batched_tokens, context_tokens=out.cost.num_context_tokens)
+        return out, costs, ran.timing(timer, forward_ns=sum(c.duration_ns for c in costs))

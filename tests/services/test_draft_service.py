@@ -1,0 +1,118 @@
+"""DraftService over a real grpc.aio server: batched chain/tree speculation, bad input, Offload stubs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import grpc.aio
+import pytest
+
+from shared.rpc.channel import aio_channel
+from shared.rpc.gen.tandem.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+from shared.rpc.server import DRAFT_SERVICE
+from tests.support.model_services import NUM_BLOCKS, greedy_reference, health_status, serving
+
+
+def prefill_item(seq_id: str, prompt: list[int]) -> common_pb2.PrefillItem:
+    return common_pb2.PrefillItem(seq_id=seq_id, prompt_ids=prompt)
+
+
+def test_speculate_chain_and_tree_in_one_call(tiny_model_dir):
+    prompt = [3, 14, 15, 92, 65]
+    expected = greedy_reference(tiny_model_dir, tuple(prompt), 6)
+
+    async def main():
+        # the draft serves the target's own weights: its greedy chain is the target's greedy output
+        async with serving(tiny_model_dir, tiny_model_dir) as (_, draft), aio_channel(draft.address) as channel:
+            assert await health_status(draft.address, DRAFT_SERVICE) == "SERVING"
+            stub = draft_pb2_grpc.DraftServiceStub(channel)
+            reply = await stub.Prefill(
+                draft_pb2.DraftPrefillRequest(items=[prefill_item("c", prompt), prefill_item("t", prompt)])
+            )
+            assert reply.costs[0].num_seqs == 2 and reply.timing.forward_ns > 0
+            first = expected[0]  # what the target sampled at prefill
+            reply = await stub.Speculate(
+                draft_pb2.SpeculateRequest(
+                    items=[
+                        draft_pb2.SpecItem(seq_id="c", new_tokens=[first], chain=draft_pb2.ChainShape(length=4)),
+                        draft_pb2.SpecItem(seq_id="t", new_tokens=[first], tree=draft_pb2.TreeShape(depth=3, width=2)),
+                    ]
+                )
+            )
+            chain, tree = reply.outputs
+            assert chain.seq_id == "c" and list(chain.tree.token_ids) == expected[1:5]
+            assert list(chain.tree.parent_ids) == [-1, 0, 1, 2] and len(chain.tree.draft_probs) == 4
+            assert tree.seq_id == "t" and 3 <= len(tree.tree.token_ids) <= 6
+            assert tree.tree.token_ids[0] == expected[1]  # the best beam starts with the greedy token
+            # the batch drafts in lock-step: one forward per draft step, never one per request
+            assert len(reply.costs) <= 4 and all(c.num_seqs <= 2 for c in reply.costs)
+            assert reply.timing.forward_ns == sum(c.duration_ns for c in reply.costs)
+
+            info = await stub.Info(common_pb2.InfoRequest())
+            assert (info.role, info.num_live_seqs, info.weights_offloaded) == ("draft", 2, False)
+            released = await stub.Release(common_pb2.ReleaseRequest(seq_ids=["c", "t"]))
+            assert released.num_released == 2 and released.kv_blocks_free == NUM_BLOCKS
+
+    asyncio.run(main())
+
+
+def test_bad_input_and_offload_stubs(tiny_model_dir):
+    async def main():
+        async with serving(tiny_model_dir, tiny_model_dir) as (_, draft), aio_channel(draft.address) as channel:
+            stub = draft_pb2_grpc.DraftServiceStub(channel)
+            await stub.Prefill(draft_pb2.DraftPrefillRequest(items=[prefill_item("live", [1, 2, 3])]))
+            before = await stub.Info(common_pb2.InfoRequest())
+            P, S, item = draft_pb2.DraftPrefillRequest, draft_pb2.SpeculateRequest, draft_pb2.SpecItem
+            cases = [
+                ("unknown seq", stub.Speculate(S(items=[item(seq_id="ghost", new_tokens=[1])])), "NOT_FOUND", "ghost"),
+                ("duplicate", stub.Prefill(P(items=[prefill_item("live", [1])])), "ALREADY_EXISTS", "already live"),
+                ("empty prompt", stub.Prefill(P(items=[prefill_item("x", [])])), "INVALID_ARGUMENT", "empty prompt"),
+                (
+                    "OOV new token",
+                    stub.Speculate(S(items=[item(seq_id="live", new_tokens=[512])])),
+                    "INVALID_ARGUMENT",
+                    "token id 512",
+                ),
+                (
+                    "chain too long",
+                    stub.Speculate(
+                        S(items=[item(seq_id="live", new_tokens=[4], chain=draft_pb2.ChainShape(length=33))])
+                    ),
+                    "INVALID_ARGUMENT",
+                    "chain length",
+                ),
+                (
+                    "tree too deep",
+                    stub.Speculate(
+                        S(items=[item(seq_id="live", new_tokens=[4], tree=draft_pb2.TreeShape(depth=17, width=2))])
+                    ),
+                    "INVALID_ARGUMENT",
+                    "tree depth",
+                ),
+                ("over context", stub.Prefill(P(items=[prefill_item("x", [1] * 1025)])), "OUT_OF_RANGE", "context"),
+                (
+                    "out of blocks",
+                    stub.Prefill(P(items=[prefill_item("x", [1] * 300)])),
+                    "RESOURCE_EXHAUSTED",
+                    "blocks",
+                ),
+                ("offload", stub.Offload(draft_pb2.OffloadRequest()), "UNIMPLEMENTED", "Nightjar"),
+                ("reload", stub.Reload(draft_pb2.ReloadRequest()), "UNIMPLEMENTED", "Nightjar"),
+            ]
+            for what, call, code, fragment in cases:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await call
+                assert err.value.code() == getattr(grpc.StatusCode, code), (what, err.value.details())
+                assert fragment in err.value.details(), (what, err.value.details())
+            after = await stub.Info(common_pb2.InfoRequest())
+            assert (after.num_live_seqs, after.kv_blocks_free) == (before.num_live_seqs, before.kv_blocks_free)
+            reply = await stub.Speculate(
+                S(items=[item(seq_id="live", new_tokens=[4], chain=draft_pb2.ChainShape(length=2))])
+            )
+            assert len(reply.outputs[0].tree.token_ids) == 2  # still serving that sequence
+            await stub.Release(common_pb2.ReleaseRequest(seq_ids=["live"]))
+            assert (await stub.Info(common_pb2.InfoRequest())).kv_blocks_free == NUM_BLOCKS
+            draft.engine_host.engine.runner.check_accounting()
+
+    asyncio.run(main())
