@@ -54,6 +54,7 @@ class RunningService:
     engine_host: EngineHost
     tracer_provider: TandemTracerProvider
     grace_s: float
+    stopped: bool = False
 
     @property
     def address(self) -> str:
@@ -63,6 +64,10 @@ class RunningService:
         return f"{host}:{self.port}"
 
     async def stop(self, grace_s: float | None = None) -> None:
+        """Idempotent: NOT_SERVING, drain in-flight calls for the grace period, free the engine thread, flush spans."""
+        if self.stopped:
+            return
+        self.stopped = True
         await set_serving(self.health, [self.service], False)
         await self.server.stop(self.grace_s if grace_s is None else grace_s)
         self.engine_host.close()

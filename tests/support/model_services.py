@@ -9,6 +9,7 @@ inside it: a tiny model loads in tens of milliseconds.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import cache
@@ -76,3 +77,10 @@ async def health_status(address: str, service: str = "") -> str:
         except grpc.aio.AioRpcError as err:
             return err.code().name
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+def free_port() -> int:
+    """A port nobody listens on right now (to start a server there, or to dial a dead service)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
