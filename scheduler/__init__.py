@@ -6,8 +6,11 @@
     engine_loop.py    Scheduler: admit -> prefill -> plan -> speculate -> select -> verify -> commit
     report.py         StepReport: per-iteration outcomes and phase timings
     testing.py        toy LM and fake workers (tests, simulator)
+    grpc_workers.py   the workers over gRPC (deployment): GrpcTargetWorker, GrpcDraftWorker
+    local_workers.py  the workers over in-process engines (tests, one process): LocalTargetWorker, LocalDraftWorker
 
-No module here imports grpc, redis or torch (``shared.engine.types`` pulls torch in for SparseDist only).
+The core imports no grpc, redis or torch (``shared.engine.types`` pulls torch in for SparseDist only);
+only the two worker adapters do, and this package does not import them.
 """
 
 from scheduler.engine_loop import RequestStream, Scheduler, SchedulerConfig, TokenEvent
