@@ -1,13 +1,188 @@
-"""The `tandem` command: the root app that each area mounts its sub-commands on."""
+"""The `tandem` command.
+
+    tandem up [--pair demo|tiny]          Redis + target + draft + scheduler on loopback, until Ctrl-C
+    tandem serve target|draft|scheduler   one service, configured by TANDEM_* variables (what compose runs)
+    tandem generate "Once upon" --max-new-tokens 32 --spec 4 --slo-tpot-ms 50
+    tandem status                         the scheduler's Info and health
+    tandem models list|prepare|check      model pairs (shared.models.cli)
+
+Heavy imports (torch, the services) happen inside the commands, so
+`tandem generate` and `tandem status` start fast.
+"""
 
 from __future__ import annotations
 
+import signal
+import sys
+import time
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
 import typer
+from rich.console import Console
+from rich.table import Table
 
 from shared.models.cli import app as models_app
 
 app = typer.Typer(help="Tandem: LLM serving with SLO-aware speculative decoding.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
+
+DEFAULT_ADDR = "127.0.0.1:50051"
+AddrOption = Annotated[str, typer.Option("--addr", envvar="TANDEM_ADDR", help="host:port of the scheduler.")]
+
+
+class Role(StrEnum):
+    target = "target"
+    draft = "draft"
+    scheduler = "scheduler"
+
+
+@app.command()
+def serve(role: Annotated[Role, typer.Argument(help="Which service to run.")]) -> None:
+    """Run one service until SIGTERM/SIGINT, configured by TANDEM_* environment variables."""
+    import asyncio
+    import importlib
+    import logging
+
+    from services.settings import ServiceSettings
+
+    settings = ServiceSettings.from_env()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    main = importlib.import_module(f"services.{role.value}.main")
+    asyncio.run(main.serve(settings))
+
+
+@app.command()
+def up(
+    pair: Annotated[str, typer.Option(help="Model pair (tandem models list).")] = "demo",
+    port: Annotated[int, typer.Option(help="Public port of the scheduler.")] = 50051,
+    metrics_port: Annotated[int, typer.Option(help="Prometheus /metrics port; 0 = any free port.")] = 9400,
+    redis_url: Annotated[
+        str | None,
+        typer.Option(envvar=["TANDEM_REDIS_URL", "REDIS_URL"], help="Redis to use; unset = start a local one."),
+    ] = None,
+    speculation_policy: Annotated[str, typer.Option(help="Policy for AUTO requests: fixed[:K] or none.")] = "fixed",
+    draft: Annotated[bool, typer.Option(help="Run the draft service (when its model is prepared).")] = True,
+    home: Annotated[Path | None, typer.Option(help="Tandem home (default $TANDEM_HOME or ~/.cache/tandem).")] = None,
+    device: Annotated[str, typer.Option(help="Device of the model services.")] = "auto",
+    log_dir: Annotated[Path | None, typer.Option(help="Directory for the services' logs.")] = None,
+) -> None:
+    """Start Redis (unless REDIS_URL is set), target, draft and scheduler on loopback; Ctrl-C stops all."""
+    from services.launcher import LaunchConfig, LaunchError, launch
+
+    console = Console()
+    config = LaunchConfig(
+        pair=pair, port=port, metrics_port=metrics_port, redis_url=redis_url, speculation_policy=speculation_policy,
+        draft=draft, home=home, device=device, log_dir=log_dir,
+    )  # fmt: skip
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the stack as cleanly as Ctrl-C
+    console.print(f"starting Tandem ({pair} pair) ...")
+    try:
+        with launch(config) as stack:
+            _print_endpoints(console, stack.endpoints)
+            while (died := stack.poll()) is None:
+                time.sleep(0.5)
+            console.print(f"[red]{died} exited[/]; stopping (logs in {stack.endpoints.log_dir})")
+            raise typer.Exit(1)
+    except LaunchError as exc:
+        console.print(f"[red]launch failed:[/] {exc}")
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        console.print("stopped")
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _print_endpoints(console: Console, e) -> None:
+    table = Table(title="Tandem is up", show_header=False)
+    table.add_row("public gRPC (scheduler)", e.scheduler)
+    table.add_row("target", e.target)
+    table.add_row("draft", e.draft or "[yellow]none (no speculation)[/]")
+    table.add_row("redis", e.redis_url)
+    table.add_row("metrics", e.metrics_url or "-")
+    table.add_row("logs", str(e.log_dir))
+    console.print(table)
+    console.print(f'try:  tandem generate "Once upon a time" --addr {e.scheduler}     (Ctrl-C stops everything)')
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str, typer.Argument(help='Prompt text, or token ids with --ids ("1,2,3").')],
+    addr: AddrOption = DEFAULT_ADDR,
+    ids: Annotated[bool, typer.Option("--ids", help="PROMPT is comma-separated token ids.")] = False,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate at most.")] = 64,
+    spec: Annotated[str, typer.Option(help="Speculation: auto, off, or a chain length k.")] = "auto",
+    slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT target in ms.")] = None,
+    slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT target in ms.")] = None,
+    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    stop: Annotated[list[str] | None, typer.Option(help="Stop string (repeatable).")] = None,
+    priority: Annotated[int, typer.Option(help="Higher runs earlier.")] = 0,
+) -> None:
+    """Stream one generation to stdout; its summary goes to stderr."""
+    from sdk.client import Client
+    from sdk.errors import TandemError
+
+    err = Console(stderr=True)
+    try:
+        prompt_arg = [int(t) for t in prompt.split(",")] if ids else prompt
+        speculation = int(spec) if spec.isdigit() else spec
+    except ValueError:
+        raise typer.BadParameter("--ids needs comma-separated integers; --spec auto, off or an integer") from None
+    try:
+        with Client(addr) as client:
+            stream = client.stream(
+                prompt_arg, max_new_tokens=max_new_tokens, speculation=speculation, slo_tpot_ms=slo_tpot_ms,
+                slo_ttft_ms=slo_ttft_ms, temperature=temperature, top_p=top_p, seed=seed, stop=stop or (),
+                priority=priority,
+            )  # fmt: skip
+            with stream:
+                for event in stream:
+                    sys.stdout.write(event.text or "".join(f"{t} " for t in event.token_ids))
+                    sys.stdout.flush()
+            r = stream.result
+    except TandemError as exc:
+        err.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
+    sys.stdout.write("\n")
+    slo = "" if slo_tpot_ms is None and slo_ttft_ms is None else f", SLO {'met' if r.slo_attained else 'missed'}"
+    err.print(
+        f"[dim]{r.num_generated} tokens ({r.finish_reason}), TTFT {r.ttft_ms:.1f} ms, TPOT {r.tpot_ms:.1f} ms, "
+        f"{r.stats.mean_accepted_length:.2f} tokens/step, acceptance {r.stats.acceptance_rate:.0%}{slo}[/]"
+    )
+
+
+@app.command()
+def status(addr: AddrOption = DEFAULT_ADDR) -> None:
+    """The scheduler's health, policies, load and the model services behind it."""
+    from sdk.client import Client
+    from sdk.errors import TandemError
+
+    console = Console()
+    try:
+        with Client(addr, control_timeout=5) as client:
+            health, info = client.health(), client.info()
+    except TandemError as exc:
+        console.print(f"[red]{addr}: {exc}[/]")
+        raise typer.Exit(1) from None
+    console.print(
+        f"{addr}: [green]{health}[/]  version {info.service_version}  queue {info.queue_policy}  "
+        f"speculation {info.speculation_policy}  running {info.num_running}  waiting {info.num_waiting}"
+    )
+    table = Table("role", "model", "device", "dtype", "vocab", "context", "KV free/total", "live seqs")
+    for role, m in (("target", info.target), ("draft", info.draft)):
+        if m is None:
+            table.add_row(role, "[yellow]unavailable or none[/]", *[""] * 6)
+        else:
+            table.add_row(
+                role, m.model_name, m.device, m.dtype, str(m.vocab_size), str(m.max_context),
+                f"{m.kv_blocks_free}/{m.kv_blocks_total}", str(m.num_live_seqs),
+            )  # fmt: skip
+    console.print(table)
 
 
 if __name__ == "__main__":

