@@ -4,7 +4,7 @@
 #   make setup    .venv with the pinned CPU torch + tandem[dev], then gRPC code
 #   make models   prepare the demo pair's models under $TANDEM_HOME (default ~/.cache/tandem)
 #   make test     setup + models, then the whole test suite
-#   make demo | bench-engine | bench | clean | distclean
+#   make demo | trace-ui | bench-engine | bench | clean | distclean
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -19,7 +19,7 @@ TORCH := torch==2.13.0
 PAIR ?= demo
 PYTEST_ARGS ?=
 
-.PHONY: help setup protos models test demo bench-engine bench clean distclean
+.PHONY: help setup protos models test demo trace-ui bench-engine bench clean distclean
 
 help:
 	@sed -n '4,8p' Makefile | sed 's/^# \{0,1\}//'
@@ -54,7 +54,17 @@ test: setup models
 	$(PY) -m pytest -q tests --durations=15 $(PYTEST_ARGS)
 
 demo: setup models
-	$(PY) -m sdk.demo
+	$(PY) -m sdk.demo --pair $(PAIR)
+
+# Arize Phoenix, a local trace UI (http://127.0.0.1:6006) taking OTLP/gRPC on 127.0.0.1:4317. It gets a
+# venv of its own: it is a separate app, and its ~100 dependencies stay out of the serving venv.
+# Then: TANDEM_TRACE_EXPORTER=otlp tandem up   (or make demo with the same variable)
+TRACE_UI_VENV := .venv-trace-ui
+trace-ui:
+	@test -x $(TRACE_UI_VENV)/bin/python || $(PYTHON) -m venv $(TRACE_UI_VENV)
+	@$(TRACE_UI_VENV)/bin/python -c 'import phoenix' 2>/dev/null || $(TRACE_UI_VENV)/bin/pip install -q 'arize-phoenix'
+	@echo "Phoenix: UI http://127.0.0.1:6006, OTLP/gRPC 127.0.0.1:4317; run Tandem with TANDEM_TRACE_EXPORTER=otlp"
+	$(TRACE_UI_VENV)/bin/python -m phoenix.server.main serve
 
 bench-engine: setup models
 	$(PY) -m bench.engine_bench
