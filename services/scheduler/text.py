@@ -6,7 +6,8 @@ target work on token ids only. A server whose target directory has no
 tokenizer (the tiny test models) still serves token-id prompts; text prompts
 and stop strings then fail with FAILED_PRECONDITION.
 
-Streaming text is decoded incrementally (the TGI / vLLM scheme): a token can
+Output text leaves special tokens out (an end-of-sequence marker is a finish
+reason, not text). Streaming text is decoded incrementally (the TGI / vLLM scheme): a token can
 be half of a UTF-8 character or change how the previous one renders (a
 leading space), so each chunk's text is the difference between decoding a
 short window with and without the new tokens, held back while it ends in an
@@ -54,7 +55,7 @@ class TextCodec:
         return list(self.tokenizer(text)["input_ids"])
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def stream(self) -> IncrementalDecoder:
         return IncrementalDecoder(self.decode)
