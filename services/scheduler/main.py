@@ -36,7 +36,7 @@ import grpc.aio
 import redis.asyncio
 
 import shared.rpc  # noqa: F401 - builds the generated code if needed
-from scheduler.engine_loop import Scheduler
+from scheduler.engine_loop import Scheduler, SchedulerConfig
 from scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker
 from scheduler.workers import RealClock
 from services.engine_host import service_version
@@ -53,7 +53,7 @@ from services.scheduler.translate import Limits
 from services.settings import ServiceSettings
 from shared.engine.errors import ModelLoadError
 from shared.metrics import TandemMetrics, start_http_server
-from shared.rpc.gen.tandem.v1 import tandem_pb2_grpc
+from shared.rpc.gen.tandem.v1 import common_pb2, tandem_pb2_grpc
 from shared.rpc.server import TANDEM_SERVICE, add_health, bind, create_server, set_serving
 from shared.state.redis_server import start_redis
 from shared.state.store import AsyncStateStore, StoreConfig
@@ -115,7 +115,8 @@ async def _start(
     draft = GrpcDraftWorker(draft_addr) if draft_addr else None
     if draft is not None:
         closers.append(draft.close)
-    limits = await _target_limits(target, target_wait_s)
+    target_info = await _target_info(target, target_wait_s)
+    limits = Limits(vocab_size=target_info.vocab_size, max_context=target_info.max_context)
     codec = await asyncio.to_thread(_text_codec, settings)
 
     redis_url = settings.redis_url
@@ -132,6 +133,7 @@ async def _start(
     scheduler = Scheduler(
         TracedTarget(ledger, tracer),
         TracedDraft(draft, tracer) if draft is not None else None,
+        config=SchedulerConfig(max_tokens_in_flight=kv_token_budget(target_info, SchedulerConfig())),
         clock=clock,
         spec_policy=spec_policy,
         queue_policy=queue_policy(settings.queue_policy),
@@ -203,14 +205,13 @@ async def serve(settings: ServiceSettings, *, ready: asyncio.Event | None = None
     await serve_until_stopped(start(settings, set_global_tracing=True), ready=ready)
 
 
-async def _target_limits(target: GrpcTargetWorker, wait_s: float) -> Limits:
-    """The target's vocabulary and context window, from its Info; waits while it is still loading."""
+async def _target_info(target: GrpcTargetWorker, wait_s: float) -> common_pb2.ServiceInfo:
+    """The target's Info (vocabulary, context window, KV cache); waits while it is still loading."""
     deadline = time.monotonic() + wait_s
     waited = False
     while True:
         try:
-            info = await target.info()
-            return Limits(vocab_size=info.vocab_size, max_context=info.max_context)
+            return await target.info()
         except grpc.aio.AioRpcError as exc:
             if time.monotonic() >= deadline:
                 raise RuntimeError(f"the target service did not answer Info within {wait_s:.0f} s: {exc.details()}")
@@ -218,6 +219,20 @@ async def _target_limits(target: GrpcTargetWorker, wait_s: float) -> Limits:
                 log.info("waiting for the target service (%s)", exc.code().name)
                 waited = True
             await asyncio.sleep(0.5)
+
+
+def kv_token_budget(info: common_pb2.ServiceInfo, config: SchedulerConfig, max_spec_k: int = 32) -> int:
+    """Tokens the loop may reserve so that the target's KV cache never runs out mid-generation.
+
+    Admission reserves prompt + max_new_tokens per request (scheduler.policies.queue);
+    on top of that each running request may hold a partly filled last block and up
+    to ``max_spec_k`` speculative tokens during a verify, so those are set aside.
+    """
+    total = info.kv_blocks_total * info.block_size
+    if total == 0:  # a target that does not report its cache: keep the configured budget
+        return config.max_tokens_in_flight
+    spare = config.max_batch_size * (info.block_size + max_spec_k)
+    return max(1, min(config.max_tokens_in_flight, total - spare))
 
 
 def _text_codec(settings: ServiceSettings) -> TextCodec | None:
