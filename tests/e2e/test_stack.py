@@ -95,6 +95,7 @@ def test_one_trace_covers_scheduler_draft_and_target(stack):
         running.tracer_provider.memory_exporter.clear()
     with Client(stack.address, timeout=60) as client:
         result = client.generate([5, 6, 7, 8], max_new_tokens=10, speculation=2)
+
     def request_spans():
         return [
             s
