@@ -76,7 +76,9 @@ class EngineHost:
         async with self._lock:
             started = time.perf_counter_ns()
             result = await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
-        return Ran(result, queue_ns=started - arrived, work_ns=time.perf_counter_ns() - started)
+        ran = Ran(result, queue_ns=started - arrived, work_ns=time.perf_counter_ns() - started)
+        annotate(engine_queue_ms=ran.queue_ns / 1e6, engine_work_ms=ran.work_ns / 1e6)  # on the call's server span
+        return ran
 
     async def release(self, request: common_pb2.ReleaseRequest) -> common_pb2.ReleaseResponse:
         """The Release RPC of both services: ids the engine does not hold are ignored (idempotent)."""

@@ -8,7 +8,8 @@ The span tree of one request::
         prefill                      one per worker call (tandem.worker = target | draft)
         speculate                    one per step it speculated in: k (or tree d x w), drafted
         verify                       one per step: tree size, accepted length
-        commit                       one per step: accepted length, tokens emitted, finish reason
+        commit                       one per step: accepted length, tokens emitted, finish reason,
+                                     and the step's phase times (tandem.step_{total,verify,...}_ms)
           └╌▶ TargetService/Verify, DraftService/Speculate ...   SERVER spans of the model services
 
 The catch is batching: one Verify RPC serves every running request, but an
@@ -84,6 +85,11 @@ class RequestTracer:
     def on_step(self, report: StepReport) -> None:
         end_ns = time.time_ns()
         start_ns = end_ns - round(report.times.commit * 1e9)
+        t = report.times  # the whole step's phase times, on every commit span of it (bench.overhead reads them)
+        step_attrs: Attributes = {
+            f"tandem.step_{name}_ms": getattr(t, name) * 1e3
+            for name in ("total", "prefill", "speculate", "select", "verify", "commit", "overhead")
+        }
         for o in report.outcomes:
             live = self._live.get(o.request_id)
             if live is None:
@@ -95,6 +101,7 @@ class RequestTracer:
                 "tandem.num_drafted": o.num_drafted,
                 "tandem.accepted_length": o.num_accepted,
                 "tandem.num_emitted": o.num_emitted,
+                **step_attrs,
             }
             if o.finish_reason is not None:
                 attrs["tandem.finish_reason"] = o.finish_reason.value
