@@ -167,15 +167,20 @@ def start(config: LaunchConfig) -> LaunchedStack:
 
 
 def _draft_path(settings, config: LaunchConfig) -> Path | None:
+    """The draft to serve: an explicit one must exist; the pair's is skipped until it is fully prepared."""
     from shared.engine.errors import ModelLoadError
+    from shared.models.paths import is_prepared
 
     if not config.draft:
         return None
+    if config.draft_model:
+        return settings.model_copy(update={"model": config.draft_model}).model_path("draft")
     try:
-        return settings.model_copy(update={"model": config.draft_model or "draft"}).model_path("draft")
+        path = settings.model_path("draft")
+        if not is_prepared(path):  # e.g. still being written by the distillation script
+            raise ModelLoadError(f"{path} is not marked prepared")
+        return path
     except ModelLoadError as exc:
-        if config.draft_model:  # asked for explicitly: an error, not a fallback
-            raise
         print(f"note: no draft ({exc}); requests decode without speculation", file=sys.stderr)
         return None
 
