@@ -71,6 +71,12 @@ class SchedulerConfig(BaseModel):
     stop_string_window: int = Field(
         16, ge=1, description="Extra tokens decoded beyond the longest stop string when matching stop strings."
     )
+    token_budget: int | None = Field(
+        None,
+        ge=1,
+        description="Verify tokens per target forward before it turns compute-bound (AdaServe's B, from the "
+        "profiler); handed to the policies in SpecContext. None = not profiled (policies use their own default).",
+    )
 
 
 @dataclass(frozen=True)
@@ -137,7 +143,7 @@ class Scheduler:
         self.clock = clock or RealClock()
         self.spec_policy = spec_policy or NoSpeculation()
         self.queue_policy = queue_policy or FCFS()
-        self.selector = selector or PassThrough()
+        self.selector = selector or self.spec_policy.tree_selector() or PassThrough()
         self.detokenize = detokenize
         self.observers: list[IterationObserver] = list(observers)
 
@@ -208,7 +214,14 @@ class Scheduler:
         return self._num_steps
 
     def has_work(self) -> bool:
-        return bool(self._waiting or self._running or self._release_target or self._release_draft)
+        # finished-but-unreported requests count: observers (Redis, traces) must still hear of them
+        return bool(
+            self._waiting
+            or self._running
+            or self._release_target
+            or self._release_draft
+            or self._finished_unnotified
+        )
 
     def add_observer(self, observer: IterationObserver) -> None:
         self.observers.append(observer)
@@ -263,7 +276,12 @@ class Scheduler:
         batch = list(self._running.values())
         if self.draft is not None and not self._draft_up and clock.now() >= self._draft_retry_at:
             self._draft_up = True  # probe: the resync calls in _speculate tell whether it is back
-        ctx = SpecContext(now=clock.now(), step=self._num_steps, draft_available=self._draft_up)
+        ctx = SpecContext(
+            now=clock.now(),
+            step=self._num_steps,
+            draft_available=self._draft_up,
+            token_budget=self.config.token_budget,
+        )
         try:
             shapes = plan_shapes(self.spec_policy, batch, ctx)
         except Exception:  # noqa: BLE001 - a policy bug costs speed, not requests

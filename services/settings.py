@@ -76,7 +76,8 @@ class ServiceSettings(BaseModel):
     # --- scheduler ----------------------------------------------------------------------------
     target_addr: str = Field("127.0.0.1:50052", description="host:port of the target service.")
     draft_addr: str | None = Field(
-        "127.0.0.1:50053", description="host:port of the draft service; unset = no draft (plain decoding)."
+        "127.0.0.1:50053",
+        description="host:port of the draft service; 'none' = no draft (every request decodes plainly).",
     )
     redis_url: str | None = Field(
         None, description="Redis URL for request state and statistics; unset = start a local one."
@@ -85,7 +86,9 @@ class ServiceSettings(BaseModel):
         None, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint; unset = none."
     )
     queue_policy: str = Field("fcfs", description="Request order policy of the scheduler.")
-    speculation_policy: str = Field("none", description="Speculation policy of the scheduler.")
+    speculation_policy: str = Field(
+        "fixed", description="Speculation policy for requests in AUTO mode (fixed[:K], none, ...)."
+    )
 
     @classmethod
     def from_env(

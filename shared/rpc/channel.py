@@ -14,7 +14,14 @@ import grpc.aio
 from shared.rpc.interceptors import SyncTracingClientInterceptor, tracing_client_interceptors
 from shared.rpc.server import DEFAULT_OPTIONS
 
-CLIENT_OPTIONS: tuple[tuple[str, int], ...] = tuple(o for o in DEFAULT_OPTIONS if o[0] != "grpc.so_reuseport")
+CLIENT_OPTIONS: tuple[tuple[str, int], ...] = (
+    *(o for o in DEFAULT_OPTIONS if o[0] != "grpc.so_reuseport"),
+    # A peer that comes back (a restarted draft service) is picked up within a second or two,
+    # not after gRPC's default reconnect backoff of up to two minutes.
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
 
 
 def aio_channel(
