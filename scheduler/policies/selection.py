@@ -1,13 +1,33 @@
-"""Which drafted nodes to verify (DESIGN §2 step 5).
+"""Which drafted nodes to verify (DESIGN §2 step 5; AdaServe §4.3, Algorithm 2).
 
-The draft returns candidate trees; a selector may prune each to a subtree
-(keeping every kept node's parent) so that the batch fits the verify token
-budget B. AdaServe's SLO-customized then throughput-optimized selection
-(Algorithm 2) is a ``TreeSelector``; the default keeps everything.
+The draft returns candidate trees; a selector prunes each to a subtree so that
+the batch fits the verify token budget B. Every function here keeps the one
+rule the target relies on: a kept node's parent is kept, and parents come
+before children. The default selector keeps everything.
+
+Path probability (AdaServe eq. 7) approximates f(v), the chance the target
+accepts the whole root-to-v path, by the product of the draft's conditional
+probabilities along it; by Theorem 3.1 the expected number of accepted tokens
+of a tree is the sum of f(v) over its nodes. A beam-search candidate of depth
+3, width 2 (Figure 2), and what a budget keeps of it::
+
+    row 0 ─┬─ a  .7  ── c  .56 ─┬─ e .45        row 0 ── a ── c ── e
+           │    (f)             └─ f .06        (b, d, f: lowest f, dropped)
+           └─ b  .2  ── d  .02
+
+Budget accounting follows Algorithm 2: B counts every token of the verify
+forward, so each request's root (its last committed token, re-run to get the
+bonus token) costs one and the drafted nodes share the remaining B - n.
+
+Greedy selection by f takes nodes in a valid order on its own (f(child) <=
+f(parent), App. A.1); the heaps below only offer a node once its parent is
+in, so ties (a child whose conditional probability rounds to 1.0) cannot
+break that either.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -27,3 +47,179 @@ class PassThrough:
 
     def select(self, batch: Sequence[Request], trees: list[TokenTree], ctx: SpecContext) -> list[TokenTree]:
         return trees
+
+
+# ----------------------------------------------------------------------------- tree helpers
+
+
+def path_probs(tree: TokenTree) -> list[float]:
+    """f(v) for every node: the product of draft probabilities from the root to v (eq. 7).
+
+    A tree without ``draft_probs`` (a draft that reports none) counts every node as certain.
+    """
+    probs = tree.draft_probs or [1.0] * len(tree)
+    out: list[float] = []
+    for p, parent in zip(probs, tree.parent_ids):
+        out.append(p * (1.0 if parent == -1 else out[parent]))
+    return out
+
+
+def tree_depth(tree: TokenTree) -> int:
+    """Nodes on the longest root-to-leaf path (0 for an empty tree)."""
+    depth: list[int] = []
+    for parent in tree.parent_ids:
+        depth.append(1 if parent == -1 else depth[parent] + 1)
+    return max(depth, default=0)
+
+
+def is_valid_subset(tree: TokenTree, keep: Sequence[int]) -> bool:
+    """Every kept node exists, appears once, and has its parent kept (or hangs off the root)."""
+    kept = set(keep)
+    return len(kept) == len(keep) and all(
+        0 <= i < len(tree) and (tree.parent_ids[i] == -1 or tree.parent_ids[i] in kept) for i in kept
+    )
+
+
+def subtree(tree: TokenTree, keep: Sequence[int]) -> TokenTree:
+    """The nodes ``keep`` of ``tree`` as a tree of their own, in the candidate's (parents-first) order.
+
+    Raises ``ValueError`` unless ``keep`` is a valid subset (see ``is_valid_subset``).
+    """
+    if not is_valid_subset(tree, keep):
+        raise ValueError("a selected node's parent was not selected")
+    order = sorted(keep)
+    new_index = {old: new for new, old in enumerate(order)}
+    out = TokenTree(
+        token_ids=[tree.token_ids[i] for i in order],
+        parent_ids=[-1 if tree.parent_ids[i] == -1 else new_index[tree.parent_ids[i]] for i in order],
+        draft_probs=[tree.draft_probs[i] for i in order] if tree.draft_probs else [],
+    )
+    # child_dists are keyed by row: row 0 is the root, row i + 1 is node i
+    new_row = {0: 0, **{old + 1: new + 1 for old, new in new_index.items()}}
+    out.child_dists = {new_row[row]: dist for row, dist in tree.child_dists.items() if row in new_row}
+    return out
+
+
+class _Frontier:
+    """One candidate tree during greedy selection: a max-heap of f over the nodes whose parent is taken."""
+
+    def __init__(self, tree: TokenTree) -> None:
+        self.f = path_probs(tree)
+        self.children: list[list[int]] = [[] for _ in range(len(tree) + 1)]  # by row (row 0 = root)
+        for node, parent in enumerate(tree.parent_ids):
+            self.children[parent + 1].append(node)
+        self.heap = [(-self.f[c], c) for c in self.children[0]]
+        heapq.heapify(self.heap)
+        self.taken: list[int] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.heap)
+
+    def take(self) -> float:
+        """GetTop: take the most probable available node; returns its f."""
+        neg_f, node = heapq.heappop(self.heap)
+        self._taken(node)
+        return -neg_f
+
+    def _taken(self, node: int) -> None:
+        self.taken.append(node)
+        for child in self.children[node + 1]:
+            heapq.heappush(self.heap, (-self.f[child], child))
+
+
+def _take_globally(frontiers: list[_Frontier], budget: int) -> int:
+    """Algorithm 2 lines 18-23: the globally most probable available nodes, over all trees, until the
+    budget is spent; returns the budget left (> 0 only when every candidate is taken)."""
+    heap = [(neg_f, i, node) for i, fr in enumerate(frontiers) for neg_f, node in fr.heap]
+    heapq.heapify(heap)
+    for fr in frontiers:
+        fr.heap = []  # the global heap owns the available nodes from here on
+    while budget > 0 and heap:
+        _, i, node = heapq.heappop(heap)
+        fr = frontiers[i]
+        fr.taken.append(node)
+        for child in fr.children[node + 1]:
+            heapq.heappush(heap, (-fr.f[child], i, child))
+        budget -= 1
+    return budget
+
+
+# ----------------------------------------------------------------------------- selection algorithms
+# Each returns, per candidate tree, the indices of the nodes to keep (in the order taken).
+
+
+def select_slo_customized(
+    candidates: Sequence[TokenTree], required: Sequence[float], budget: int, n_max: int
+) -> list[list[int]]:
+    """AdaServe's selection (Algorithm 2, lines 3-23) under a budget of ``budget`` verify tokens.
+
+    ``required[i]`` is A(r_i): the tokens request i must emit this iteration to
+    stay on its TPOT SLO (0 for best-effort requests). Its own verified token
+    is certain (the bonus, n_acc = 1.0, line 6), so a request takes nodes while
+    1 + sum f < A_cap = min(A, d + 1) (§4.3 step 2; d = the depth of its
+    candidate), at most ``n_max`` of them, most urgent request first (line 9).
+    The rest of the budget goes to the globally most probable nodes (step 3).
+
+    The sum is of path probabilities f(v), as eq. (5) and Theorem 3.1 have
+    it; line 15 of Algorithm 2 writes the conditional M_q(v | ...), which only
+    equals f(v) on the first layer.
+    """
+    if len(required) != len(candidates):
+        raise ValueError(f"{len(required)} requirements for {len(candidates)} candidate trees")
+    frontiers = [_Frontier(tree) for tree in candidates]
+    left = budget - len(candidates)  # line 7: one token per request for its root
+    # line 9: descending A(r); sorted() is stable, so ties keep batch order
+    for i in sorted(range(len(candidates)), key=lambda i: -required[i]):
+        a_cap = min(required[i], tree_depth(candidates[i]) + 1)
+        fr, n_acc = frontiers[i], 1.0
+        while n_acc < a_cap and len(fr.taken) < n_max and left > 0 and fr:  # line 12
+            n_acc += fr.take()
+            left -= 1
+    _take_globally(frontiers, left)
+    return [fr.taken for fr in frontiers]
+
+
+def select_global_greedy(candidates: Sequence[TokenTree], budget: int) -> list[list[int]]:
+    """GlobalGreedy (AdaServe §6.3): the most probable nodes across all trees, no SLO step."""
+    frontiers = [_Frontier(tree) for tree in candidates]
+    _take_globally(frontiers, budget - len(candidates))
+    return [fr.taken for fr in frontiers]
+
+
+def select_equal_greedy(candidates: Sequence[TokenTree], budget: int) -> list[list[int]]:
+    """EqualGreedy (AdaServe §6.3): each request gets an equal share floor(B / n) of the budget (its
+    root included) and fills it with its own most probable nodes; shares are not lent to others."""
+    if not candidates:
+        return []
+    share = budget // len(candidates) - 1
+    out = []
+    for tree in candidates:
+        fr = _Frontier(tree)
+        while len(fr.taken) < share and fr:
+            fr.take()
+        out.append(fr.taken)
+    return out
+
+
+def select_expansion(tree: TokenTree, expansion: Sequence[int]) -> list[int]:
+    """A fixed tree shape cut out of a candidate: ``expansion[k]`` children (most probable first) of
+    every kept node at depth k (SpecInfer's expansion config, e.g. <1,1,3,1,1,1,1,1>).
+
+    Children the candidate does not have are simply missing (a beam keeps only w nodes per layer).
+    """
+    probs = tree.draft_probs or [1.0] * len(tree)
+    children: list[list[int]] = [[] for _ in range(len(tree) + 1)]
+    for node, parent in enumerate(tree.parent_ids):
+        children[parent + 1].append(node)
+    keep: list[int] = []
+    layer = [-1]  # parents of the next depth (-1 = the root)
+    for k in expansion:
+        nxt = []
+        for parent in layer:
+            best = sorted(children[parent + 1], key=lambda c: (-probs[c], c))[:k]
+            nxt += best
+        keep += nxt
+        layer = nxt
+        if not layer:
+            break
+    return keep

@@ -16,7 +16,8 @@ Room for the papers, all as subclasses of ``SpeculationPolicy``:
   phase timings and per-request accepted lengths they need); SmartSpec's
   prefill-disabling rule is ``wants_draft``.
 - AdaServe returns ``SpecShape.tree(d, w)`` (eq. 8-9) here and prunes the
-  candidate trees under the budget in a ``TreeSelector`` (``selection.py``).
+  candidate trees under the budget in the ``TreeSelector`` its
+  ``tree_selector`` returns (``adaserve.py``, ``selection.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from scheduler.request import Request, SpecMode
 from shared.engine.types import SpecItem
 
 if TYPE_CHECKING:
+    from scheduler.policies.selection import TreeSelector
     from scheduler.report import StepReport
 
 
@@ -118,6 +120,11 @@ class SpeculationPolicy:
 
     def observe(self, report: StepReport) -> None:
         """Called after every iteration with its outcome (for learning policies)."""
+        return None
+
+    def tree_selector(self) -> TreeSelector | None:
+        """The selector that prunes this policy's trees (AdaServe's), used when the scheduler is given
+        none; None = verify every drafted node."""
         return None
 
 

@@ -1,0 +1,203 @@
+"""AdaServe selection and the tree baselines on hand-built trees (AdaServe §4.3, Algorithm 2, Figure 2)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from scheduler.policies.adaserve import (
+    AdaServe,
+    EqualGreedy,
+    GlobalGreedy,
+    SpecInferTree,
+    TreePolicyConfig,
+    required_tokens,
+    speculation_shape,
+)
+from scheduler.policies.selection import (
+    is_valid_subset,
+    path_probs,
+    select_equal_greedy,
+    select_expansion,
+    select_global_greedy,
+    select_slo_customized,
+    subtree,
+    tree_depth,
+)
+from scheduler.policies.speculation import SpecContext, SpecShape
+from scheduler.report import StepReport
+from scheduler.request import SLO, Request, SpecMode, SpeculationSetting
+from shared.engine.types import TokenTree
+
+
+def tree(nodes: list[tuple[int, float]], first_token: int = 100) -> TokenTree:
+    """(parent, conditional draft probability) per node; tokens are numbered from ``first_token``."""
+    return TokenTree(
+        token_ids=[first_token + i for i in range(len(nodes))],
+        parent_ids=[p for p, _ in nodes],
+        draft_probs=[q for _, q in nodes],
+    )
+
+
+# Figure 2: two requests, beam search d = 3, w = 2 (t1..t6 = nodes 0..5, two per layer).
+#   r0: t1 .7 ── t3 .56 ── t5 .336        r1: t1 .5 ── t3 .35 ── t5 .21
+#       │    └─ t4 .07  └─ t6 .168            t2 .4 ── t4 .20 ── t6 .10
+#       t2 .2
+FIG2_R0 = tree([(-1, 0.7), (-1, 0.2), (0, 0.8), (0, 0.1), (2, 0.6), (2, 0.3)])
+FIG2_R1 = tree([(-1, 0.5), (-1, 0.4), (0, 0.7), (1, 0.5), (2, 0.6), (3, 0.5)])
+T1, T2, T3, T4, T5, T6 = range(6)
+
+
+def test_path_probability_is_the_product_along_the_path():
+    assert path_probs(FIG2_R0) == pytest.approx([0.7, 0.2, 0.56, 0.07, 0.336, 0.168])
+    assert tree_depth(FIG2_R0) == 3 and tree_depth(TokenTree()) == 0
+    assert path_probs(TokenTree(token_ids=[1, 2], parent_ids=[-1, 0])) == [1.0, 1.0]  # no probabilities: certain
+
+
+def test_figure_2_worked_example():
+    # Figure 2 gives A_cap(r0) = 0.6 and A_cap(r1) = 0.8 on the drafted nodes alone; Algorithm 2 counts the
+    # always-emitted bonus token too (n_acc starts at 1.0), so the same requirements read A = 1.6 and 1.8.
+    keep = select_slo_customized([FIG2_R0, FIG2_R1], required=[1.6, 1.8], budget=8, n_max=8)
+    # SLO-customized: r1 (larger A) takes t1 (.5) then t2 (.4): 1.9 >= 1.8; r0 takes t1 (.7): 1.7 >= 1.6.
+    # Throughput-optimized, remaining budget 8 - 2 roots - 3 = 3: t3(0) .56, t3(1) .35, t5(0) .336.
+    assert keep == [[T1, T3, T5], [T1, T2, T3]]
+    r0 = subtree(FIG2_R0, keep[0])
+    assert r0.token_ids == [100, 102, 104] and r0.parent_ids == [-1, 0, 1]
+    assert r0.draft_probs == pytest.approx([0.7, 0.8, 0.6])
+    r1 = subtree(FIG2_R1, keep[1])
+    assert r1.parent_ids == [-1, -1, 0]
+
+
+def test_urgent_request_first_when_the_budget_is_short():
+    # budget 4 = 2 roots + 2 nodes: r1 (A = 1.8) needs both of them; r0 gets nothing
+    assert select_slo_customized([FIG2_R0, FIG2_R1], [1.6, 1.8], budget=4, n_max=8) == [[], [T1, T2]]
+    # GlobalGreedy ignores the SLOs: r0's t1 and t3 are the two most probable nodes of the batch
+    assert select_global_greedy([FIG2_R0, FIG2_R1], budget=4) == [[T1, T3], []]
+
+
+def test_a_cap_and_n_max_bound_the_slo_step():
+    # A = 10 is out of reach: A_cap = d + 1 = 4 would take the whole tree, n_max = 2 stops it at two nodes
+    keep = select_slo_customized([FIG2_R0, FIG2_R1], [10.0, 0.0], budget=5, n_max=2)
+    assert keep == [[T1, T3], [T1]]  # r1 only gets the last token in the throughput step
+    # a request already ahead of its SLO (A <= 1) takes nothing in the SLO step
+    assert select_slo_customized([FIG2_R0], [0.9], budget=2, n_max=8) == [[T1]]  # (throughput step)
+    # no budget beyond the roots: nothing at all
+    assert select_slo_customized([FIG2_R0, FIG2_R1], [3.0, 3.0], budget=2, n_max=8) == [[], []]
+    assert select_slo_customized([FIG2_R0, FIG2_R1], [3.0, 3.0], budget=1, n_max=8) == [[], []]
+
+
+def test_equal_greedy_and_expansion():
+    assert select_equal_greedy([FIG2_R0, FIG2_R1], budget=8) == [[T1, T3, T5], [T1, T2, T3]]
+    assert select_equal_greedy([FIG2_R0, FIG2_R1], budget=5) == [[T1], [T1]]  # floor(5/2) = 2 with the root
+    # SpecInfer-style <1, 2>: the best child of the root, then its two best children
+    assert select_expansion(FIG2_R0, (1, 2)) == [T1, T3, T4]
+    assert select_expansion(FIG2_R0, (1, 1, 3)) == [T1, T3, T5, T6]  # the beam has two children there, not three
+
+
+def random_tree(rng: random.Random) -> TokenTree:
+    n = rng.randint(0, 30)
+    nodes = []
+    for i in range(n):
+        parent = rng.randint(-1, i - 1)
+        q = rng.choice([1.0, 1.0, 0.5, rng.random()])  # ties: children as likely as their parent
+        nodes.append((parent, q))
+    return tree(nodes)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_selection_always_forms_valid_trees_within_budget(seed):
+    rng = random.Random(seed)
+    for _ in range(200):
+        trees = [random_tree(rng) for _ in range(rng.randint(1, 6))]
+        budget = rng.randint(0, 60)
+        required = [rng.choice([0.0, rng.uniform(0, 8)]) for _ in trees]
+        n_max = rng.randint(0, 10)
+        for keep in (
+            select_slo_customized(trees, required, budget, n_max),
+            select_global_greedy(trees, budget),
+            select_equal_greedy(trees, budget),
+        ):
+            assert len(keep) == len(trees)
+            assert all(is_valid_subset(t, k) for t, k in zip(trees, keep))
+            assert sum(map(len, keep)) <= max(0, budget - len(trees))
+            for t, k in zip(trees, keep):
+                sub = subtree(t, k)
+                assert all(-1 <= p < i for i, p in enumerate(sub.parent_ids))
+        # the budget is used up unless the candidates run out first
+        keep = select_slo_customized(trees, required, budget, n_max)
+        assert sum(map(len, keep)) == min(max(0, budget - len(trees)), sum(map(len, trees)))
+        for t in trees:
+            assert is_valid_subset(t, select_expansion(t, (1, 1, 3, 1)))
+
+
+def test_subtree_rejects_orphans():
+    with pytest.raises(ValueError):
+        subtree(FIG2_R0, [T3])
+
+
+# ----------------------------------------------------------------------------- policies
+
+
+def running(rid: str, tpot_ms: float | None, generated: int, first_token_time: float = 0.0, **kw) -> Request:
+    r = Request(rid, [1, 2, 3], max_new_tokens=200, slo=SLO(tpot_ms=tpot_ms), **kw)
+    r.output_ids = [5] * generated
+    r.first_token_time = first_token_time
+    return r
+
+
+def test_eq_8_9_shapes():
+    assert speculation_shape(1, 32, 6, 4) == SpecShape.tree(6, 4)
+    assert speculation_shape(8, 32, 6, 4) == SpecShape.tree(4, 4)  # ceil(32/8) = 4, floor = 4
+    assert speculation_shape(10, 32, 6, 4) == SpecShape.tree(4, 3)  # ceil(3.2) = 4, floor(3.2) = 3
+    assert speculation_shape(40, 32, 6, 4) == SpecShape.tree(1, 1)
+    assert speculation_shape(0, 32, 6, 4) == SpecShape.none()
+
+
+def test_required_tokens():
+    # 1 s since the first token, 10 tokens after it, 100 ms SLO, next iteration 100 ms: (1 + .1) / .1 - 10 = 1
+    assert required_tokens(running("a", 100.0, 11), now=1.0, t_spec=0.1) == pytest.approx(1.0)
+    assert required_tokens(running("b", 100.0, 11), now=2.0, t_spec=0.1) == pytest.approx(11.0)  # behind
+    assert required_tokens(running("c", None, 11), now=2.0, t_spec=0.1) == 0.0  # best effort
+
+
+def test_adaserve_policy_decides_selects_and_learns_t_spec():
+    policy = AdaServe(TreePolicyConfig(token_budget=8, max_depth=3, max_width=2))
+    behind = running("behind", 100.0, 11)  # needs 11 tokens: takes n_max
+    relaxed = running("relaxed", 1000.0, 11)
+    effort = running("effort", None, 11)
+    fixed = running("fixed", 100.0, 11, speculation=SpeculationSetting(SpecMode.FIXED, 2))
+    batch = [relaxed, behind, effort]
+    ctx = SpecContext(now=2.0, step=0, draft_available=True)
+    assert policy.decide(batch, ctx) == [SpecShape.tree(3, 2)] * 3  # ceil(8/3) = 3, floor = 2
+    assert policy.decide(batch, SpecContext(now=2.0, step=0, draft_available=True, token_budget=3)) == [
+        SpecShape.none()
+    ] * 3  # the profiled budget wins, and 3 roots spend it
+    assert policy.tree_selector() is policy
+
+    out = policy.select(batch, [FIG2_R0, FIG2_R0, FIG2_R0], ctx)
+    assert [len(t) for t in out] == [0, 5, 0]  # 8 - 3 roots: the urgent one takes everything left
+    # a FIXED chain keeps its nodes and is charged first: 8 - 4 roots - 2 = 2 nodes left
+    chain = TokenTree.chain([7, 8], [0.9, 0.9])
+    out = policy.select([relaxed, behind, effort, fixed], [FIG2_R0, FIG2_R0, FIG2_R0, chain], ctx)
+    assert [len(t) for t in out] == [0, 2, 0, 2] and out[3] is chain
+
+    report = StepReport(step=0, started_at=0.0, batch_size=3)
+    report.times.total = 0.2
+    policy.observe(report)
+    assert policy.t_spec == pytest.approx(0.2)
+    report.times.total = 0.1
+    policy.observe(report)
+    assert policy.t_spec == pytest.approx(0.3 * 0.1 + 0.7 * 0.2)
+
+
+def test_baseline_policies():
+    batch = [running("a", 100.0, 3), running("b", 100.0, 3)]
+    ctx = SpecContext(now=1.0, step=0, draft_available=True, token_budget=8)
+    assert [len(t) for t in GlobalGreedy().select(batch, [FIG2_R0, FIG2_R1], ctx)] == [3, 3]
+    assert [len(t) for t in EqualGreedy().select(batch, [FIG2_R0, FIG2_R1], ctx)] == [3, 3]
+    spec = SpecInferTree()
+    assert spec.decide(batch, ctx) == [SpecShape.tree(8, 3)] * 2
+    assert [len(t) for t in spec.select(batch, [FIG2_R0, FIG2_R1], ctx)] == [4, 3]
+    with pytest.raises(ValueError):
+        SpecInferTree(())
