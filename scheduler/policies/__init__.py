@@ -1,5 +1,6 @@
 """Scheduling policies: pure code over plain data (Requests, shapes, trees); no I/O."""
 
+from scheduler.policies.adaserve import AdaServe, EqualGreedy, GlobalGreedy, SpecInferTree, TreePolicyConfig
 from scheduler.policies.queue import FCFS, Admission, Capacity, QueuePolicy
 from scheduler.policies.selection import PassThrough, TreeSelector
 from scheduler.policies.speculation import (
@@ -13,6 +14,11 @@ from scheduler.policies.speculation import (
 )
 
 __all__ = [
+    "AdaServe",
+    "EqualGreedy",
+    "GlobalGreedy",
+    "SpecInferTree",
+    "TreePolicyConfig",
     "FCFS",
     "Admission",
     "Capacity",

@@ -5,6 +5,10 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
 
     speculation   fixed, fixed:K   every AUTO request drafts a chain of K (4)   FixedChain(K)
                   none, off        plain decoding unless a request asks         NoSpeculation
+                  adaserve         SLO-customized trees under the budget B      AdaServe
+                  global_greedy    most probable nodes under B, no SLOs         GlobalGreedy
+                  equal_greedy     B split evenly, greedy per request           EqualGreedy
+                  specinfer[:E]    fixed tree, expansion E (1-1-3-1-1-1-1-1)    SpecInferTree(E)
     queue         fcfs             first come first served, priority first      FCFS
 
 Later policies (smartspec, nightjar, faser, adaserve, laps-sd) register here
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from scheduler.policies.adaserve import AdaServe, EqualGreedy, GlobalGreedy, SpecInferTree
 from scheduler.policies.queue import FCFS, QueuePolicy
 from scheduler.policies.speculation import FixedChain, NoSpeculation, SpeculationPolicy
 
@@ -25,6 +30,10 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     "fixed": lambda arg: FixedChain(_chain_length(arg)),
     "none": lambda arg: NoSpeculation(),
     "off": lambda arg: NoSpeculation(),
+    "adaserve": lambda arg: AdaServe(),
+    "global_greedy": lambda arg: GlobalGreedy(),
+    "equal_greedy": lambda arg: EqualGreedy(),
+    "specinfer": lambda arg: SpecInferTree(_expansion(arg)) if arg else SpecInferTree(),
 }
 QUEUE_POLICIES: dict[str, Callable[[], QueuePolicy]] = {
     "fcfs": FCFS,
@@ -46,6 +55,13 @@ def _chain_length(arg: str | None) -> int:
     if not arg.isdigit() or int(arg) < 1:
         raise ValueError(f"fixed:K needs a chain length K >= 1, got {arg!r}")
     return int(arg)
+
+
+def _expansion(arg: str) -> tuple[int, ...]:
+    parts = arg.split("-")
+    if not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise ValueError(f"specinfer:E needs children per layer joined by '-', e.g. 1-1-3-1, got {arg!r}")
+    return tuple(int(p) for p in parts)
 
 
 def queue_policy(name: str) -> QueuePolicy:

@@ -201,3 +201,15 @@ def test_baseline_policies():
     assert [len(t) for t in spec.select(batch, [FIG2_R0, FIG2_R1], ctx)] == [4, 3]
     with pytest.raises(ValueError):
         SpecInferTree(())
+
+
+def test_policies_by_name():
+    from services.scheduler.policies import speculation_policy
+
+    assert isinstance(speculation_policy("adaserve"), AdaServe)
+    assert isinstance(speculation_policy("global_greedy"), GlobalGreedy)
+    assert isinstance(speculation_policy("equal_greedy"), EqualGreedy)
+    assert speculation_policy("specinfer").expansion == (1, 1, 3, 1, 1, 1, 1, 1)
+    assert speculation_policy("specinfer:1-2").expansion == (1, 2)
+    with pytest.raises(ValueError):
+        speculation_policy("specinfer:1-0")
