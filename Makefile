@@ -51,7 +51,7 @@ models: setup
 	$(VENV)/bin/tandem models prepare --pair $(PAIR)
 
 test: setup models
-	$(PY) -m pytest -q tests --durations=15 $(PYTEST_ARGS)
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -q tests --durations=15 $(PYTEST_ARGS)
 
 demo: setup models
 	$(PY) -m sdk.demo --pair $(PAIR)
@@ -66,8 +66,9 @@ trace-ui:
 	@echo "Phoenix: UI http://127.0.0.1:6006, OTLP/gRPC 127.0.0.1:4317; run Tandem with TANDEM_TRACE_EXPORTER=otlp"
 	$(TRACE_UI_VENV)/bin/python -m phoenix.server.main serve
 
+# Passive OpenMP waits: spinning threads distort timings badly when the cores are shared.
 bench-engine: setup models
-	$(PY) -m bench.engine_bench
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.engine_bench
 
 # Every benchmark; add new ones as prerequisites.
 bench: bench-engine

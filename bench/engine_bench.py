@@ -161,6 +161,7 @@ def main(
             "load_average_at_start": os.getloadavg(),
             "torch": torch.__version__,
             "threads": threads,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),
         },
         "model": source.name,
         "dtype": "float32",
