@@ -1,0 +1,100 @@
+"""The configurations a benchmark compares, by name.
+
+    target-only       Tandem, speculation off for every request (plain decoding through the stack)
+    tandem-k1/3/5     Tandem, a fixed draft chain of k per request ("tandem-k<K>" for any K)
+    policy:<name>     Tandem with the scheduler's speculation policy <name> deciding (requests in AUTO);
+                      e.g. policy:fixed:4. Each distinct policy needs a stack of its own.
+    hf-target         HF transformers ``generate`` of the target alone, in the harness process
+    hf-assisted       HF assisted generation (``assistant_model=draft``) with the library's default
+                      schedule (transformers 5: 20 tokens, "constant", confidence threshold 0.4)
+    hf-assisted-heuristic   the same with ``num_assistant_tokens_schedule="heuristic"``, starting at 5
+                      (+2 after a fully accepted step, −1 otherwise: the transformers 4 default)
+
+Tandem configurations that differ only in per-request speculation share one
+stack (the mode travels with each request through the SDK); the HF ones run
+batch 1 only, in this process, against the same models loaded from the same
+directories.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+DEFAULT_STACK_POLICY = "fixed:4"  # what AUTO requests get on the shared stack (none of the defaults send AUTO)
+
+
+@dataclass(frozen=True)
+class StackKey:
+    """What makes two Tandem configurations need different service processes."""
+
+    speculation_policy: str = DEFAULT_STACK_POLICY
+    queue_policy: str = "fcfs"
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    engine: Literal["tandem", "hf"]
+    # tandem: "off" | "auto" | k (int); hf: "off" | "assisted" | "assisted-heuristic"
+    speculation: str | int
+    stack: StackKey | None = None
+    hf_options: dict = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def is_tandem(self) -> bool:
+        return self.engine == "tandem"
+
+    @property
+    def speculates(self) -> bool:
+        return self.speculation not in ("off", 0)
+
+
+HF_ASSISTED_HEURISTIC = {"num_assistant_tokens": 5, "num_assistant_tokens_schedule": "heuristic"}
+
+# The peers issue 4 asks for, measured at batch 1.
+BATCH1_PEERS = ("target-only", "hf-target", "hf-assisted", "tandem-k1", "tandem-k3", "tandem-k5")
+# Served under load (the HF peers cannot serve concurrent requests).
+SWEEP_PEERS = ("target-only", "tandem-k1", "tandem-k3", "tandem-k5")
+
+
+def parse(name: str, *, queue_policy: str = "fcfs") -> Config:
+    """The configuration ``name`` stands for (see the module docstring); ValueError for unknown names."""
+    stack = StackKey(queue_policy=queue_policy)
+    if name == "target-only":
+        return Config(name, "tandem", "off", stack)
+    if m := re.fullmatch(r"tandem-k(\d+)", name):
+        k = int(m.group(1))
+        if k < 1:
+            raise ValueError(f"{name}: k must be >= 1")
+        return Config(name, "tandem", k, stack)
+    if name.startswith("policy:") and len(name) > len("policy:"):
+        return Config(name, "tandem", "auto", StackKey(name.removeprefix("policy:"), queue_policy))
+    if name == "hf-target":
+        return Config(name, "hf", "off")
+    if name == "hf-assisted":
+        return Config(name, "hf", "assisted")
+    if name == "hf-assisted-heuristic":
+        return Config(name, "hf", "assisted", hf_options=dict(HF_ASSISTED_HEURISTIC))
+    raise ValueError(
+        f"unknown configuration {name!r}; use target-only, tandem-k<K>, policy:<name>, "
+        "hf-target, hf-assisted or hf-assisted-heuristic"
+    )
+
+
+def parse_list(names: str | list[str], *, queue_policy: str = "fcfs") -> list[Config]:
+    items = names.split(",") if isinstance(names, str) else names
+    configs = [parse(n.strip(), queue_policy=queue_policy) for n in items if n.strip()]
+    seen = [c.name for c in configs]
+    if len(set(seen)) != len(seen):
+        raise ValueError(f"configuration listed twice: {seen}")
+    return configs
+
+
+def rotated(configs: list[Config], shift: int) -> list[Config]:
+    """``configs`` started at position ``shift`` (mod n): the order of repeat ``shift``."""
+    if not configs:
+        return []
+    s = shift % len(configs)
+    return configs[s:] + configs[:s]

@@ -1,0 +1,429 @@
+"""The benchmark harness: several configurations side by side, one run, one workload, one seed.
+
+    python -m bench.harness                         # `make bench`: the short default suite, demo pair
+    python -m bench.harness --long                  # longer sweeps (more prompts, repeats, rates, concurrency)
+    python -m bench.harness --pair tiny --name smoke --batch1 target-only,tandem-k3 --sweep ''
+
+What one run does::
+
+    encode prompts once (bench.tokens)          same token ids for every configuration
+    for each distinct stack (policy, queue):    services.launcher, as `tandem up` starts it, + span sink
+        warm-up                                 per configuration, not recorded
+        batch 1     prompt by prompt, every configuration in turn, order rotated per prompt and
+                    repeat; Tandem through AsyncClient streams, HF peers in this process
+        baseline    TPOT of target-only at batch 1 (median): the stringent SLO class; the other
+                    classes and the sweep rates scale from it (bench.slo)
+        sweep       open-loop Poisson at each rate, configurations back to back, order rotated
+        closed      closed-loop at each concurrency (--concurrency / --long)
+    stop the stack: the services flush their spans; bench.overhead splits iteration time
+    results.json, PNGs (bench.plots), rich tables   under bench/results/<name>/
+
+Configurations (bench.configs): target-only, tandem-k<K>, policy:<name>,
+hf-target, hf-assisted, hf-assisted-heuristic. Tandem configurations that
+differ only in per-request speculation share a stack; HF peers join the batch-1
+rotation of the first stack (they cannot serve concurrent load).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from bench import arrivals, overhead, plots, prom, report
+from bench.configs import BATCH1_PEERS, SWEEP_PEERS, Config, StackKey, parse, parse_list, rotated
+from bench.drivers import Job, RealTimer, Record, Run, closed_loop, open_loop
+from bench.hf_peer import HFPeer
+from bench.slo import ADASERVE_MIX
+from bench.stack import Models, bench_stack
+from bench.tandem_sender import tandem_sender
+from bench.tokens import EncodedItem, PromptEncoder
+from bench.workload import build
+from sdk.client import AsyncClient
+
+RESULTS_ROOT = Path(__file__).resolve().parent / "results"
+DEFAULT_PROMPT_MIX = {"chat": 0.5, "code": 0.25, "summarize": 0.25}
+
+
+@dataclass
+class BenchOptions:
+    """One harness run. Defaults: the short suite (`make bench`)."""
+
+    name: str = "default"
+    models: Models = field(default_factory=Models)
+    batch1: list[str] = field(default_factory=lambda: list(BATCH1_PEERS))
+    sweep: list[str] = field(default_factory=lambda: list(SWEEP_PEERS))
+    num_prompts: int = 6  # batch-1 prompts
+    repeats: int = 1  # batch-1 passes over the prompts
+    max_new_tokens: int = 64
+    sweep_requests: int = 8  # requests per rate (and per concurrency level)
+    sweep_max_new_tokens: int = 32
+    rates: list[float] = field(default_factory=list)  # req/s; empty: rate_factors x batch-1 capacity
+    rate_factors: list[float] = field(default_factory=lambda: [1.0, 2.0, 4.0])
+    sweep_repeats: int = 1
+    concurrency: list[int] = field(default_factory=list)  # closed-loop levels
+    prompt_mix: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_PROMPT_MIX))
+    slo_mix: dict[str, float] = field(default_factory=lambda: dict(ADASERVE_MIX))
+    seed: int = 0
+    warmup: int = 1  # requests per configuration before anything is recorded
+    threads: int = 2  # torch threads of the HF peers (the services use torch's default)
+    traces: bool = True  # span sink + overhead breakdown
+    max_prompt_tokens: int = 768
+    queue_policy: str = "fcfs"
+
+
+# --- one run --------------------------------------------------------------------------------------
+
+
+class Harness:
+    def __init__(self, opts: BenchOptions, out_dir: Path, console: Console | None = None) -> None:
+        self.opts = opts
+        self.out_dir = out_dir
+        self.console = console or Console()
+        self.timer = RealTimer()
+        self.notes: list[str] = []
+        # phase -> load label -> config -> records;  batch 1 uses the load label "batch=1"
+        self.records: dict[str, dict[str, dict[str, list[Record]]]] = defaultdict(lambda: defaultdict(dict))
+        self.prom: dict[tuple[str, str, str], prom.Scrape] = defaultdict(prom.Scrape)
+        self.overheads: dict[tuple[str, str, str], dict | None] = {}
+        self.baseline_tpot_ms: float | None = None
+        self.baseline_latency_s: float | None = None
+
+    def log(self, msg: str) -> None:
+        self.console.log(msg)
+
+    # ------------------------------------------------------------------ setup
+    def _configs(self) -> tuple[list[Config], list[Config]]:
+        q = self.opts.queue_policy
+        b1, sw = parse_list(self.opts.batch1, queue_policy=q), parse_list(self.opts.sweep, queue_policy=q)
+        if any(not c.is_tandem for c in sw):
+            raise ValueError("HF peers run at batch 1 only; leave them out of the sweep")
+        if self.draft_dir is None:
+            dropped = [c.name for c in b1 + sw if c.speculates]
+            if dropped:
+                self.notes.append(f"no draft model prepared: left out {sorted(set(dropped))}")
+                self.log(f"[yellow]{self.notes[-1]}")
+            b1, sw = [c for c in b1 if not c.speculates], [c for c in sw if not c.speculates]
+        return b1, sw
+
+    def _items(self, n: int, rate: float | None, max_new_tokens: int, seed_offset: int = 0) -> list[EncodedItem]:
+        o = self.opts
+        times = None if rate is None else arrivals.poisson(rate, n, o.seed + seed_offset)
+        items = build(n, arrivals=times, prompt_mix=o.prompt_mix, slo_mix=o.slo_mix,
+                      max_new_tokens=max_new_tokens, seed=o.seed)  # fmt: skip
+        return self.encoder.encode_all(items)
+
+    # ------------------------------------------------------------------ the run
+    async def run(self) -> dict:
+        o = self.opts
+        self.target_dir = o.models.target_dir()
+        self.draft_dir = o.models.draft_dir()
+        self.encoder = PromptEncoder.for_model(self.target_dir, o.max_prompt_tokens)
+        self.eos = self.encoder.eos_token_ids
+        b1, sw = self._configs()
+        hf_configs = [c for c in b1 if not c.is_tandem]
+        self.hf = None
+        if hf_configs:
+            self.log(f"loading HF peers from {self.target_dir.name} / {self.draft_dir and self.draft_dir.name}")
+            self.hf = HFPeer.load(self.target_dir, self.draft_dir, threads=o.threads)
+        self.b1_items = self._items(o.num_prompts, None, o.max_new_tokens)
+
+        keys = list(dict.fromkeys([c.stack for c in b1 + sw if c.is_tandem] or [StackKey(queue_policy=o.queue_policy)]))
+        self.t_start = time.time()
+        for n, key in enumerate(keys):
+            here_b1 = [c for c in b1 if (c.stack == key) or (not c.is_tandem and n == 0)]
+            here_sw = [c for c in sw if c.stack == key]
+            await self._on_stack(key, n, here_b1, here_sw)
+        return self._results(b1, sw)
+
+    async def _on_stack(self, key: StackKey, n: int, b1: list[Config], sw: list[Config]) -> None:
+        o = self.opts
+        log_dir = self.out_dir / "logs" / f"stack{n}"
+        self.log(f"starting stack {n} ({key.speculation_policy}, {key.queue_policy}); logs in {log_dir}")
+        requests: dict[str, tuple[str, str, str]] = {}  # request id -> (phase, load, config)
+        with bench_stack(o.models, key, log_dir, traces=o.traces) as stack:
+            self.metrics_url = stack.endpoints.metrics_url
+            async with AsyncClient(stack.endpoints.scheduler, timeout=1800) as client:
+                senders = {}
+                for c in {c.name: c for c in b1 + sw + [parse("target-only")]}.values():
+                    if c.is_tandem:
+                        senders[c.name] = tandem_sender(client, c, self.eos)
+                    else:
+                        senders[c.name] = self.hf.sender(c, self.eos)
+                await self._warmup(b1 + [c for c in sw if c not in b1], senders)
+                if b1:
+                    await self._batch1(b1, senders, requests)
+                if self.baseline_tpot_ms is None:
+                    await self._measure_baseline(senders["target-only"], requests)
+                if sw:
+                    await self._sweep(sw, senders, requests)
+                    if o.concurrency:
+                        await self._closed(sw, senders, requests)
+        if stack.sink is not None:
+            spans = stack.sink.spans()
+            groups: dict[tuple[str, str, str], str] = {}
+            per_request = {rid: "|".join(g) for rid, g in requests.items()}
+            for group_key, result in overhead.by_config(spans, per_request).items():
+                groups[tuple(group_key.split("|"))] = result
+            self.overheads.update(groups)
+            self.log(f"stack {n}: {len(spans)} spans received")
+
+    async def _send(self, phase: str, load: str, config: Config, jobs: list[Job], senders, requests,
+                    mode: str, concurrency: int = 1) -> Run:  # fmt: skip
+        before = prom.scrape(self.metrics_url) if config.is_tandem else None
+        send = senders[config.name]
+        if mode == "open":
+            run = await open_loop(config.name, jobs, send, self.timer)
+        else:
+            run = await closed_loop(config.name, jobs, send, self.timer, concurrency)
+        if before is not None:
+            self.prom[(phase, load, config.name)] += prom.scrape(self.metrics_url) - before
+        for j in jobs:
+            requests[j.request_id] = (phase, load, config.name)
+        self.records[phase][load].setdefault(config.name, []).extend(run.records)
+        for r in run.records:
+            if r.error:
+                self.log(f"[red]{r.job.request_id}: {r.error}")
+        return run
+
+    async def _warmup(self, configs: list[Config], senders) -> None:
+        items = self._items(max(1, self.opts.warmup), None, 8, seed_offset=999)
+        for c in configs:
+            jobs = [Job(it, None, f"{c.name}/warmup-{i}") for i, it in enumerate(items)]
+            await closed_loop(c.name, jobs, senders[c.name], self.timer, 1)
+        self.log(f"warm-up done ({len(configs)} configurations)")
+
+    async def _batch1(self, configs: list[Config], senders, requests) -> None:
+        o = self.opts
+        t = time.perf_counter()
+        for rep in range(o.repeats):
+            for i, enc in enumerate(self.b1_items):
+                for c in rotated(configs, i + rep):
+                    job = Job(enc, None, f"{c.name}/b1-r{rep}-i{enc.index}")
+                    await self._send("batch1", "batch=1", c, [job], senders, requests, "closed")
+            self.log(f"batch 1: repeat {rep + 1}/{o.repeats} done ({time.perf_counter() - t:.0f} s)")
+        plain = self.records["batch1"]["batch=1"].get("target-only")
+        if plain:
+            self._set_baseline(plain)
+
+    def _set_baseline(self, records: list[Record]) -> None:
+        tpots = [r.trace.tpot_s for r in records if r.trace.tpot_s]
+        ttfts = [r.trace.ttft_s for r in records if r.trace.ttft_s is not None]
+        if not tpots:
+            raise RuntimeError("target-only produced no TPOT: cannot scale the SLO classes")
+        self.baseline_tpot_ms = statistics.median(tpots) * 1e3
+        self.baseline_ttft_s = statistics.median(ttfts)
+        self.log(f"baseline: target-only TPOT {self.baseline_tpot_ms:.1f} ms, TTFT {self.baseline_ttft_s * 1e3:.0f} ms")
+
+    async def _measure_baseline(self, send, requests) -> None:
+        items = self._items(3, None, 32, seed_offset=555)
+        c = parse("target-only")
+        jobs = [Job(it, None, f"target-only/baseline-{i}") for i, it in enumerate(items)]
+        run = await self._send("baseline", "batch=1", c, jobs, {"target-only": send}, requests, "closed")
+        self._set_baseline(run.records)
+
+    def _rates(self) -> list[float]:
+        o = self.opts
+        if o.rates:
+            return list(o.rates)
+        one = self.baseline_ttft_s + (o.sweep_max_new_tokens - 1) * self.baseline_tpot_ms / 1e3  # a lone request
+        return [f / one for f in o.rate_factors]
+
+    def _jobs(self, config: Config, tag: str, rep: int, items: list[EncodedItem]) -> list[Job]:
+        return [Job(it, it.item.slo.tpot_ms(self.baseline_tpot_ms), f"{config.name}/{tag}-r{rep}-i{it.index}")
+                for it in items]  # fmt: skip
+
+    async def _sweep(self, configs: list[Config], senders, requests) -> None:
+        o = self.opts
+        for rep in range(o.sweep_repeats):
+            for ri, rate in enumerate(self._rates()):
+                items = self._items(o.sweep_requests, rate, o.sweep_max_new_tokens, seed_offset=ri)
+                load = f"rate={rate:.3g}"
+                for c in rotated(configs, ri + rep):
+                    run = await self._send("sweep", load, c, self._jobs(c, f"sweep{ri}", rep, items), senders,
+                                           requests, "open")  # fmt: skip
+                    self.log(f"sweep {load} req/s {c.name}: {run.wall_s:.1f} s")
+
+    async def _closed(self, configs: list[Config], senders, requests) -> None:
+        o = self.opts
+        for ci, conc in enumerate(o.concurrency):
+            items = self._items(max(o.sweep_requests, 2 * conc), None, o.sweep_max_new_tokens, seed_offset=100 + ci)
+            load = f"concurrency={conc}"
+            for c in rotated(configs, ci):
+                run = await self._send("closed", load, c, self._jobs(c, f"closed{ci}", 0, items), senders,
+                                       requests, "closed", conc)  # fmt: skip
+                self.log(f"closed {load} {c.name}: {run.wall_s:.1f} s")
+
+    # ------------------------------------------------------------------ results
+    def _results(self, b1: list[Config], sw: list[Config]) -> dict:
+        o = self.opts
+        out: dict = {
+            "name": o.name,
+            "command": " ".join(["python -m bench.harness", *sys.argv[1:]]),
+            "machine": machine(o.threads),
+            "started_unix": self.t_start,
+            "duration_s": time.time() - self.t_start,
+            "pair": o.models.pair if o.models.target is None else "custom",
+            "models": {"target": str(self.target_dir), "draft": str(self.draft_dir) if self.draft_dir else None},
+            "options": _jsonable(asdict(o)),
+            "baseline_tpot_ms": self.baseline_tpot_ms,
+            "workload": {
+                "batch1": {"num_requests": len(self.b1_items), "repeats": o.repeats, "max_new_tokens": o.max_new_tokens,
+                           "prompt_kinds": [e.item.prompt.kind for e in self.b1_items],
+                           "prompt_tokens": [len(e.prompt_ids) for e in self.b1_items]},
+                "sweep": {"requests_per_load": o.sweep_requests, "max_new_tokens": o.sweep_max_new_tokens,
+                          "slo_mix": o.slo_mix, "prompt_mix": o.prompt_mix},
+            },  # fmt: skip
+            "notes": self.notes,
+        }
+        b1_records = self.records["batch1"].get("batch=1", {})
+        for recs in b1_records.values():  # SLOs known only now: the baseline was measured in this phase
+            for r in recs:
+                r.trace.tpot_slo_ms = r.job.encoded.item.slo.tpot_ms(self.baseline_tpot_ms)
+        out["batch1"] = {}
+        for c in b1:
+            recs = b1_records.get(c.name, [])
+            if not recs:
+                continue
+            row = {"summary": report.summarize_records(recs, report.batch1_wall_s(recs))}
+            row.update(self._extras("batch1", "batch=1", c.name))
+            out["batch1"][c.name] = row
+        tok = {n: r["summary"]["throughput_tok_s"] for n, r in out["batch1"].items()}
+        for name, row in out["batch1"].items():
+            for ref in ("target-only", "hf-assisted", "hf-target"):
+                if ref in tok and name != ref:
+                    key = ref.replace("-", "_")
+                    row[f"speedup_vs_{key}"] = tok[name] / tok[ref]
+                    row[f"paired_speedup_vs_{key}"] = report.paired_speedup(b1_records, name, ref)
+            if "target-only" in b1_records and name != "target-only":
+                row["lossless_vs_target_only"] = report.lossless(b1_records, name, "target-only")
+        for phase in ("sweep", "closed"):
+            out[phase] = {}
+            for load, per_config in self.records.get(phase, {}).items():
+                out[phase][load] = {}
+                for name, recs in per_config.items():
+                    run_wall = max((r.trace.latency_s or 0) + r.trace.sent_s for r in recs)
+                    row = {"summary": report.summarize_records(recs, run_wall)}
+                    row.update(self._extras(phase, load, name))
+                    out[phase][load][name] = row
+        return out
+
+    def _extras(self, phase: str, load: str, name: str) -> dict:
+        extra: dict = {"overhead": self.overheads.get((phase, load, name))}
+        delta = self.prom.get((phase, load, name))
+        if delta:
+            extra["per_position_acceptance"] = prom.per_position_acceptance(delta)
+        return extra
+
+
+def machine(threads: int) -> dict:
+    import torch
+    import transformers
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "load_average_at_end": os.getloadavg(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "hf_peer_threads": threads,
+    }
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    return str(x) if isinstance(x, Path) else x
+
+
+def run_bench(opts: BenchOptions, out_dir: Path | None = None, console: Console | None = None) -> dict:
+    """Run ``opts`` and write results.json + PNGs under ``out_dir`` (default bench/results/<name>)."""
+    out_dir = out_dir or RESULTS_ROOT / opts.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    console = console or Console()
+    results = asyncio.run(Harness(opts, out_dir, console).run())
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    results["plots"] = [p.name for p in plots.all_plots(results, out_dir)]
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    report.print_tables(results, console)
+    console.print(f"results in {out_dir}")
+    return results
+
+
+# --- CLI --------------------------------------------------------------------------------------------
+
+app = typer.Typer(add_completion=False)
+
+
+def _floats(s: str) -> list[float]:
+    return [float(x) for x in s.split(",") if x.strip()]
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+@app.command()
+def main(
+    name: str = typer.Option("default", help="Results go to bench/results/<name>/."),
+    pair: str = typer.Option("demo", help="Model pair (tandem models list)."),
+    home: Path | None = typer.Option(None, help="TANDEM_HOME with the prepared models."),
+    target: Path | None = typer.Option(None, help="Target model directory (overrides the pair's)."),
+    draft: Path | None = typer.Option(None, help="Draft model directory (overrides the pair's)."),
+    batch1: str = typer.Option(",".join(BATCH1_PEERS), help="Batch-1 configurations, comma-separated; '' = none."),
+    sweep: str = typer.Option(",".join(SWEEP_PEERS), help="Configurations under load; '' = no sweep."),
+    prompts: int = typer.Option(6, help="Batch-1 prompts."),
+    repeats: int = typer.Option(1, help="Batch-1 passes over the prompts (order rotated each pass)."),
+    max_new_tokens: int = typer.Option(64, help="Tokens per batch-1 request."),
+    sweep_requests: int = typer.Option(8, help="Requests per rate / concurrency level."),
+    sweep_max_new_tokens: int = typer.Option(32, help="Tokens per request under load."),
+    rates: str = typer.Option("", help="Request rates (req/s), comma-separated; '' = factors x capacity."),
+    rate_factors: str = typer.Option("1,2,4", help="Rates as multiples of the batch-1 request rate."),
+    concurrency: str = typer.Option("", help="Closed-loop concurrency levels, comma-separated."),
+    seed: int = typer.Option(0),
+    threads: int = typer.Option(2, help="torch threads of the HF peers."),
+    traces: bool = typer.Option(True, help="Collect spans for the overhead breakdown."),
+    long: bool = typer.Option(False, "--long", help="Longer suite: 16 prompts x 2, rates 0.5..4, concurrency 1..8."),
+) -> None:
+    opts = BenchOptions(
+        name=name,
+        models=Models(pair=pair, home=home, target=target, draft=draft),
+        batch1=[c for c in batch1.split(",") if c],
+        sweep=[c for c in sweep.split(",") if c],
+        num_prompts=prompts,
+        repeats=repeats,
+        max_new_tokens=max_new_tokens,
+        sweep_requests=sweep_requests,
+        sweep_max_new_tokens=sweep_max_new_tokens,
+        rates=_floats(rates),
+        rate_factors=_floats(rate_factors),
+        concurrency=_ints(concurrency),
+        seed=seed,
+        threads=threads,
+        traces=traces,
+    )
+    if long:
+        opts.num_prompts, opts.repeats = max(prompts, 16), max(repeats, 2)
+        opts.sweep_requests = max(sweep_requests, 24)
+        opts.rate_factors = [0.5, 1.0, 2.0, 3.0, 4.0]
+        opts.concurrency = opts.concurrency or [1, 2, 4, 8]
+        opts.batch1 = opts.batch1 + [c for c in ("hf-assisted-heuristic",) if c not in opts.batch1 and opts.batch1]
+    run_bench(opts)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,110 @@
+"""Where a configuration's iteration time goes, from the services' spans (bench.spans collects them).
+
+Per scheduler step (the ``commit`` spans carry the step's phase times,
+``tandem.step_*_ms``; the model services' server spans carry the engine
+thread's time, ``tandem.engine_work_ms``)::
+
+    step window   [commit end − step total, commit end]          scheduler clock ≈ wall clock
+    model         Σ engine work of the model-service calls that started in the window
+                  (forward passes + acceptance/sampling on the engine thread)
+    service       Σ server-span time of those calls − model        (handler, protobuf, engine lock)
+    rpc           (prefill + speculate + verify phases) − Σ server-span time   (client stub, wire)
+    scheduler     step total − (prefill + speculate + verify)      (admit, plan, select, commit, stream)
+
+    overhead share = 1 − model / step total
+
+Only steps that verified something have a commit span, so a step that only
+prefilled is not counted; target and draft prefill run concurrently, so their
+sum can exceed the prefill phase (parts are clamped at zero). Approximate at
+the level of a few tenths of a millisecond, which is what it is for: is the
+split into services eating the speedup?
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from bench.spans import Span
+
+_CALL_PHASES = ("prefill", "speculate", "verify")
+
+
+@dataclass
+class Step:
+    number: int
+    start_ns: int
+    end_ns: int
+    phases_ms: dict[str, float]
+
+    @property
+    def total_s(self) -> float:
+        return self.phases_ms["total"] / 1e3
+
+
+def steps_of(spans: Iterable[Span], trace_ids: set[str]) -> list[Step]:
+    """The distinct scheduler steps whose commit spans belong to ``trace_ids``, in order."""
+    found: dict[int, Step] = {}
+    for s in spans:
+        if s.name != "commit" or s.trace_id not in trace_ids or "tandem.step_total_ms" not in s.attributes:
+            continue
+        number = int(s.attributes["tandem.step"])
+        if number in found:
+            continue
+        phases = {k.removeprefix("tandem.step_").removesuffix("_ms"): float(v) for k, v in s.attributes.items()
+                  if k.startswith("tandem.step_") and k.endswith("_ms")}  # fmt: skip
+        found[number] = Step(number, s.end_ns - round(phases["total"] * 1e6), s.end_ns, phases)
+    return [found[n] for n in sorted(found)]
+
+
+def breakdown(spans: list[Span], trace_ids: set[str]) -> dict[str, float | int] | None:
+    """Seconds per part over the configuration's steps, and their shares of the step time; None without steps."""
+    steps = steps_of(spans, trace_ids)
+    if not steps:
+        return None
+    calls = sorted((s for s in spans if "tandem.engine_work_ms" in s.attributes), key=lambda s: s.start_ns)
+    parts = {"model": 0.0, "service": 0.0, "rpc": 0.0, "scheduler": 0.0}
+    total = 0.0
+    i = 0
+    for step in steps:
+        while i < len(calls) and calls[i].start_ns < step.start_ns:
+            i += 1
+        j = i
+        model = served = 0.0
+        while j < len(calls) and calls[j].start_ns <= step.end_ns:
+            model += float(calls[j].attributes["tandem.engine_work_ms"]) / 1e3
+            served += calls[j].duration_s
+            j += 1
+        i = j
+        in_calls = sum(step.phases_ms.get(p, 0.0) for p in _CALL_PHASES) / 1e3
+        model = min(model, step.total_s)
+        parts["model"] += model
+        parts["service"] += max(0.0, min(served, in_calls) - model)
+        parts["rpc"] += max(0.0, in_calls - served)
+        parts["scheduler"] += max(0.0, step.total_s - in_calls)
+        total += step.total_s
+    out: dict[str, float | int] = {"num_steps": len(steps), "step_s": total, "mean_step_ms": total / len(steps) * 1e3}
+    for name, seconds in parts.items():
+        out[f"{name}_s"] = seconds
+        out[f"{name}_share"] = seconds / total if total else 0.0
+    out["overhead_share"] = 1.0 - parts["model"] / total if total else 0.0
+    return out
+
+
+def trace_ids_by_request(spans: Iterable[Span]) -> dict[str, str]:
+    """request id -> trace id, from the scheduler's ``request`` spans."""
+    return {
+        str(s.attributes["tandem.request_id"]): s.trace_id
+        for s in spans
+        if s.name == "request" and "tandem.request_id" in s.attributes
+    }
+
+
+def by_config(spans: list[Span], request_config: Mapping[str, str]) -> dict[str, dict | None]:
+    """``breakdown`` for each configuration, given which configuration sent each request id."""
+    traces = trace_ids_by_request(spans)
+    groups: dict[str, set[str]] = {}
+    for request_id, config in request_config.items():
+        if request_id in traces:
+            groups.setdefault(config, set()).add(traces[request_id])
+    return {config: breakdown(spans, ids) for config, ids in groups.items()}

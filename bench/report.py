@@ -1,0 +1,142 @@
+"""From driver runs to results: per-configuration summaries, acceptance, paired speedups, the rich tables.
+
+Every number a configuration gets comes from bench.metrics.summarize over its
+client-side traces, plus what only the whole run can say:
+
+- paired speedup: batch-1 runs interleave configurations prompt by prompt, so
+  the ratio of two configurations' latencies on the *same* prompt, moments
+  apart, cancels most machine noise; the median over prompts is reported
+  next to the plain ratio of throughputs
+- lossless check: under greedy decoding every configuration must produce the
+  target's tokens; outputs are compared prompt by prompt with target-only
+- acceptance: histogram of accepted draft tokens per step, of per-request
+  acceptance rates, and (from the scheduler's counters) per-position acceptance
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.drivers import Record
+from bench.metrics import summarize
+
+
+def batch1_wall_s(records: Sequence[Record]) -> float:
+    """Busy time of a configuration whose requests ran alone: the sum of their latencies."""
+    return sum(r.trace.latency_s or 0.0 for r in records) or 1e-9
+
+
+def acceptance(records: Sequence[Record]) -> dict:
+    """Histograms of accepted draft tokens per step and per-request acceptance rates."""
+    steps = Counter(a for r in records for a in r.step_accepts)
+    rates = [r.trace.num_accepted_tokens / r.trace.num_draft_tokens for r in records if r.trace.num_draft_tokens]
+    tokens_per_step = [t for r in records for t in r.step_tokens]
+    return {
+        "accepted_per_step_hist": {str(k): steps[k] for k in sorted(steps)},
+        "request_acceptance_rates": rates,
+        "mean_tokens_per_step": statistics.fmean(tokens_per_step) if tokens_per_step else None,
+    }
+
+
+def summarize_records(records: Sequence[Record], wall_s: float) -> dict:
+    out = summarize([r.trace for r in records], wall_s).as_dict()
+    out.update(acceptance(records))
+    out["errors"] = [r.error for r in records if r.error][:5]
+    out["num_errors"] = sum(1 for r in records if r.error)
+    return out
+
+
+def paired_speedup(records: dict[str, list[Record]], config: str, reference: str) -> float | None:
+    """Median over jobs of latency(reference) / latency(config), matching runs of the same job and repeat."""
+    ref = {r.job.request_id.split("/", 1)[1]: r for r in records.get(reference, [])}
+    ratios = []
+    for r in records.get(config, []):
+        other = ref.get(r.job.request_id.split("/", 1)[1])
+        if other and r.trace.latency_s and other.trace.latency_s and r.trace.num_tokens == other.trace.num_tokens:
+            ratios.append(other.trace.latency_s / r.trace.latency_s)
+    return statistics.median(ratios) if ratios else None
+
+
+def lossless(records: dict[str, list[Record]], config: str, reference: str) -> dict | None:
+    """How many jobs produced exactly the reference configuration's tokens."""
+    ref = {r.job.request_id.split("/", 1)[1]: r.token_ids for r in records.get(reference, []) if not r.error}
+    pairs = [
+        (r.token_ids, ref[key])
+        for r in records.get(config, [])
+        if not r.error and (key := r.job.request_id.split("/", 1)[1]) in ref
+    ]
+    if not pairs:
+        return None
+    return {"equal": sum(a == b for a, b in pairs), "compared": len(pairs)}
+
+
+def _fmt(x: float | None, spec: str = ".1f", scale: float = 1.0) -> str:
+    return "–" if x is None else format(x * scale, spec)
+
+
+def batch1_table(results: dict) -> Table:
+    table = Table(title=f"Batch 1 ({results['workload']['batch1']['num_requests']} prompts × "
+                  f"{results['workload']['batch1']['repeats']} repeats, interleaved)")  # fmt: skip
+    cols = ("config", "tok/s", "× target-only", "paired ×", "× hf-assisted", "TTFT p50 ms", "TPOT p50 ms",
+            "TPOT p99 ms", "accept rate", "tokens/step", "overhead", "lossless")  # fmt: skip
+    for c in cols:
+        table.add_column(c, justify="left" if c == "config" else "right")
+    for name, row in results["batch1"].items():
+        s = row["summary"]
+        ov = row.get("overhead") or {}
+        ll = row.get("lossless_vs_target_only")
+        table.add_row(
+            name,
+            _fmt(s["throughput_tok_s"]),
+            _fmt(row.get("speedup_vs_target_only"), ".2f"),
+            _fmt(row.get("paired_speedup_vs_target_only"), ".2f"),
+            _fmt(row.get("speedup_vs_hf_assisted"), ".2f"),
+            _fmt(s["ttft_s"]["p50"], ".0f", 1e3),
+            _fmt(s["tpot_s"]["p50"], ".1f", 1e3),
+            _fmt(s["tpot_s"]["p99"], ".1f", 1e3),
+            _fmt(s["acceptance_rate"], ".2f"),
+            _fmt(s["mean_tokens_per_step"], ".2f"),
+            _fmt(ov.get("overhead_share"), ".0%") if ov else "–",
+            f"{ll['equal']}/{ll['compared']}" if ll else "–",
+        )
+    return table
+
+
+def load_table(results: dict, phase: str) -> Table:
+    table = Table(title=f"{phase}: SLO classes scaled to baseline TPOT {results['baseline_tpot_ms']:.1f} ms")
+    cols = ("load", "config", "tok/s", "goodput", "attain", "stringent", "moderate", "relaxed",
+            "TTFT p50 ms", "TPOT p50 ms", "latency p99 s", "overhead")  # fmt: skip
+    for c in cols:
+        table.add_column(c, justify="left" if c in ("load", "config") else "right")
+    for load, per_config in results[phase].items():
+        for name, row in per_config.items():
+            s = row["summary"]
+            by = s["attainment_by_class"]
+            ov = row.get("overhead") or {}
+            table.add_row(
+                load,
+                name,
+                _fmt(s["throughput_tok_s"]),
+                _fmt(s["goodput_tok_s"]),
+                _fmt(s["attainment"], ".0%"),
+                *(_fmt(by.get(c), ".0%") for c in ("stringent", "moderate", "relaxed")),
+                _fmt(s["ttft_s"]["p50"], ".0f", 1e3),
+                _fmt(s["tpot_s"]["p50"], ".1f", 1e3),
+                _fmt(s["latency_s"]["p99"], ".2f"),
+                _fmt(ov.get("overhead_share"), ".0%") if ov else "–",
+            )
+    return table
+
+
+def print_tables(results: dict, console: Console | None = None) -> None:
+    console = console or Console()
+    if results.get("batch1"):
+        console.print(batch1_table(results))
+    for phase in ("sweep", "closed"):
+        if results.get(phase):
+            console.print(load_table(results, phase))

@@ -1,0 +1,108 @@
+"""A Tandem stack for a benchmark: what `tandem up` starts (services.launcher), plus a span sink.
+
+    with bench_stack(models, StackKey("fixed:4"), log_dir) as stack:
+        stack.endpoints.scheduler, stack.endpoints.metrics_url, stack.sink.spans()
+
+The launcher hands its own environment to the children, so the trace
+exporter and the queue policy are set in this process's environment for the
+duration of the launch (restored right after). Stopping the stack (SIGTERM)
+makes every service flush its spans into the sink before ``spans()`` is read.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.configs import StackKey
+from bench.spans import SpanSink
+from services.launcher import LaunchConfig, LaunchedStack, start
+
+
+@dataclass(frozen=True)
+class Models:
+    """What the stack serves: a registry pair, or explicit target/draft paths (tests)."""
+
+    pair: str = "demo"
+    home: Path | None = None
+    target: Path | None = None
+    draft: Path | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    def target_dir(self) -> Path:
+        from services.settings import ServiceSettings
+
+        return ServiceSettings(pair=self.pair, home=self.home, model=str(self.target) if self.target else None).model_path(
+            "target"
+        )
+
+    def draft_dir(self) -> Path | None:
+        """The draft's directory, or None when it is not prepared (the stack then runs without one)."""
+        from services.settings import ServiceSettings
+        from shared.engine.errors import ModelLoadError
+
+        try:
+            return ServiceSettings(
+                pair=self.pair, home=self.home, model=str(self.draft) if self.draft else "draft"
+            ).model_path("draft")
+        except ModelLoadError:
+            if self.draft is not None:
+                raise
+            return None
+
+
+@dataclass
+class BenchStack:
+    launched: LaunchedStack
+    sink: SpanSink | None
+
+    @property
+    def endpoints(self):
+        return self.launched.endpoints
+
+
+@contextmanager
+def _environ(extra: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextmanager
+def bench_stack(models: Models, key: StackKey, log_dir: Path, *, traces: bool = True) -> Iterator[BenchStack]:
+    sink = SpanSink().start() if traces else None
+    config = LaunchConfig(
+        pair=models.pair,
+        home=models.home,
+        target_model=str(models.target) if models.target else None,
+        draft_model=str(models.draft) if models.draft else None,
+        port=0,
+        metrics_port=0,
+        speculation_policy=key.speculation_policy,
+        device=models.device,
+        dtype=models.dtype,
+        log_dir=log_dir,
+    )
+    env = {"TANDEM_QUEUE_POLICY": key.queue_policy, "TANDEM_LOG_LEVEL": "warning"}
+    env.update(sink.service_env() if sink else {"TANDEM_TRACE_EXPORTER": "none"})
+    try:
+        with _environ(env):
+            launched = start(config)
+        try:
+            yield BenchStack(launched, sink)
+        finally:
+            launched.stop()
+    finally:
+        if sink is not None:
+            sink.stop()

@@ -1,0 +1,59 @@
+"""Overhead share of iteration time from hand-built spans."""
+
+import pytest
+
+from bench.overhead import breakdown, by_config, steps_of
+from bench.spans import Span
+
+MS = 1_000_000  # ns
+
+
+def commit(trace, step, end_ms, total, speculate, verify, prefill=0.0):
+    attrs = {"tandem.step": step, "tandem.step_total_ms": total, "tandem.step_speculate_ms": speculate,
+             "tandem.step_verify_ms": verify, "tandem.step_prefill_ms": prefill, "tandem.step_select_ms": 0.1}
+    return Span("commit", "scheduler", trace, f"c{step}{trace}", "", (end_ms - 0.2) * MS, end_ms * MS, attrs)
+
+
+def call(name, start_ms, dur_ms, work_ms, trace="t1"):
+    attrs = {"tandem.engine_work_ms": work_ms, "tandem.engine_queue_ms": 0.0}
+    return Span(name, "target", trace, f"s{start_ms}", "", int(start_ms * MS), int((start_ms + dur_ms) * MS), attrs)
+
+
+def request(trace, request_id):
+    return Span("request", "scheduler", trace, f"r{trace}", "", 0, 1, {"tandem.request_id": request_id})
+
+
+def test_breakdown_of_two_steps():
+    # step 1: [0, 10] ms: speculate 3 ms (draft work 2, served 2.5), verify 5 ms (target work 4, served 4.5)
+    # step 2: [20, 30] ms: the same
+    spans = [
+        commit("t1", 1, 10, total=10, speculate=3, verify=5),
+        call("DraftService/Speculate", 0.5, 2.5, 2.0),
+        call("TargetService/Verify", 4.0, 4.5, 4.0),
+        commit("t1", 2, 30, total=10, speculate=3, verify=5),
+        call("DraftService/Speculate", 20.5, 2.5, 2.0),
+        call("TargetService/Verify", 24.0, 4.5, 4.0),
+        call("TargetService/Verify", 45.0, 4.5, 4.0),  # outside every step: not counted
+    ]
+    b = breakdown(spans, {"t1"})
+    assert b["num_steps"] == 2 and b["mean_step_ms"] == pytest.approx(10)
+    assert b["model_s"] == pytest.approx(0.012)  # (2 + 4) x 2 ms
+    assert b["service_s"] == pytest.approx(0.002)  # served - work: 1 ms per step
+    assert b["rpc_s"] == pytest.approx(0.002)  # (3 + 5) - 7 ms served, per step
+    assert b["scheduler_s"] == pytest.approx(0.004)  # 10 - 8 ms per step
+    assert b["overhead_share"] == pytest.approx(0.4)
+    assert sum(b[f"{p}_share"] for p in ("model", "service", "rpc", "scheduler")) == pytest.approx(1.0)
+
+
+def test_steps_are_counted_once_whatever_the_batch():
+    spans = [commit("t1", 7, 10, 10, 3, 5), commit("t2", 7, 10, 10, 3, 5), commit("t3", 8, 30, 10, 3, 5)]
+    assert [s.number for s in steps_of(spans, {"t1", "t2"})] == [7]
+    assert breakdown(spans, {"t9"}) is None
+
+
+def test_by_config_groups_traces_by_request_id():
+    spans = [request("t1", "a/1"), request("t2", "b/1"), commit("t1", 1, 10, 10, 3, 5),
+             commit("t2", 2, 30, 10, 3, 5), call("TargetService/Verify", 24.0, 4.5, 4.0, trace="t2")]
+    out = by_config(spans, {"a/1": "a", "b/1": "b", "c/1": "c"})
+    assert set(out) == {"a", "b"}
+    assert out["a"]["model_s"] == 0.0 and out["b"]["model_s"] == pytest.approx(0.004)

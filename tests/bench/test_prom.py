@@ -1,0 +1,28 @@
+"""Prometheus scrapes: differences between two scrapes and per-position acceptance."""
+
+import pytest
+
+from bench.prom import parse, per_position_acceptance, scrape
+
+TEXT = """
+# TYPE tandem_position_proposed_total counter
+tandem_position_proposed_total{{position="0"}} {p0}
+tandem_position_proposed_total{{position="1"}} {p1}
+# TYPE tandem_position_accepted_total counter
+tandem_position_accepted_total{{position="0"}} {a0}
+tandem_position_accepted_total{{position="1"}} {a1}
+"""
+
+
+def test_difference_and_per_position_rates():
+    before = parse(TEXT.format(p0=10, p1=10, a0=5, a1=2))
+    after = parse(TEXT.format(p0=30, p1=30, a0=20, a1=11))
+    rows = per_position_acceptance(after - before)
+    assert [r["position"] for r in rows] == [0, 1]
+    assert rows[0]["proposed"] == 20 and rows[0]["rate"] == pytest.approx(15 / 20)
+    assert rows[1]["rate"] == pytest.approx(9 / 20)
+    assert rows[1]["conditional_rate"] == pytest.approx(9 / 15)  # given position 0 accepted
+
+
+def test_no_url_means_no_scrape():
+    assert scrape(None) == {} and per_position_acceptance(parse("")) == []

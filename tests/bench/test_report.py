@@ -1,0 +1,38 @@
+"""Paired speedups and the lossless check, on hand-built records."""
+
+import pytest
+
+from bench.drivers import Job, Record
+from bench.metrics import RequestTrace
+from bench.prompts import Prompt
+from bench.report import acceptance, batch1_wall_s, lossless, paired_speedup
+from bench.slo import STRINGENT
+from bench.tokens import EncodedItem
+from bench.workload import WorkItem
+
+
+def rec(config, i, latency, tokens, steps=(), drafted=0):
+    job = Job(EncodedItem(WorkItem(i, None, Prompt("chat", "q"), STRINGENT, 4), (1, 2)), None, f"{config}/b1-r0-i{i}")
+    times = [latency * (k + 1) / len(tokens) for k in range(len(tokens))]
+    trace = RequestTrace(job.request_id, "stringent", None, 0.0, times, num_steps=len(steps),
+                         num_draft_tokens=drafted, num_accepted_tokens=sum(steps))
+    return Record(config, job, trace, list(steps), [a + 1 for a in steps], None, list(tokens))
+
+
+def test_paired_speedup_is_the_median_of_per_prompt_ratios():
+    records = {
+        "plain": [rec("plain", 0, 2.0, [1, 2, 3]), rec("plain", 1, 4.0, [4, 5, 6]), rec("plain", 2, 3.0, [7, 8, 9])],
+        "spec": [rec("spec", 0, 1.0, [1, 2, 3]), rec("spec", 1, 4.0, [4, 5, 6]), rec("spec", 2, 2.0, [7, 8, 0])],
+    }
+    assert paired_speedup(records, "spec", "plain") == pytest.approx(1.5)  # ratios 2.0, 1.0, 1.5
+    assert lossless(records, "spec", "plain") == {"equal": 2, "compared": 3}
+    assert paired_speedup(records, "spec", "missing") is None
+    assert batch1_wall_s(records["plain"]) == pytest.approx(9.0)
+
+
+def test_acceptance_histograms():
+    records = [rec("spec", 0, 1.0, [1] * 6, steps=(2, 0, 3), drafted=9), rec("spec", 1, 1.0, [1] * 3, steps=(1,), drafted=3)]
+    a = acceptance(records)
+    assert a["accepted_per_step_hist"] == {"0": 1, "1": 1, "2": 1, "3": 1}
+    assert a["request_acceptance_rates"] == pytest.approx([5 / 9, 1 / 3])
+    assert a["mean_tokens_per_step"] == pytest.approx((3 + 1 + 4 + 2) / 4)
