@@ -1,10 +1,12 @@
 """The `tandem` command.
 
     tandem up [--pair demo|tiny]          Redis + target + draft + scheduler on loopback, until Ctrl-C
+    tandem up --draft-model ngram         ... with model-free prompt lookup as the draft
     tandem serve target|draft|scheduler   one service, configured by TANDEM_* variables (what compose runs)
     tandem generate "Once upon" --max-new-tokens 32 --spec 4 --slo-tpot-ms 50
     tandem status                         the scheduler's Info and health
     tandem models list|prepare|check      model pairs (shared.models.cli)
+    tandem profile [--pair tiny --quick]  verify cost of the target: budget B, cost model (shared.profiling.cli)
 
 Heavy imports (torch, the services) happen inside the commands, so
 `tandem generate` and `tandem status` start fast.
@@ -24,9 +26,11 @@ from rich.console import Console
 from rich.table import Table
 
 from shared.models.cli import app as models_app
+from shared.profiling.cli import profile
 
 app = typer.Typer(help="Tandem: LLM serving with SLO-aware speculative decoding.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
+app.command()(profile)
 
 DEFAULT_ADDR = "127.0.0.1:50051"
 AddrOption = Annotated[str, typer.Option("--addr", envvar="TANDEM_ADDR", help="host:port of the scheduler.")]
@@ -64,6 +68,10 @@ def up(
     ] = None,
     speculation_policy: Annotated[str, typer.Option(help="Policy for AUTO requests: fixed[:K] or none.")] = "fixed",
     draft: Annotated[bool, typer.Option(help="Run the draft service (when its model is prepared).")] = True,
+    draft_model: Annotated[
+        str | None,
+        typer.Option(help="Draft model path or name, or ngram[:MIN-MAX] (prompt lookup, no model); unset = the pair's."),
+    ] = None,
     home: Annotated[Path | None, typer.Option(help="Tandem home (default $TANDEM_HOME or ~/.cache/tandem).")] = None,
     device: Annotated[str, typer.Option(help="Device of the model services.")] = "auto",
     log_dir: Annotated[Path | None, typer.Option(help="Directory for the services' logs.")] = None,
@@ -74,7 +82,7 @@ def up(
     console = Console()
     config = LaunchConfig(
         pair=pair, port=port, metrics_port=metrics_port, redis_url=redis_url, speculation_policy=speculation_policy,
-        draft=draft, home=home, device=device, log_dir=log_dir,
+        draft=draft, draft_model=draft_model, home=home, device=device, log_dir=log_dir,
     )  # fmt: skip
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the stack as cleanly as Ctrl-C
     console.print(f"starting Tandem ({pair} pair) ...")

@@ -1,0 +1,76 @@
+"""`tandem profile`: measure the target's verify cost, find the budget B, store the profile.
+
+    tandem profile                        the demo pair's target on this machine -> <home>/profiles/...
+    tandem profile --pair tiny --quick    a fast smoke run
+    tandem profile --model PATH --redis-url redis://...   also publish it to Redis (blob profile:<model>)
+
+The scheduler reads it back (``services.scheduler.budget``) unless
+TANDEM_TOKEN_BUDGET overrides B.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+QUICK_GRID = (1, 4, 8, 16, 32)  # --quick: one repeat of a coarse grid
+
+
+def profile(
+    pair: Annotated[str, typer.Option(help="Model pair whose target is profiled.")] = "demo",
+    model: Annotated[str | None, typer.Option(help="A model directory or name instead of the pair's target.")] = None,
+    home: Annotated[Path | None, typer.Option(help="Tandem home (default $TANDEM_HOME or ~/.cache/tandem).")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")] = "auto",
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="Repeats per size (medians are used).")] = 3,
+    quick: Annotated[bool, typer.Option(help="Small grid, one repeat: a smoke run, not a measurement.")] = False,
+    redis_url: Annotated[str | None, typer.Option(help="Also store the profile in this Redis.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Also write the profile JSON here.")] = None,
+) -> None:
+    """Measure verify latency vs batched tokens and context; store budget B and the cost model."""
+    import torch
+
+    from services.settings import ServiceSettings
+    from shared.engine.factory import build_target_engine
+    from shared.models.paths import Paths
+    from shared.engine.errors import ModelLoadError
+    from shared.profiling.cost_model import redis_blob_name, save_profile
+    from shared.profiling.measure import measure
+
+    console = Console()
+    if threads:
+        torch.set_num_threads(threads)
+    settings = ServiceSettings(pair=pair, model=model, home=home)
+    try:
+        path = settings.model_path("target")
+    except ModelLoadError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
+    engine, loaded = build_target_engine(path, device=device, dtype=dtype, with_tokenizer=False)
+    console.print(f"profiling {loaded.name} on {engine.runner.device} ...")
+    kwargs = {"repeats": repeats}
+    if quick:
+        kwargs |= {"grid": QUICK_GRID, "context_grid": (4,), "long_context": 128, "repeats": 1}
+    result = measure(engine.runner, model=loaded.name, log=console.print, **kwargs)
+    stored = save_profile(result, Paths.resolve(home).home)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(result.model_dump_json(indent=2) + "\n")
+    if redis_url:
+        from shared.state.store import StateStore, StoreConfig
+
+        with StateStore(StoreConfig(url=redis_url)) as store:
+            store.put_json(redis_blob_name(result.model), json.loads(result.model_dump_json()))
+    cm, knee = result.cost_model, result.knee
+    console.print(
+        f"[bold]B = {result.token_budget}[/] tokens ({knee.method}; T(1) = {knee.latency_at_one_s * 1e3:.1f} ms, "
+        f"T(B) = {knee.latency_at_budget_s * 1e3:.1f} ms) on {result.hardware}\n"
+        f"T_fwd = {cm.alpha_s * 1e6:.3f} us * N_context + {cm.gamma_s * 1e3:.3f} ms * N_batched + "
+        f"{cm.delta_s * 1e3:.2f} ms  (R^2 {cm.r2 if cm.r2 is None else round(cm.r2, 3)})\n"
+        f"stored at {stored} ({result.settings['seconds']} s)"
+    )
