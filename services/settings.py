@@ -9,7 +9,8 @@ contract docker-compose.yml and deploy/README.md document (TANDEM_HOST,
 TANDEM_PORT, TANDEM_SERVICE_NAME, TANDEM_TRACE_EXPORTER, TANDEM_OTLP_ENDPOINT,
 TANDEM_HOME, TANDEM_PAIR, TANDEM_MODEL, TANDEM_DEVICE, TANDEM_DTYPE, and for
 the scheduler TANDEM_TARGET_ADDR, TANDEM_DRAFT_ADDR, TANDEM_REDIS_URL,
-TANDEM_METRICS_PORT, TANDEM_QUEUE_POLICY, TANDEM_SPECULATION_POLICY).
+TANDEM_METRICS_PORT, TANDEM_QUEUE_POLICY, TANDEM_SPECULATION_POLICY,
+TANDEM_TOKEN_BUDGET, TANDEM_PROFILE).
 The environment is read when ``from_env`` is called, never at import.
 An empty variable counts as unset, because compose writes
 ``TANDEM_MODEL: ${TANDEM_TARGET_MODEL:-}`` to mean "the pair's model".
@@ -88,6 +89,17 @@ class ServiceSettings(BaseModel):
     queue_policy: str = Field("fcfs", description="Request order policy of the scheduler.")
     speculation_policy: str = Field(
         "fixed", description="Speculation policy for requests in AUTO mode (fixed[:K], none, ...)."
+    )
+    token_budget: int | None = Field(
+        None,
+        ge=1,
+        description="Verify tokens per target forward (AdaServe's B) for the tree policies; unset = the target's "
+        "profile (`tandem profile`), else the policies' default.",
+    )
+    profile: Path | None = Field(
+        None,
+        description="Profile file of the target (B, cost model); unset = the newest under "
+        "<home>/profiles/<target model>/, else the Redis blob profile:<target model>.",
     )
 
     @classmethod

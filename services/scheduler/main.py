@@ -15,7 +15,10 @@ What ``start`` puts together::
                                                        RequestTracer (spans)
 
 The target must answer Info within ``target_wait_s``: its vocabulary and
-context window are what requests are checked against. The draft is optional
+context window are what requests are checked against, and its model name,
+device and dtype pick the profile that gives the tree policies their verify
+budget B (``budget.py``: TANDEM_TOKEN_BUDGET, else the profile, else the
+policies' default; logged at startup). The draft is optional
 (``draft_addr`` "none" runs without one) and may come and go; the loop
 degrades to plain decoding while it is away.
 Without ``redis_url`` a private local Redis is started (and stopped with the
@@ -41,6 +44,7 @@ from scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker
 from scheduler.workers import RealClock
 from services.engine_host import service_version
 from services.runtime import serve_until_stopped
+from services.scheduler.budget import Budget, load_budget
 from services.scheduler.ledger import StepLedger
 from services.scheduler.observers.metrics import MetricsObserver
 from services.scheduler.observers.redis_state import RedisRecorder
@@ -81,6 +85,7 @@ class RunningScheduler:
     grace_s: float
     metrics_port: int | None = None
     redis_url: str = ""
+    budget: Budget | None = None  # B and the target's cost model (services.scheduler.budget)
     role: str = "scheduler"
     _closers: list[Callable[[], Any]] = field(default_factory=list, repr=False)
 
@@ -126,6 +131,10 @@ async def _start(
         redis_url = redis_server.url
         log.info("no redis_url configured: started a private Redis at %s", redis_url)
 
+    store = AsyncStateStore(StoreConfig(url=redis_url), client=_redis_client(redis_url))
+    budget = await load_budget(settings, target_info, store)
+    log.info("%s", budget.describe())
+
     spec_policy = speculation_policy(settings.speculation_policy)
     clock = RealClock()
     tracer = RequestTracer(provider)
@@ -133,13 +142,14 @@ async def _start(
     scheduler = Scheduler(
         TracedTarget(ledger, tracer),
         TracedDraft(draft, tracer) if draft is not None else None,
-        config=SchedulerConfig(max_tokens_in_flight=kv_token_budget(target_info, SchedulerConfig())),
+        config=SchedulerConfig(
+            max_tokens_in_flight=kv_token_budget(target_info, SchedulerConfig()), token_budget=budget.token_budget
+        ),
         clock=clock,
         spec_policy=spec_policy,
         queue_policy=queue_policy(settings.queue_policy),
         detokenize=codec.decode if codec else None,
     )
-    store = AsyncStateStore(StoreConfig(url=redis_url), client=_redis_client(redis_url))
     recorder = RedisRecorder(store, Timebase(clock), policy_name=spec_policy.name)
     closers.append(recorder.close)
     metrics = TandemMetrics()
@@ -196,6 +206,7 @@ async def _start(
         grace_s=settings.shutdown_grace_s,
         metrics_port=metrics_port,
         redis_url=redis_url,
+        budget=budget,
         _closers=list(closers),
     )
 
