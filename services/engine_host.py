@@ -6,7 +6,12 @@ every engine call to ``EngineHost.run``::
     RPC ─▶ await the lock (queue_ns) ─▶ the host's single engine thread: engine call (work_ns) ─▶ response
 
 so the event loop stays free to answer health checks and to accept (and
-queue) more calls while a forward runs. The lock orders calls by arrival and
+queue) more calls while a forward runs.
+
+The engine is a model (TargetEngine, DraftEngine over a ModelRunner with a
+paged KV cache) or, for the draft, model-free prompt lookup (NgramDraftEngine
+over a TokenStore: no weights, no KV cache, so Info reports 0 KV blocks,
+dtype "none" and device "cpu"). The lock orders calls by arrival and
 measures how long each waited; the single thread is what actually keeps two
 engine calls from ever overlapping, even when a caller gives up (cancels)
 while its call still runs.
@@ -23,11 +28,12 @@ from functools import lru_cache
 from typing import Generic, Literal, TypeVar
 
 import shared.rpc  # noqa: F401 - builds the generated code if needed
-from services.settings import ServiceSettings
+from services.settings import ServiceSettings, ngram_name
 from services.spans import annotate
 from shared.engine.draft_engine import DraftEngine
-from shared.engine.factory import build_draft_engine, build_target_engine
+from shared.engine.factory import build_draft_engine, build_ngram_draft_engine, build_target_engine
 from shared.engine.loading import LoadedModel
+from shared.engine.ngram_drafter import NgramDraftEngine
 from shared.engine.target_engine import TargetEngine
 from shared.rpc.convert import CallTimer
 from shared.rpc.gen.tandem.v1 import common_pb2
@@ -49,16 +55,29 @@ class Ran(Generic[T]):
 
 
 class EngineHost:
-    def __init__(self, engine: TargetEngine | DraftEngine, loaded: LoadedModel, role: str) -> None:
+    def __init__(
+        self,
+        engine: TargetEngine | DraftEngine | NgramDraftEngine,
+        loaded: LoadedModel | None,
+        role: str,
+        *,
+        model_name: str | None = None,
+    ) -> None:
+        """``loaded`` is None for a model-free engine, which then needs ``model_name``."""
         self.engine = engine
         self.loaded = loaded
         self.role = role
+        self.model_name = model_name or (loaded.name if loaded is not None else type(engine).__name__)
         self._lock = asyncio.Lock()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tandem-{role}-engine")
 
     @classmethod
     async def load(cls, settings: ServiceSettings, role: Literal["target", "draft"]) -> EngineHost:
         """Build the role's engine from ``settings`` (off the loop: loading takes seconds to minutes)."""
+        ngram = settings.ngram(role)  # raises for a malformed spec or an ngram target
+        if ngram is not None:
+            engine = build_ngram_draft_engine(*ngram, vocab_size=settings.vocab_size)
+            return cls(engine, None, role, model_name=ngram_name(*ngram))
         build = build_target_engine if role == "target" else build_draft_engine
         engine, loaded = await asyncio.to_thread(
             build,
@@ -93,25 +112,43 @@ class EngineHost:
     def _release_live(self, seq_ids: list[str]) -> tuple[int, int]:
         live = [s for s in dict.fromkeys(seq_ids) if s in self.engine.runner.seqs]
         self.engine.release(live)
-        return len(live), self.engine.runner.cache.num_free_blocks
+        cache = self.kv_cache
+        return len(live), cache.num_free_blocks if cache is not None else 0
+
+    @property
+    def kv_cache(self):
+        """The engine's paged KV cache; None for a model-free engine, which holds tokens only."""
+        return getattr(self.engine.runner, "cache", None)
+
+    def describe(self) -> str:
+        """One line for the startup log: what is served, where, and its KV cache."""
+        if self.loaded is None:
+            return f"{self.model_name} (model-free, no KV cache)"
+        loaded = self.loaded
+        return f"{loaded.source} ({loaded.dtype}, {loaded.device}, {self.kv_cache.num_blocks} KV blocks)"
 
     def info(self) -> common_pb2.ServiceInfo:
         """A snapshot of model and KV occupancy; read without the lock, so Info never waits behind a forward."""
         runner = self.engine.runner
-        return common_pb2.ServiceInfo(
+        info = common_pb2.ServiceInfo(
             role=self.role,
             service_version=service_version(),
-            model_name=self.loaded.name,
-            vocab_size=runner.vocab_size,
-            max_context=runner.max_context,
-            dtype=str(runner.dtype).removeprefix("torch."),
-            device=str(runner.device),
-            kv_blocks_total=runner.cache.num_blocks,
-            kv_blocks_free=runner.cache.num_free_blocks,
-            block_size=runner.cache.block_size,
+            model_name=self.model_name,
+            vocab_size=runner.vocab_size or 0,  # 0: a model-free draft told no vocabulary (TANDEM_VOCAB_SIZE)
             num_live_seqs=len(runner.seqs),
             weights_offloaded=False,
         )
+        cache = self.kv_cache
+        if cache is None:  # model-free: no weights, no context limit, no KV blocks (the fields stay 0)
+            info.dtype, info.device = "none", "cpu"
+            return info
+        info.max_context = runner.max_context
+        info.dtype = str(runner.dtype).removeprefix("torch.")
+        info.device = str(runner.device)
+        info.kv_blocks_total = cache.num_blocks
+        info.kv_blocks_free = cache.num_free_blocks
+        info.block_size = cache.block_size
+        return info
 
     def close(self) -> None:
         """Stop the engine thread once its current call (if any) ends."""

@@ -15,7 +15,9 @@ What ``launch`` does, in order::
 
 The draft is optional: when the pair's draft model is not prepared (or
 ``draft=False``) the scheduler runs without one and every request decodes
-plainly. Each child writes its log to ``log_dir/{role}.log``; a child that
+plainly. ``draft_model="ngram"`` (or ``ngram:MIN-MAX``) serves model-free
+prompt lookup instead, which needs no preparation; it is told the target's
+vocabulary size (read from the target's config.json) to check token ids. Each child writes its log to ``log_dir/{role}.log``; a child that
 dies while starting fails the launch with the tail of its log. Children run in
 their own session, so a Ctrl-C at the terminal reaches the launcher only,
 which then stops them in order (SIGTERM, SIGKILL after a grace period).
@@ -23,6 +25,7 @@ which then stops them in order (SIGTERM, SIGKILL after a grace period).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -55,7 +58,10 @@ class LaunchConfig(BaseModel):
     pair: str = Field("demo", description="Model pair (tandem models list).")
     home: Path | None = Field(None, description="Tandem home; unset = $TANDEM_HOME or ~/.cache/tandem.")
     target_model: str | None = Field(None, description="Target model path or name; unset = the pair's.")
-    draft_model: str | None = Field(None, description="Draft model path or name; unset = the pair's.")
+    draft_model: str | None = Field(
+        None,
+        description="Draft model path or name, or ngram[:MIN-MAX] for model-free prompt lookup; unset = the pair's.",
+    )
     draft: bool = Field(True, description="Run a draft service (when its model is prepared).")
     host: str = Field("127.0.0.1", description="Interface every service listens on.")
     port: int = Field(50051, ge=0, le=65535, description="Public port of the scheduler; 0 = any free port.")
@@ -120,13 +126,13 @@ def start(config: LaunchConfig) -> LaunchedStack:
 
     settings = ServiceSettings(pair=config.pair, home=config.home)
     target_path = settings.model_copy(update={"model": config.target_model}).model_path("target")  # fails early
-    draft_path = _draft_path(settings, config)
+    draft_model = _draft_model(settings, config)
     log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="tandem-up-"))
     log_dir.mkdir(parents=True, exist_ok=True)
 
     host = config.host
     target = f"{_dial(host)}:{_free_port(host)}"
-    draft = f"{_dial(host)}:{_free_port(host)}" if draft_path is not None else None
+    draft = f"{_dial(host)}:{_free_port(host)}" if draft_model is not None else None
     scheduler = f"{_dial(host)}:{config.port or _free_port(host)}"
     metrics_port = None if config.metrics_port is None else (config.metrics_port or _free_port(host))
     endpoints = Endpoints(
@@ -156,7 +162,7 @@ def start(config: LaunchConfig) -> LaunchedStack:
             ),
         }
         if draft is not None:
-            envs["draft"] = _env(config, draft, TANDEM_MODEL=str(draft_path))
+            envs["draft"] = _env(config, draft, TANDEM_MODEL=draft_model, TANDEM_VOCAB_SIZE=_vocab_size(target_path))
         for role, env in envs.items():  # all at once: imports and model loading overlap
             stack.processes[role] = _spawn(role, env, log_dir)
         _wait_serving(stack, config.startup_timeout_s)
@@ -166,23 +172,39 @@ def start(config: LaunchConfig) -> LaunchedStack:
         raise
 
 
-def _draft_path(settings, config: LaunchConfig) -> Path | None:
-    """The draft to serve: an explicit one must exist; the pair's is skipped until it is fully prepared."""
+def _draft_model(settings, config: LaunchConfig) -> str | None:
+    """The draft's TANDEM_MODEL: an explicit model must exist, an ngram spec must parse; the pair's
+    model is skipped until it is fully prepared."""
+    from services.settings import parse_ngram_spec
     from shared.engine.errors import ModelLoadError
     from shared.models.paths import is_prepared
 
     if not config.draft:
         return None
+    try:
+        if parse_ngram_spec(config.draft_model) is not None:
+            return config.draft_model.strip()  # model-free: nothing to find or prepare
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
     if config.draft_model:
-        return settings.model_copy(update={"model": config.draft_model}).model_path("draft")
+        return str(settings.model_copy(update={"model": config.draft_model}).model_path("draft"))
     try:
         path = settings.model_path("draft")
         if not is_prepared(path):  # e.g. still being written by the distillation script
             raise ModelLoadError(f"{path} is not marked prepared")
-        return path
+        return str(path)
     except ModelLoadError as exc:
         print(f"note: no draft ({exc}); requests decode without speculation", file=sys.stderr)
         return None
+
+
+def _vocab_size(target_path: Path) -> str:
+    """The target's vocabulary size from its config.json ("" = unknown, e.g. a bare .gguf: then the
+    n-gram draft does not check token ids; the scheduler still checks prompts against the target's)."""
+    try:
+        return str(int(json.loads((target_path / "config.json").read_text())["vocab_size"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
 
 
 def _env(config: LaunchConfig, address: str, **extra: str) -> dict[str, str]:

@@ -103,11 +103,7 @@ async def start_model_service(settings: ServiceSettings, role: str, service: str
         tracer_provider=provider,
         grace_s=settings.shutdown_grace_s,
     )
-    loaded = engine_host.loaded
-    log.info(
-        "%s serving %s (%s, %s) on %s, %d KV blocks",
-        role, loaded.source, loaded.dtype, loaded.device, running.address, engine_host.engine.runner.cache.num_blocks,
-    )  # fmt: skip
+    log.info("%s serving %s on %s", role, engine_host.describe(), running.address)
     return running
 
 

@@ -7,7 +7,7 @@
 Environment names are the field names upper-cased behind the prefix: the
 contract docker-compose.yml and deploy/README.md document (TANDEM_HOST,
 TANDEM_PORT, TANDEM_SERVICE_NAME, TANDEM_TRACE_EXPORTER, TANDEM_OTLP_ENDPOINT,
-TANDEM_HOME, TANDEM_PAIR, TANDEM_MODEL, TANDEM_DEVICE, TANDEM_DTYPE, and for
+TANDEM_HOME, TANDEM_PAIR, TANDEM_MODEL, TANDEM_DEVICE, TANDEM_DTYPE, TANDEM_VOCAB_SIZE, and for
 the scheduler TANDEM_TARGET_ADDR, TANDEM_DRAFT_ADDR, TANDEM_REDIS_URL,
 TANDEM_METRICS_PORT, TANDEM_QUEUE_POLICY, TANDEM_SPECULATION_POLICY,
 TANDEM_TOKEN_BUDGET, TANDEM_PROFILE).
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from shared.engine.config import EngineConfig
 from shared.engine.errors import ModelLoadError
@@ -33,6 +33,36 @@ Role = Literal["scheduler", "target", "draft"]
 
 # Where each role listens when no port is configured (the ports docker-compose.yml uses).
 DEFAULT_PORTS: dict[str, int] = {"scheduler": 50051, "target": 50052, "draft": 50053}
+
+NGRAM = "ngram"  # the draft "model" that selects prompt lookup (shared/engine/ngram_drafter.py)
+DEFAULT_NGRAM = (1, 4)
+
+
+def parse_ngram_spec(spec: str | None) -> tuple[int, int] | None:
+    """``"ngram"`` -> (1, 4), ``"ngram:2-5"`` -> (2, 5), ``"ngram:3"`` -> (3, 3); None for a model path or name.
+
+    Raises ValueError for a malformed spec (``"ngram:"``, ``"ngram:4-1"``, ``"ngram:x"``), so a
+    typo fails at startup instead of being looked up as a model directory.
+    """
+    if spec is None:
+        return None
+    spec = spec.strip()
+    if spec == NGRAM:
+        return DEFAULT_NGRAM
+    if not spec.startswith(NGRAM + ":"):
+        return None
+    low, dash, high = spec[len(NGRAM) + 1 :].partition("-")
+    if not (low.isdigit() and (high.isdigit() if dash else True)):
+        raise ValueError(f"malformed n-gram draft {spec!r}: use ngram or ngram:MIN-MAX, e.g. ngram:1-4")
+    min_ngram, max_ngram = int(low), int(high) if dash else int(low)
+    if not 1 <= min_ngram <= max_ngram:
+        raise ValueError(f"malformed n-gram draft {spec!r}: need 1 <= MIN <= MAX")
+    return min_ngram, max_ngram
+
+
+def ngram_name(min_ngram: int, max_ngram: int) -> str:
+    """The canonical spec, which is also the model name the draft service reports: ``ngram:1-4``."""
+    return f"{NGRAM}:{min_ngram}-{max_ngram}"
 
 
 class ServiceSettings(BaseModel):
@@ -64,7 +94,14 @@ class ServiceSettings(BaseModel):
     model: str | None = Field(
         None,
         description="Model to serve: a directory or .gguf path, a model name under <home>/models, "
-        "or a role of the pair (target, draft); unset = the pair's model for this service's role.",
+        "or a role of the pair (target, draft); unset = the pair's model for this service's role. "
+        "The draft service also takes ngram or ngram:MIN-MAX: model-free prompt lookup, no weights.",
+    )
+    vocab_size: int | None = Field(
+        None,
+        ge=1,
+        description="The target's vocabulary size, for an ngram draft (which has no model to read it from) "
+        "to refuse out-of-range token ids as a model draft does; unset = token ids are not checked there.",
     )
     device: str = Field("auto", description="auto (CUDA when available, else CPU), cpu, cuda, cuda:N.")
     dtype: str = Field("auto", description="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16, float16.")
@@ -101,6 +138,12 @@ class ServiceSettings(BaseModel):
         description="Profile file of the target (B, cost model); unset = the newest under "
         "<home>/profiles/<target model>/, else the Redis blob profile:<target model>.",
     )
+
+    @field_validator("model")
+    @classmethod
+    def _check_ngram_spec(cls, model: str | None) -> str | None:
+        parse_ngram_spec(model)  # a malformed ngram:... fails here, when the process reads its settings
+        return model
 
     @classmethod
     def from_env(
@@ -140,6 +183,16 @@ class ServiceSettings(BaseModel):
         fields = {"block_size": self.block_size, "num_blocks": self.num_blocks, "kv_cache_bytes": self.kv_cache_bytes}
         return EngineConfig(**{k: v for k, v in fields.items() if v is not None})
 
+    def ngram(self, role: Literal["target", "draft"]) -> tuple[int, int] | None:
+        """(min_ngram, max_ngram) when ``model`` selects the model-free n-gram draft, else None.
+
+        Raises ModelLoadError when it does so for the target: prompt lookup only drafts.
+        """
+        sizes = parse_ngram_spec(self.model)
+        if sizes is not None and role != "draft":
+            raise ModelLoadError(f"{self.model!r} is a model-free draft; the {role} service needs a model")
+        return sizes
+
     def model_path(self, role: Literal["target", "draft"]) -> Path:
         """The model directory or .gguf this role serves; raises ModelLoadError naming what was tried.
 
@@ -149,6 +202,8 @@ class ServiceSettings(BaseModel):
         from shared.models.paths import Paths
         from shared.models.registry import get_pair
 
+        if self.ngram(role) is not None:
+            raise ModelLoadError(f"{self.model!r} is model-free: it has no model path")
         paths = Paths.resolve(self.home)
         spec = self.model or role
         if spec in ("target", "draft"):

@@ -1,9 +1,9 @@
-"""DraftService over a DraftEngine: protobuf in, one batched engine call, protobuf out.
+"""DraftService over a DraftEngine or NgramDraftEngine: protobuf in, one batched engine call, protobuf out.
 
 Speculate first commits each sequence's ``new_tokens`` (what the target
-accepted since the last call), so the draft's KV cache follows the target,
-then drafts every chain or tree of the batch in lock-step (one forward per
-draft step, not per request). As in the target servicer, errors are raised,
+accepted since the last call), so the draft's KV cache (the n-gram draft's
+token index) follows the target, then drafts every chain or tree of the batch
+in lock-step (one forward per draft step, not per request). As in the target servicer, errors are raised,
 never caught: the error interceptor maps them to status codes.
 """
 
@@ -14,6 +14,7 @@ import grpc.aio
 from services.engine_host import EngineHost
 from services.spans import annotate
 from shared.engine.draft_engine import DraftEngine
+from shared.engine.ngram_drafter import NgramDraftEngine
 from shared.engine.types import ForwardCost, PrefillItem, SpecItem, TokenTree
 from shared.rpc.convert import CallTimer, cost_to_pb, prefill_item_from_pb, spec_item_from_pb, tree_to_pb
 from shared.rpc.gen.tandem.v1 import common_pb2, draft_pb2, draft_pb2_grpc
@@ -24,7 +25,7 @@ OFFLOAD_UNIMPLEMENTED = "draft weight offload/reload is not implemented yet; the
 class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
     def __init__(self, host: EngineHost) -> None:
         self.host = host
-        self.engine: DraftEngine = host.engine
+        self.engine: DraftEngine | NgramDraftEngine = host.engine
 
     async def Prefill(
         self, request: draft_pb2.DraftPrefillRequest, context: grpc.aio.ServicerContext

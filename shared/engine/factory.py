@@ -4,7 +4,8 @@
     engine.prefill([...])                 # loaded.tokenizer / vocab_size / max_context describe the model
 
 The runner is named after role and model ("target:smollm2-135m-instruct"), so
-an OutOfBlocksError says which service ran out.
+an OutOfBlocksError says which service ran out. The model-free draft
+(``build_ngram_draft_engine``, prompt lookup) loads nothing and holds no KV cache.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from shared.engine.config import EngineConfig
 from shared.engine.draft_engine import DraftEngine
 from shared.engine.loading import LoadedModel, load_causal_lm
+from shared.engine.ngram_drafter import NgramDraftEngine
 from shared.engine.runner import ModelRunner
 from shared.engine.target_engine import TargetEngine
 
@@ -44,6 +46,13 @@ def build_draft_engine(
     """Load a local HF directory or .gguf and wrap it in a DraftEngine; raises ModelLoadError."""
     loaded, runner = _load("draft", source, device, dtype, engine_config, with_tokenizer)
     return DraftEngine(runner), loaded
+
+
+def build_ngram_draft_engine(
+    min_ngram: int = 1, max_ngram: int = 4, *, vocab_size: int | None = None
+) -> NgramDraftEngine:
+    """Prompt lookup behind DraftEngine's interface; ``vocab_size`` (the target's) enables token-id checks."""
+    return NgramDraftEngine(vocab_size, min_ngram=min_ngram, max_ngram=max_ngram)
 
 
 def _load(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from sdk import Client
-from services.launcher import LaunchConfig, launch
+from services.launcher import LaunchConfig, LaunchError, launch
 
 
 def test_launch_generate_stop(tiny_pair, reference, tmp_path):
@@ -30,3 +32,33 @@ def test_launch_generate_stop(tiny_pair, reference, tmp_path):
     assert all(p.returncode is not None for p in processes.values())
     assert not redis.running
     assert {p.name for p in (tmp_path / "logs").iterdir()} == {"target.log", "draft.log", "scheduler.log"}
+
+
+def test_launch_with_ngram_draft(tiny_pair, reference, tmp_path):
+    """`tandem up --draft-model ngram:1-3`: no draft model to find or prepare; told the target's vocabulary."""
+    target_dir, _ = tiny_pair
+    config = LaunchConfig(
+        target_model=str(target_dir),
+        draft_model="ngram:1-3",
+        port=0,
+        metrics_port=None,
+        device="cpu",
+        log_dir=tmp_path / "logs",
+        startup_timeout_s=120,
+    )
+    prompt = [7, 8, 9] * 3
+    with launch(config) as stack, Client(stack.endpoints.scheduler, timeout=60) as client:
+        assert stack.endpoints.draft is not None
+        draft = client.info().draft
+        assert (draft.model_name, draft.vocab_size, draft.kv_blocks_total) == ("ngram:1-3", 512, 0)
+        result = client.generate(prompt, max_new_tokens=24, speculation=3)
+    assert result.token_ids == reference.greedy(prompt, 24)
+    assert result.stats.num_accepted_tokens > 0
+
+
+def test_malformed_ngram_draft_fails_the_launch_before_anything_starts(tiny_pair, tmp_path):
+    config = LaunchConfig(target_model=str(tiny_pair[0]), draft_model="ngram:4-2", log_dir=tmp_path / "logs")
+    with pytest.raises(LaunchError, match="malformed n-gram draft 'ngram:4-2'"):
+        with launch(config):
+            pass
+    assert not list((tmp_path / "logs").glob("*.log"))

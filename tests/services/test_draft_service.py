@@ -1,4 +1,5 @@
-"""DraftService over a real grpc.aio server: batched chain/tree speculation, bad input, Offload stubs."""
+"""DraftService over a real grpc.aio server: batched chain/tree speculation, bad input, Offload stubs,
+and the same service running the model-free n-gram draft."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ import asyncio
 
 import grpc
 import grpc.aio
+import pydantic
 import pytest
 
 from shared.rpc.channel import aio_channel
 from shared.rpc.gen.tandem.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 from shared.rpc.server import DRAFT_SERVICE
-from tests.support.model_services import NUM_BLOCKS, greedy_reference, health_status, serving
+from tests.support.model_services import NUM_BLOCKS, greedy_reference, health_status, model_settings, serving
 
 
 def prefill_item(seq_id: str, prompt: list[int]) -> common_pb2.PrefillItem:
@@ -116,3 +118,99 @@ def test_bad_input_and_offload_stubs(tiny_model_dir):
             draft.engine_host.engine.runner.check_accounting()
 
     asyncio.run(main())
+
+
+def test_ngram_draft_serves_prompt_lookup(tiny_model_dir):
+    """TANDEM_MODEL=ngram:1-3: no model, no KV cache; drafts what followed the last n-gram earlier on."""
+    #         0  1  2  3  4  5  6  7  8
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8]
+
+    async def main():
+        async with (
+            serving(tiny_model_dir, "ngram:1-3", vocab_size=512) as (_, draft),
+            aio_channel(draft.address) as channel,
+        ):
+            assert await health_status(draft.address, DRAFT_SERVICE) == "SERVING"
+            stub = draft_pb2_grpc.DraftServiceStub(channel)
+            info = await stub.Info(common_pb2.InfoRequest())
+            assert (info.role, info.model_name, info.vocab_size, info.dtype, info.device) == (
+                "draft", "ngram:1-3", 512, "none", "cpu"
+            )  # fmt: skip
+            assert (info.kv_blocks_total, info.kv_blocks_free, info.block_size, info.max_context) == (0, 0, 0, 0)
+            reply = await stub.Prefill(
+                draft_pb2.DraftPrefillRequest(items=[prefill_item("c", prompt), prefill_item("t", prompt)])
+            )
+            assert reply.costs[0].num_seqs == 2
+            reply = await stub.Speculate(
+                draft_pb2.SpeculateRequest(
+                    items=[
+                        # the target accepted 9: "7 8 9" matches positions 2-4, what followed is "5 6 7 8"
+                        draft_pb2.SpecItem(seq_id="c", new_tokens=[9], chain=draft_pb2.ChainShape(length=4)),
+                        draft_pb2.SpecItem(seq_id="t", new_tokens=[1], tree=draft_pb2.TreeShape(depth=2, width=2)),
+                    ]
+                )
+            )
+            chain, tree = reply.outputs
+            assert list(chain.tree.token_ids) == [5, 6, 7, 8] and list(chain.tree.parent_ids) == [-1, 0, 1, 2]
+            assert list(chain.tree.draft_probs) == [1.0] * 4
+            assert list(tree.tree.token_ids) == []  # "... 8 1": nothing earlier to look up
+            assert len(reply.costs) == 1 and reply.timing.forward_ns == reply.costs[0].duration_ns
+
+            assert (await stub.Info(common_pb2.InfoRequest())).num_live_seqs == 2
+            released = await stub.Release(common_pb2.ReleaseRequest(seq_ids=["c", "t", "never-seen"]))
+            assert (released.num_released, released.kv_blocks_free) == (2, 0)
+            assert (await stub.Info(common_pb2.InfoRequest())).num_live_seqs == 0
+
+    asyncio.run(main())
+
+
+def test_ngram_draft_bad_input_gets_a_status(tiny_model_dir):
+    async def main():
+        async with (
+            serving(tiny_model_dir, "ngram", vocab_size=512) as (_, draft),
+            aio_channel(draft.address) as channel,
+        ):
+            stub = draft_pb2_grpc.DraftServiceStub(channel)
+            await stub.Prefill(draft_pb2.DraftPrefillRequest(items=[prefill_item("live", [1, 2, 3, 1, 2])]))
+            P, S, item = draft_pb2.DraftPrefillRequest, draft_pb2.SpeculateRequest, draft_pb2.SpecItem
+            cases = [
+                ("unknown seq", stub.Speculate(S(items=[item(seq_id="ghost", new_tokens=[1])])), "NOT_FOUND", "ghost"),
+                ("duplicate", stub.Prefill(P(items=[prefill_item("live", [1])])), "ALREADY_EXISTS", "already live"),
+                ("empty prompt", stub.Prefill(P(items=[prefill_item("x", [])])), "INVALID_ARGUMENT", "empty prompt"),
+                ("OOV prompt", stub.Prefill(P(items=[prefill_item("x", [1, 512])])), "INVALID_ARGUMENT", "token id 512"),
+                (
+                    "OOV new token",
+                    stub.Speculate(S(items=[item(seq_id="live", new_tokens=[1 << 20])])),
+                    "INVALID_ARGUMENT",
+                    "outside the vocabulary",
+                ),
+                (
+                    "chain too long",
+                    stub.Speculate(
+                        S(items=[item(seq_id="live", new_tokens=[3], chain=draft_pb2.ChainShape(length=33))])
+                    ),
+                    "INVALID_ARGUMENT",
+                    "chain length",
+                ),
+                ("offload", stub.Offload(draft_pb2.OffloadRequest()), "UNIMPLEMENTED", "Nightjar"),
+            ]
+            for what, call, code, fragment in cases:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await call
+                assert err.value.code() == getattr(grpc.StatusCode, code), (what, err.value.details())
+                assert fragment in err.value.details(), (what, err.value.details())
+            # nothing above touched the live sequence: "1 2" still finds "3 1 2" after it
+            reply = await stub.Speculate(
+                S(items=[item(seq_id="live", new_tokens=[3], chain=draft_pb2.ChainShape(length=2))])
+            )
+            assert list(reply.outputs[0].tree.token_ids) == [1, 2]
+            info = await stub.Info(common_pb2.InfoRequest())
+            assert (info.num_live_seqs, info.model_name) == (1, "ngram:1-4")
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("model", ["ngram:3-1", "ngram:x"])
+def test_malformed_ngram_draft_fails_at_startup(model):
+    with pytest.raises(pydantic.ValidationError, match="malformed n-gram draft"):
+        model_settings(model)

@@ -1,4 +1,4 @@
-"""ServiceSettings: the TANDEM_* contract of docker-compose.yml, model resolution, engine config."""
+"""ServiceSettings: the TANDEM_* contract of docker-compose.yml, model resolution, ngram drafts, engine config."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pydantic
 import pytest
 import yaml
 
-from services.settings import ServiceSettings
+from services.settings import ServiceSettings, ngram_name, parse_ngram_spec
 from shared.engine.errors import ModelLoadError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,3 +63,27 @@ def test_model_path_resolution(tmp_path):
         ServiceSettings(home=home, model="nope").model_path("target")
     with pytest.raises(ModelLoadError, match="unknown model pair"):
         ServiceSettings(home=home, pair="nope").model_path("target")
+
+
+@pytest.mark.parametrize(
+    "spec, sizes",
+    [("ngram", (1, 4)), ("ngram:2-5", (2, 5)), ("ngram:3", (3, 3)), (" ngram:1-4 ", (1, 4)), ("ngram-x", None)],
+)
+def test_ngram_spec(spec, sizes):
+    assert parse_ngram_spec(spec) == sizes
+    s = ServiceSettings(model=spec, vocab_size=512)
+    assert s.ngram("draft") == sizes
+    if sizes is not None:
+        assert ngram_name(*sizes) == f"ngram:{sizes[0]}-{sizes[1]}"
+        with pytest.raises(ModelLoadError, match="model-free"):  # no path to load
+            s.model_path("draft")
+        with pytest.raises(ModelLoadError, match="target service needs a model"):
+            s.ngram("target")
+
+
+@pytest.mark.parametrize("spec", ["ngram:", "ngram:4-1", "ngram:0-2", "ngram:x", "ngram:1-", "ngram:1-2-3"])
+def test_malformed_ngram_spec_fails_when_settings_are_read(spec):
+    with pytest.raises(ValueError, match="malformed n-gram draft"):
+        parse_ngram_spec(spec)
+    with pytest.raises(pydantic.ValidationError, match="ngram:MIN-MAX|MIN <= MAX"):
+        ServiceSettings.from_env(env={"TANDEM_MODEL": spec})

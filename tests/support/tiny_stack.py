@@ -2,6 +2,7 @@
 
     with tiny_stack(target_dir, draft_dir) as stack:     # tiny models: save_tiny_pair(directory)
         Client(stack.address).generate([1, 2, 3], max_new_tokens=8)
+    with tiny_stack(target_dir, "ngram:1-4", vocab_size=VOCAB) as stack:   # the model-free draft
 
 All three services run on one event loop in a background thread
 (loop_thread.py), each with its own in-memory span exporter, so a test can
@@ -81,7 +82,8 @@ class Reference:
 
 
 @contextmanager
-def tiny_stack(target_dir: Path, draft_dir: Path) -> Iterator[Stack]:
+def tiny_stack(target_dir: Path, draft_dir: Path | str, **draft_overrides: Any) -> Iterator[Stack]:
+    """``draft_dir``: a model directory or an ngram spec; ``draft_overrides``: more draft settings."""
     from services.draft.main import start as start_draft
     from services.scheduler.main import start as start_scheduler
     from services.settings import ServiceSettings
@@ -94,7 +96,7 @@ def tiny_stack(target_dir: Path, draft_dir: Path) -> Iterator[Stack]:
         cleanup.callback(redis.stop)
         target = loop.run(start_target(ServiceSettings(model=str(target_dir), **common)))
         cleanup.callback(lambda: loop.run(target.stop()))
-        stack = Stack(loop, target, None, None, redis.url, ServiceSettings(model=str(draft_dir), **common))
+        stack = Stack(loop, target, None, None, redis.url, ServiceSettings(model=str(draft_dir), **common, **draft_overrides))
         stack.draft = loop.run(start_draft(stack.draft_settings))
         cleanup.callback(lambda: loop.run(stack.draft.stop()))  # the current one: tests may restart it
         stack.scheduler = loop.run(
