@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from shared.engine import vocab_subset
 from shared.engine.errors import ModelLoadError
 
 DTYPES: dict[str, torch.dtype] = {
@@ -114,6 +115,12 @@ def load_causal_lm(
         )
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
         raise ModelLoadError(f"cannot load a causal LM from {str(path)!r}: {e}") from e
+    subset = vocab_subset.read(model_dir)
+    if subset is not None:  # a draft that only ever proposes its target's frequent tokens
+        try:
+            vocab_subset.install(model, subset)
+        except ValueError as e:
+            raise ModelLoadError(f"{str(path)!r}: bad {vocab_subset.FILE_NAME}: {e}") from e
     model.to(torch_device)
     model.eval()
     model.requires_grad_(False)

@@ -1,7 +1,7 @@
 """Named draft/target pairs and whether each model is on disk.
 
     pair   target                                draft
-    demo   smollm2-135m-instruct (from PyPI)     smollm2-draft (made by the distillation script)
+    demo   smollm2-135m-instruct (from PyPI)     smollm2-draft (target layers + committed distilled adapter)
     tiny   tiny-target (random llama, 2 layers)  tiny-draft (random llama, 1 layer)
 
 A model with no ``prepare`` function is produced by another tool; it counts as
@@ -59,6 +59,12 @@ def _prepare_smollm2(paths: Paths, console: Console, force: bool) -> Path:
     return smollm2.prepare(paths, console, force=force)
 
 
+def _prepare_smollm2_draft(paths: Paths, console: Console, force: bool) -> Path:
+    from shared.models import smollm2_draft
+
+    return smollm2_draft.prepare(paths, console, force=force)
+
+
 def _tiny_preparer(name: str, **kwargs) -> PrepareFn:
     def prepare(paths: Paths, console: Console, force: bool) -> Path:
         out = paths.model_dir(name)
@@ -88,8 +94,8 @@ PAIRS: dict[str, ModelPair] = {
         ),
         draft=ModelSpec(
             name="smollm2-draft",
-            description="small draft distilled from the SmolLM2 target (same tokenizer)",
-            producer="the distillation script (not written yet)",
+            description="3 of the target's layers + distilled LoRA, 8k-token head (same tokenizer)",
+            prepare=_prepare_smollm2_draft,
         ),
     ),
     "tiny": ModelPair(
