@@ -4,7 +4,7 @@
 #   make setup    .venv with the pinned CPU torch + tandem[dev], then gRPC code
 #   make models   prepare the demo pair's models under $TANDEM_HOME (default ~/.cache/tandem)
 #   make test     setup + models, then the whole test suite
-#   make demo | trace-ui | bench-engine | bench | clean | distclean
+#   make demo | trace-ui | profile | bench-engine | bench | bench-slo | clean | distclean
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -19,7 +19,7 @@ TORCH := torch==2.13.0
 PAIR ?= demo
 PYTEST_ARGS ?=
 
-.PHONY: help setup protos models test demo trace-ui bench-engine bench clean distclean
+.PHONY: help setup protos models test demo trace-ui profile bench-engine bench bench-slo clean distclean
 
 help:
 	@sed -n '4,8p' Makefile | sed 's/^# \{0,1\}//'
@@ -69,6 +69,20 @@ trace-ui:
 # Passive OpenMP waits: spinning threads distort timings badly when the cores are shared.
 bench-engine: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.engine_bench
+
+# The target's verify latency vs batched tokens and context on this machine: budget B and the cost model,
+# stored under $TANDEM_HOME/profiles/<model>/; the scheduler reads them at startup (README, AdaServe).
+profile: setup models
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR)
+
+# AdaServe's comparison (bench.harness --slo): target-only, tandem-k3, SpecInfer tree, EqualGreedy, GlobalGreedy
+# and AdaServe on the 60/20/20 stringent/moderate/relaxed mix, vs request rate and vs share of stringent requests.
+# Profiles the target first when this machine has no profile of it. Results: bench/results/slo-$(PAIR)/.
+# BENCH_ARGS refines the run (e.g. --sweep-requests 8 --rate-factors 2,4).
+BENCH_ARGS ?=
+bench-slo: setup models
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --slo --pair $(PAIR) --name slo-$(PAIR) $(BENCH_ARGS)
 
 # Every benchmark; add new ones as prerequisites.
 bench: bench-engine

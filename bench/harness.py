@@ -3,6 +3,7 @@
     python -m bench.harness                         # `make bench`: the short default suite, demo pair
     python -m bench.harness --long                  # longer sweeps (more prompts, repeats, rates, concurrency)
     python -m bench.harness --pair tiny --name smoke --batch1 target-only,tandem-k3 --sweep ''
+    python -m bench.harness --slo                   # `make bench-slo`: AdaServe's comparison (SLO_SWEEP)
 
 What one run does::
 
@@ -15,6 +16,9 @@ What one run does::
                     classes and the sweep rates scale from it (bench.slo)
         sweep       open-loop Poisson at each rate, configurations back to back, order rotated
         closed      closed-loop at each concurrency (--concurrency / --long)
+        mix         open-loop Poisson at one rate (share_rate_factor x capacity), the share of
+                    stringent requests varied (--stringent-shares; the rest split evenly
+                    between moderate and relaxed), configurations back to back
     stop the stack: the services flush their spans; bench.overhead splits iteration time
     results.json, PNGs (bench.plots), rich tables   under bench/results/<name>/
 
@@ -22,6 +26,13 @@ Configurations (bench.configs): target-only, tandem-k<K>, policy:<name>,
 hf-target, hf-assisted, hf-assisted-heuristic. Tandem configurations that
 differ only in per-request speculation share a stack; HF peers join the batch-1
 rotation of the first stack (they cannot serve concurrent load).
+
+``--slo`` (``slo_options``) is AdaServe's evaluation (§6.2): the mixed
+three-class workload, plain decoding, a fixed chain, the SpecInfer tree,
+EqualGreedy, GlobalGreedy and AdaServe side by side, SLO attainment and
+goodput vs request rate and vs the share of stringent requests. The tree
+policies' budget B is what the launched scheduler reads (TANDEM_TOKEN_BUDGET,
+else the target's profile from `tandem profile`); results.json records it.
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import typer
@@ -53,6 +64,11 @@ from sdk.client import AsyncClient
 
 RESULTS_ROOT = Path(__file__).resolve().parent / "results"
 DEFAULT_PROMPT_MIX = {"chat": 0.5, "code": 0.25, "summarize": 0.25}
+# AdaServe's comparison (§6.2): no speculation, a fixed chain, the fixed SpecInfer tree, the two
+# budgeted greedy baselines, and AdaServe itself.
+SLO_SWEEP = ("target-only", "tandem-k3", "policy:specinfer", "policy:equal_greedy", "policy:global_greedy",
+             "policy:adaserve")  # fmt: skip
+SLO_STRINGENT_SHARES = (0.2, 0.4, 0.6, 0.8, 1.0)
 
 
 @dataclass
@@ -80,6 +96,32 @@ class BenchOptions:
     traces: bool = True  # span sink + overhead breakdown
     max_prompt_tokens: int = 768
     queue_policy: str = "fcfs"
+    stringent_shares: list[float] = field(default_factory=list)  # mix phase: shares of stringent requests
+    share_rate_factor: float = 2.0  # mix phase rate, x batch-1 capacity (or share_rate req/s when set)
+    share_rate: float | None = None
+
+
+def slo_options(**overrides) -> BenchOptions:
+    """`make bench-slo`: the SLO_SWEEP configurations on the 60/20/20 mix, over rates and stringent shares."""
+    preset = BenchOptions(
+        name="slo",
+        batch1=[],
+        sweep=list(SLO_SWEEP),
+        sweep_requests=24,
+        rate_factors=[1.0, 2.0, 3.0, 4.0, 6.0],
+        slo_mix=dict(ADASERVE_MIX),
+        stringent_shares=list(SLO_STRINGENT_SHARES),
+        share_rate_factor=3.0,
+    )
+    return replace(preset, **overrides)
+
+
+def share_mix(stringent: float) -> dict[str, float]:
+    """The SLO mix with ``stringent`` of the requests stringent, the rest split evenly (AdaServe §6.2)."""
+    if not 0.0 <= stringent <= 1.0:
+        raise ValueError(f"a share of stringent requests is in [0, 1], got {stringent}")
+    rest = (1.0 - stringent) / 2
+    return {"stringent": stringent, "moderate": rest, "relaxed": rest}
 
 
 # --- one run --------------------------------------------------------------------------------------
@@ -116,10 +158,11 @@ class Harness:
             b1, sw = [c for c in b1 if not c.speculates], [c for c in sw if not c.speculates]
         return b1, sw
 
-    def _items(self, n: int, rate: float | None, max_new_tokens: int, seed_offset: int = 0) -> list[EncodedItem]:
+    def _items(self, n: int, rate: float | None, max_new_tokens: int, seed_offset: int = 0,
+               slo_mix: dict[str, float] | None = None) -> list[EncodedItem]:  # fmt: skip
         o = self.opts
         times = None if rate is None else arrivals.poisson(rate, n, o.seed + seed_offset)
-        items = build(n, arrivals=times, prompt_mix=o.prompt_mix, slo_mix=o.slo_mix,
+        items = build(n, arrivals=times, prompt_mix=o.prompt_mix, slo_mix=slo_mix or o.slo_mix,
                       max_new_tokens=max_new_tokens, seed=o.seed)  # fmt: skip
         return self.encoder.encode_all(items)
 
@@ -129,6 +172,7 @@ class Harness:
         self.target_dir = o.models.target_dir()
         self.draft_dir = o.models.draft_dir()
         self.encoder = PromptEncoder.for_model(self.target_dir, o.max_prompt_tokens)
+        self.token_budget = await token_budget(o.models, self.target_dir)
         self.eos = self.encoder.eos_token_ids
         b1, sw = self._configs()
         hf_configs = [c for c in b1 if not c.is_tandem]
@@ -169,6 +213,8 @@ class Harness:
                     await self._sweep(sw, senders, requests)
                     if o.concurrency:
                         await self._closed(sw, senders, requests)
+                    if o.stringent_shares:
+                        await self._shares(sw, senders, requests)
         if stack.sink is not None:
             spans = stack.sink.spans()
             groups: dict[tuple[str, str, str], str] = {}
@@ -254,6 +300,24 @@ class Harness:
                                            requests, "open")  # fmt: skip
                     self.log(f"sweep {load} req/s {c.name}: {run.wall_s:.1f} s")
 
+    def _share_rate(self) -> float:
+        o = self.opts
+        if o.share_rate is not None:
+            return o.share_rate
+        one = self.baseline_ttft_s + (o.sweep_max_new_tokens - 1) * self.baseline_tpot_ms / 1e3
+        return o.share_rate_factor / one
+
+    async def _shares(self, configs: list[Config], senders, requests) -> None:
+        o, rate = self.opts, self._share_rate()
+        for si, share in enumerate(o.stringent_shares):
+            # the same arrivals and prompts for every share: only the SLO classes change
+            items = self._items(o.sweep_requests, rate, o.sweep_max_new_tokens, seed_offset=200, slo_mix=share_mix(share))
+            load = f"stringent={share:g}"
+            for c in rotated(configs, si):
+                run = await self._send("mix", load, c, self._jobs(c, f"mix{si}", 0, items), senders, requests,
+                                       "open")  # fmt: skip
+                self.log(f"mix {load} at {rate:.3g} req/s {c.name}: {run.wall_s:.1f} s")
+
     async def _closed(self, configs: list[Config], senders, requests) -> None:
         o = self.opts
         for ci, conc in enumerate(o.concurrency):
@@ -283,7 +347,10 @@ class Harness:
                            "prompt_tokens": [len(e.prompt_ids) for e in self.b1_items]},
                 "sweep": {"requests_per_load": o.sweep_requests, "max_new_tokens": o.sweep_max_new_tokens,
                           "slo_mix": o.slo_mix, "prompt_mix": o.prompt_mix},
+                "mix": {"stringent_shares": o.stringent_shares,
+                        "rate": self._share_rate() if o.stringent_shares and self.baseline_tpot_ms else None},
             },  # fmt: skip
+            "token_budget": self.token_budget,
             "notes": self.notes,
         }
         b1_records = self.records["batch1"].get("batch=1", {})
@@ -307,7 +374,7 @@ class Harness:
                     row[f"paired_speedup_vs_{key}"] = report.paired_speedup(b1_records, name, ref)
             if "target-only" in b1_records and name != "target-only":
                 row["lossless_vs_target_only"] = report.lossless(b1_records, name, "target-only")
-        for phase in ("sweep", "closed"):
+        for phase in ("sweep", "closed", "mix"):
             out[phase] = {}
             for load, per_config in self.records.get(phase, {}).items():
                 out[phase][load] = {}
@@ -324,6 +391,19 @@ class Harness:
         if delta:
             extra["per_position_acceptance"] = prom.per_position_acceptance(delta)
         return extra
+
+
+async def token_budget(models: Models, target_dir: Path) -> dict:
+    """B as the launched scheduler will find it (TANDEM_TOKEN_BUDGET, else the target's profile on disk)."""
+    from types import SimpleNamespace
+
+    from services.scheduler.budget import load_budget
+    from services.settings import ServiceSettings
+
+    name = target_dir.stem if target_dir.suffix == ".gguf" else target_dir.name  # what the target reports
+    info = SimpleNamespace(model_name=name, device=models.device, dtype=models.dtype)
+    budget = await load_budget(ServiceSettings.from_env(home=models.home), info)
+    return {"value": budget.token_budget, "source": budget.source}
 
 
 def machine(threads: int) -> dict:
@@ -377,8 +457,15 @@ def _ints(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x.strip()]
 
 
+# --slo: these options (CLI name -> BenchOptions field) take slo_options()'s values unless given
+SLO_PRESET = {"name": "name", "batch1": "batch1", "sweep": "sweep", "sweep_requests": "sweep_requests",
+              "rate_factors": "rate_factors", "stringent_shares": "stringent_shares",
+              "share_rate_factor": "share_rate_factor"}  # fmt: skip
+
+
 @app.command()
 def main(
+    ctx: typer.Context,
     name: str = typer.Option("default", help="Results go to bench/results/<name>/."),
     pair: str = typer.Option("demo", help="Model pair (tandem models list)."),
     home: Path | None = typer.Option(None, help="TANDEM_HOME with the prepared models."),
@@ -397,7 +484,11 @@ def main(
     seed: int = typer.Option(0),
     threads: int = typer.Option(2, help="torch threads of the HF peers."),
     traces: bool = typer.Option(True, help="Collect spans for the overhead breakdown."),
+    stringent_shares: str = typer.Option("", help="Mix phase: shares of stringent requests, e.g. 0.2,0.6,1."),
+    share_rate_factor: float = typer.Option(3.0, help="Mix phase rate, x the batch-1 request rate."),
     long: bool = typer.Option(False, "--long", help="Longer suite: 16 prompts x 2, rates 0.5..4, concurrency 1..8."),
+    slo: bool = typer.Option(False, "--slo", help="AdaServe's comparison (make bench-slo): SLO_SWEEP configurations, "
+                             "60/20/20 mix, rates 1..6 x capacity, stringent shares 0.2..1; options given refine it."),
 ) -> None:
     opts = BenchOptions(
         name=name,
@@ -415,6 +506,8 @@ def main(
         seed=seed,
         threads=threads,
         traces=traces,
+        stringent_shares=_floats(stringent_shares),
+        share_rate_factor=share_rate_factor,
     )
     if long:
         opts.num_prompts, opts.repeats = max(prompts, 16), max(repeats, 2)
@@ -422,6 +515,14 @@ def main(
         opts.rate_factors = [0.5, 1.0, 2.0, 3.0, 4.0]
         opts.concurrency = opts.concurrency or [1, 2, 4, 8]
         opts.batch1 = opts.batch1 + [c for c in ("hf-assisted-heuristic",) if c not in opts.batch1 and opts.batch1]
+    if slo:
+        preset = slo_options()
+        # by name: typer may carry a click of its own, whose ParameterSource is another class
+        given = {k for k in ctx.params if getattr(ctx.get_parameter_source(k), "name", "") == "COMMANDLINE"}
+        for option, fld in SLO_PRESET.items():
+            if option not in given:
+                setattr(opts, fld, getattr(preset, fld))
+        opts.slo_mix = dict(preset.slo_mix)
     run_bench(opts)
 
 

@@ -1,7 +1,8 @@
 """PNG figures of a results dict (matplotlib, Agg backend: no display needed).
 
     batch1_throughput.png     tokens/s per configuration at batch 1
-    load_<phase>.png          latency p50/p99, goodput and SLO attainment vs request rate (or concurrency)
+    load_<phase>.png          latency p50/p99, goodput and SLO attainment vs request rate (sweep),
+                              concurrency (closed) or share of stringent requests (mix)
     acceptance.png            accepted draft tokens per step (histogram), per configuration
     position_acceptance.png   acceptance by draft position, per configuration
 """
@@ -45,7 +46,7 @@ def load_curves(results: dict, phase: str, out: Path) -> Path | None:
     loads = list(data)
     xs = [float(x.split("=")[1]) for x in loads]
     configs = list(dict.fromkeys(c for per in data.values() for c in per))  # first-seen order
-    xlabel = "request rate (req/s)" if phase == "sweep" else "concurrency"
+    xlabel = {"sweep": "request rate (req/s)", "closed": "concurrency", "mix": "share of stringent requests"}[phase]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for name in configs:
         pts = [(x, data[load][name]["summary"]) for x, load in zip(xs, loads) if name in data[load]]
@@ -109,6 +110,7 @@ def all_plots(results: dict, out: Path) -> list[Path]:
         batch1_throughput(results, out),
         load_curves(results, "sweep", out),
         load_curves(results, "closed", out),
+        load_curves(results, "mix", out),
         acceptance_hist(results, out),
         position_acceptance(results, out),
     ]

@@ -108,7 +108,9 @@ def batch1_table(results: dict) -> Table:
 
 
 def load_table(results: dict, phase: str) -> Table:
-    table = Table(title=f"{phase}: SLO classes scaled to baseline TPOT {results['baseline_tpot_ms']:.1f} ms")
+    budget = results.get("token_budget") or {}
+    b = f"; tree budget B = {budget['value']} ({budget['source']})" if budget.get("value") else ""
+    table = Table(title=f"{phase}: SLO classes scaled to baseline TPOT {results['baseline_tpot_ms']:.1f} ms{b}")
     cols = ("load", "config", "tok/s", "goodput", "attain", "stringent", "moderate", "relaxed",
             "TTFT p50 ms", "TPOT p50 ms", "latency p99 s", "overhead")  # fmt: skip
     for c in cols:
@@ -137,6 +139,6 @@ def print_tables(results: dict, console: Console | None = None) -> None:
     console = console or Console()
     if results.get("batch1"):
         console.print(batch1_table(results))
-    for phase in ("sweep", "closed"):
+    for phase in ("sweep", "closed", "mix"):
         if results.get(phase):
             console.print(load_table(results, phase))

@@ -2,6 +2,7 @@
 
     tandem profile                        the demo pair's target on this machine -> <home>/profiles/...
     tandem profile --pair tiny --quick    a fast smoke run
+    tandem profile --if-missing           only when this model has no profile for this hardware yet
     tandem profile --model PATH --redis-url redis://...   also publish it to Redis (blob profile:<model>)
 
 The scheduler reads it back (``services.scheduler.budget``) unless
@@ -31,6 +32,9 @@ def profile(
     quick: Annotated[bool, typer.Option(help="Small grid, one repeat: a smoke run, not a measurement.")] = False,
     redis_url: Annotated[str | None, typer.Option(help="Also store the profile in this Redis.")] = None,
     out: Annotated[Path | None, typer.Option(help="Also write the profile JSON here.")] = None,
+    if_missing: Annotated[
+        bool, typer.Option("--if-missing", help="Do nothing when this model already has a profile for this hardware.")
+    ] = False,
 ) -> None:
     """Measure verify latency vs batched tokens and context; store budget B and the cost model."""
     import torch
@@ -39,8 +43,8 @@ def profile(
     from shared.engine.factory import build_target_engine
     from shared.models.paths import Paths
     from shared.engine.errors import ModelLoadError
-    from shared.profiling.cost_model import redis_blob_name, save_profile
-    from shared.profiling.measure import measure
+    from shared.profiling.cost_model import profile_path, redis_blob_name, save_profile
+    from shared.profiling.measure import hardware_name, measure
 
     console = Console()
     if threads:
@@ -52,12 +56,17 @@ def profile(
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None
     engine, loaded = build_target_engine(path, device=device, dtype=dtype, with_tokenizer=False)
+    stored_home = Paths.resolve(home).home
+    existing = profile_path(stored_home, loaded.name, hardware_name(engine.runner.device))
+    if if_missing and existing.is_file():
+        console.print(f"{loaded.name} is already profiled on this hardware: {existing}")
+        return
     console.print(f"profiling {loaded.name} on {engine.runner.device} ...")
     kwargs = {"repeats": repeats}
     if quick:
         kwargs |= {"grid": QUICK_GRID, "context_grid": (4,), "long_context": 128, "repeats": 1}
     result = measure(engine.runner, model=loaded.name, log=console.print, **kwargs)
-    stored = save_profile(result, Paths.resolve(home).home)
+    stored = save_profile(result, stored_home)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(result.model_dump_json(indent=2) + "\n")

@@ -49,6 +49,11 @@ def test_quick_profile_of_the_tiny_target_is_stored_under_home_and_in_redis(home
         with StateStore(StoreConfig(url=redis.url)) as store:
             blob = store.get_json(redis_blob_name("tiny-target"))
         assert blob is not None and blob["token_budget"] == profile.token_budget
+
+        again = CliRunner().invoke(app, ["profile", "--pair", "tiny", "--home", str(home), "--device", "cpu",
+                                         "--if-missing"])  # fmt: skip
+        assert again.exit_code == 0 and "already profiled" in again.output
+        assert load_profile(path) == profile  # untouched
     finally:
         redis.stop()
 
