@@ -66,7 +66,12 @@ def up(
         str | None,
         typer.Option(envvar=["TANDEM_REDIS_URL", "REDIS_URL"], help="Redis to use; unset = start a local one."),
     ] = None,
-    speculation_policy: Annotated[str, typer.Option(help="Policy for AUTO requests: fixed[:K] or none.")] = "fixed",
+    speculation_policy: Annotated[
+        str,
+        typer.Option(
+            help="Policy for AUTO requests: fixed[:K], none, adaserve, global_greedy, equal_greedy, specinfer[:E]."
+        ),
+    ] = "fixed",
     draft: Annotated[bool, typer.Option(help="Run the draft service (when its model is prepared).")] = True,
     draft_model: Annotated[
         str | None,
