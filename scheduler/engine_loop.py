@@ -23,6 +23,17 @@ Failure handling:
 - target raises -> the requests of that call end FAILED with the error
   (the call is atomic, so there is nothing to salvage), and the loop goes on.
 
+Preemption (the queue policy names running requests in ``Admission.preempt``):
+the request goes back to waiting and leaves the batch. With
+``keep_kv_on_preempt`` it stays *resident*: both workers keep its KV, its
+reservation stays counted, and readmission resumes it without any worker
+call. When the reservations of running + resident requests would exceed
+``max_tokens_in_flight`` (KV pressure), resident requests are evicted, the
+policy's last-ranked first: released on both workers and later re-prefilled
+with prompt + output so far (recompute). Either way the output is what an
+uninterrupted run produces: the target continues from exactly the committed
+tokens (greedy; with sampling the per-step randomness may differ).
+
 Workers see releases only between calls (flushed right after admission and at
 the end of a step), never while one of their calls is in flight.
 
@@ -70,6 +81,11 @@ class SchedulerConfig(BaseModel):
     draft_retry_max_s: float = Field(30.0, ge=0, description="Cap of the exponential draft retry backoff.")
     stop_string_window: int = Field(
         16, ge=1, description="Extra tokens decoded beyond the longest stop string when matching stop strings."
+    )
+    keep_kv_on_preempt: bool = Field(
+        True,
+        description="A preempted request keeps its KV on both workers while the token budget allows (resumed "
+        "without a prefill); False: always released and recomputed (re-prefilled) on readmission.",
     )
     token_budget: int | None = Field(
         None,
@@ -331,15 +347,18 @@ class Scheduler:
 
     # ------------------------------------------------------------------ phases
     def _admit(self, report: StepReport) -> list[Request]:
+        """Apply the queue policy's admission; returns the requests that need a prefill (not resumed ones)."""
         cfg = self.config
         capacity = Capacity(cfg.max_batch_size, cfg.max_tokens_in_flight)
         running = list(self._running.values())
-        adm = self.queue_policy.schedule(list(self._waiting), running, capacity, self.clock.now())
+        now = self.clock.now()
+        adm = self.queue_policy.schedule(list(self._waiting), running, capacity, now)
         for req in adm.preempt:
             if req.id in self._running:
                 self._preempt(req)
                 report.preempted_ids.append(req.id)
-        # the policy proposes, the loop enforces the caps
+        # the policy proposes, the loop enforces the caps (its own reservations only: resident
+        # requests' blocks are reclaimable, below)
         num = len(self._running)
         tokens = sum(reserved_tokens(r) for r in self._running.values())
         new = []
@@ -351,9 +370,22 @@ class Scheduler:
             self._waiting.remove(req)
             req.state = RequestState.RUNNING
             self._running[req.id] = req
-            new.append(req)
+            if req.resident:
+                req.resident = False  # resumed: both workers still hold everything it committed
+                report.resumed_ids.append(req.id)
+            else:
+                new.append(req)
             num += 1
             tokens += reserved_tokens(req)
+        # KV pressure: resident requests keep their blocks only while everything fits
+        resident = [r for r in self._waiting if r.resident]
+        excess = tokens + sum(reserved_tokens(r) for r in resident) - cfg.max_tokens_in_flight
+        if excess > 0:
+            for req in reversed(self.queue_policy.order(resident, now)):
+                if excess <= 0:
+                    break
+                self._evict(req)
+                excess -= reserved_tokens(req)
         return new
 
     async def _prefill(self, new: list[Request], report: StepReport) -> None:
@@ -511,8 +543,9 @@ class Scheduler:
         now = self.clock.now()
         req.state, req.finish_reason, req.finish_time = state, reason, now
         req.error, req.error_code = error, error_code
-        if self._running.pop(req.id, None) is not None:
+        if self._running.pop(req.id, None) is not None or req.resident:
             self._release_target.append(req.id)
+            req.resident = False
         if req.on_draft:
             self._release_draft.append(req.id)
             req.on_draft = False
@@ -553,13 +586,22 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         del self._running[req.id]
+        req.state = RequestState.WAITING
+        req.num_preemptions += 1
+        self._waiting.append(req)
+        if self.config.keep_kv_on_preempt:
+            req.resident = True
+        else:
+            self._evict(req)
+
+    def _evict(self, req: Request) -> None:
+        """Release a waiting request's KV on both workers; it is prefilled again (prompt + output) on readmission."""
+        req.resident = False
         self._release_target.append(req.id)
         if req.on_draft:
             self._release_draft.append(req.id)
             req.on_draft = False
-        req.state = RequestState.WAITING
-        req.num_preemptions += 1
-        self._waiting.append(req)
+        req.num_recomputes += 1
 
     # ------------------------------------------------------------------ workers
     def _draft_failed(self, exc: Exception, also_stale: Iterable[str] = ()) -> None:
@@ -574,7 +616,7 @@ class Scheduler:
         self._draft_up = False
         # whatever it held is unknown now: forget it, release it all on recovery
         self._draft_stale.update(also_stale)
-        for req in self._running.values():
+        for req in [*self._running.values(), *self._waiting]:  # resident requests too
             if req.on_draft:
                 req.on_draft = False
                 self._draft_stale.add(req.id)
@@ -607,6 +649,7 @@ class Scheduler:
         calls = [(self.spec_policy.observe, report)]
         calls += [(obs.on_step, report) for obs in self.observers]
         calls += [(obs.on_finish, req) for req in finished for obs in self.observers]
+        calls += [(self.queue_policy.on_finish, req) for req in finished]  # e.g. output-length history
         for fn, arg in calls:
             try:
                 out = fn(arg)
@@ -628,6 +671,7 @@ def _record_acceptance(req: Request, tree: TokenTree, res: AcceptResult) -> None
     for d in range(res.num_accepted):
         req.position_accepted[d] += 1
     req.accepted_lens.append(res.num_accepted)
+    req.drafted_depths.append(max_depth)
     req.num_drafted_tokens += len(tree)
     req.num_accepted_tokens += res.num_accepted
 

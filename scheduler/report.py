@@ -40,6 +40,7 @@ class StepReport:
     prefilled_ids: list[str] = field(default_factory=list)
     num_prefill_tokens: int = 0  # tokens emitted by target prefill (first tokens)
     preempted_ids: list[str] = field(default_factory=list)
+    resumed_ids: list[str] = field(default_factory=list)  # preempted requests readmitted with their KV kept
     failed_ids: list[str] = field(default_factory=list)
     draft_available: bool = False  # at the end of the step
     draft_error: str | None = None  # the draft failure this step, if any

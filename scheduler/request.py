@@ -86,15 +86,18 @@ class Request:
 
     # --- speculation history (for policies and metrics) --------------------------------------
     accepted_lens: list[int] = field(default_factory=list)  # accepted draft tokens per speculative step
+    drafted_depths: list[int] = field(default_factory=list)  # depth of the verified tree per speculative step
     position_drafted: list[int] = field(default_factory=list)  # [depth] steps whose tree reached depth
     position_accepted: list[int] = field(default_factory=list)  # [depth] steps that accepted a node at depth
     num_drafted_tokens: int = 0  # tree nodes sent to verification
     num_accepted_tokens: int = 0  # of which accepted
     attained_service_s: float = 0.0  # summed duration of the steps it ran in (LAPS-SD's E_i)
     num_preemptions: int = 0
+    num_recomputes: int = 0  # preemptions that released its KV, so it was prefilled again
 
     # --- worker bookkeeping (scheduler-private) ------------------------------------------------
     on_draft: bool = False  # the draft worker holds this sequence
+    resident: bool = False  # preempted but still holding its KV on the target (resumes without a prefill)
     draft_seen: int = 0  # tokens of tokens() the draft has been given
 
     # --- derived -----------------------------------------------------------------------------
@@ -134,6 +137,18 @@ class Request:
         if self.num_drafted_tokens == 0:
             return None
         return self.num_accepted_tokens / self.num_drafted_tokens
+
+    def acceptance_rates(self) -> list[float]:
+        """Cumulative acceptance rate after each speculative round: accepted / drafted depth so far.
+
+        Per position of a chain (or path of a tree), so n·rate + 1 is the expected
+        number of tokens a round of depth n emits (LAPS-SD eq. 6's A_i).
+        """
+        rates, acc, drafted = [], 0, 0
+        for a, d in zip(self.accepted_lens, self.drafted_depths):
+            acc, drafted = acc + a, drafted + d
+            rates.append(acc / drafted if drafted else 0.0)
+        return rates
 
     @property
     def mean_accepted_len(self) -> float | None:

@@ -6,9 +6,12 @@ its end, so the KV cache never runs out mid-generation and nobody has to be
 preempted for space.
 
 ``QueuePolicy.schedule`` may also name running requests to preempt (LAPS-SD's
-non-perceptible requests, §5.5): the loop releases them on both workers, puts
-them back in the queue, and later re-prefills prompt + output generated so far.
-FCFS never preempts.
+non-perceptible requests, §5.5): the loop puts them back in the queue. They keep
+their KV on both workers (``Request.resident``) while the token budget allows
+and resume without a prefill; under KV pressure the loop evicts them (released
+on both workers) and later re-prefills prompt + output generated so far. See
+scheduler/engine_loop.py. FCFS never preempts; the preemptive policies
+(``las``, ``laps-sd``) build on ``preemptive.py``.
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ class QueuePolicy:
 
     def order(self, waiting: Sequence[Request], now: float) -> list[Request]:
         raise NotImplementedError
+
+    def on_finish(self, req: Request) -> None:
+        """Called once per request that ended (any state), after the step; e.g. to learn output lengths."""
 
     def schedule(
         self, waiting: Sequence[Request], running: Sequence[Request], capacity: Capacity, now: float

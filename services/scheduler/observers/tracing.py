@@ -110,6 +110,11 @@ class RequestTracer:
             live = self._live.get(request_id)
             if live is not None and live.queue is None:
                 live.queue = self._child(live.span, "queue", {"tandem.preempted": True})
+        for request_id in report.resumed_ids:  # readmitted with its KV kept: no prefill ends the wait
+            live = self._live.get(request_id)
+            if live is not None and live.queue is not None:
+                live.queue.end()
+                live.queue = None
 
     def on_finish(self, request: Request) -> None:
         live = self._live.pop(request.id, None)
