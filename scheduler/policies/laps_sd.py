@@ -1,0 +1,85 @@
+"""LAPS-SD: least-attained/perceived-service order for speculative decoding (LAPS-SD §4, Algorithm 1).
+
+    arrival ─▶ Q1, non-perceptible                      (Alg. 1 lines 1-3)
+    each round: E_i += round time, demote to Q_level(E_i)   (§4.2, priority_queues.py)
+                acceptance stable over γ rounds ─▶ perceptible (lines 11-13, acceptance_stability.py)
+                  T̃_i by eq. 6 from A_i, predicted remaining length and profiled costs
+    order:  inter-queue   Q1 before Q2 ... before QK                 (InterQueueSchedule, lines 5-9)
+            intra-queue   perceptible first, shortest T̃_i first (SJF);
+                          then non-perceptible, first come first served (line 16)
+    preemption: running non-perceptible requests may lose their slot to
+            better-ranked requests (preemptive.py); perceptible ones never do,
+            so their growing KV is never switched out.
+
+Requests with speculation OFF have nothing to learn (each round emits one
+token): they are perceptible from the start with A_i = 0. ``priority``, when
+set, ranks before everything (as in FCFS).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from scheduler.policies.acceptance_stability import Stability
+from scheduler.policies.length_predictor import ClassHistoryPredictor, LengthPredictor
+from scheduler.policies.preemptive import ranked_admission
+from scheduler.policies.priority_queues import QueueLevels
+from scheduler.policies.queue import Admission, Capacity, QueuePolicy
+from scheduler.policies.remaining_time import SDCosts, remaining_time
+from scheduler.request import Request, SpecMode
+
+
+@dataclass(frozen=True)
+class LapsConfig:
+    levels: QueueLevels = field(default_factory=QueueLevels)
+    stability: Stability = field(default_factory=Stability)
+    costs: SDCosts = field(default_factory=SDCosts)
+
+
+class LapsSD(QueuePolicy):
+    name = "laps-sd"
+
+    def __init__(self, config: LapsConfig | None = None, predictor: LengthPredictor | None = None) -> None:
+        self.config = config or LapsConfig()
+        self.predictor = predictor or ClassHistoryPredictor()
+
+    # ------------------------------------------------------------------ per request
+    def perceived_acceptance(self, req: Request) -> float | None:
+        """A_i once the request is perceptible, else None."""
+        if req.speculation.mode is SpecMode.OFF:
+            return 0.0
+        return self.config.stability.predicted_acceptance(req.acceptance_rates())
+
+    def estimated_remaining_s(self, req: Request, acceptance: float) -> float:
+        """Eq. 6 with L_i = predicted remaining tokens and n = the request's mean drafted depth."""
+        depths = req.drafted_depths
+        n = sum(depths) / len(depths) if depths and acceptance > 0 else 0.0
+        remaining = max(1.0, self.predictor.predict(req) - req.num_generated)
+        costs = self.config.costs
+        ctx = req.num_tokens
+        return remaining_time(remaining, acceptance, n, costs.draft_token_s(ctx), costs.verify_s(ctx, n))
+
+    def rank(self, req: Request) -> tuple:
+        """(priority, queue, 0 perceptible | 1 not, T̃ | arrival, arrival): lower runs first."""
+        level = self.config.levels.level(req.attained_service_s)
+        arrival = req.arrival_time if req.arrival_time is not None else float("inf")
+        a = self.perceived_acceptance(req)
+        if a is None:
+            return (req.priority, level, 1, arrival, arrival)
+        return (req.priority, level, 0, self.estimated_remaining_s(req, a), arrival)
+
+    # ------------------------------------------------------------------ QueuePolicy
+    def order(self, waiting: Sequence[Request], now: float) -> list[Request]:
+        return sorted(waiting, key=self.rank)
+
+    def schedule(
+        self, waiting: Sequence[Request], running: Sequence[Request], capacity: Capacity, now: float
+    ) -> Admission:
+        ranks = {r.id: self.rank(r) for r in [*waiting, *running]}  # once per request per step
+        return ranked_admission(
+            waiting, running, capacity, key=lambda r: ranks[r.id], pinned=lambda r: ranks[r.id][2] == 0
+        )
+
+    def on_finish(self, req: Request) -> None:
+        self.predictor.observe(req)

@@ -1,0 +1,55 @@
+"""Remaining execution time of a perceptible request (LAPS-SD §4.3, eq. 6).
+
+    T̃_i = n·L_i·T_SSM / (n·A_i + 1)  +  L_i·T_LLM / (n·A_i + 1)          (6)
+          └── speculation ─────────┘    └── verification ──────┘
+
+n: draft tokens per round (the request's mean drafted depth), A_i: its
+predicted acceptance rate (acceptance_stability.py), so n·A_i + 1 tokens are
+expected per round (accepted drafts + the target's bonus token) and
+L_i / (n·A_i + 1) rounds remain; T_SSM: one draft forward (one drafted token),
+T_LLM: one verification forward. (The paper's prose swaps the two names; the
+equation, followed here, charges T_SSM per drafted token.) L_i here is the
+*remaining* predicted length (length_predictor.py), since a request in
+progress has only that much left to run.
+
+Costs come from the profiled cost models, T_fwd = α·N_context + γ·N_batched + δ
+(shared/profiling/cost_model.py), for this request alone at its context: its
+verification forward batches n + 1 tokens, a draft forward one. Without a
+draft profile T_SSM is ``draft_cost_ratio`` of a target decode; without any
+profile both are in units of one target decode (T_LLM = 1), which still ranks
+requests correctly when every request speculates alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.profiling.cost_model import CostModel
+
+
+@dataclass(frozen=True)
+class SDCosts:
+    """Where eq. 6's T_SSM and T_LLM come from."""
+
+    target: CostModel | None = None  # the target's fitted T_fwd (profiler)
+    draft: CostModel | None = None  # the draft's, when profiled
+    draft_cost_ratio: float = 0.1  # T_SSM / (target decode) when the draft has no profile
+
+    def verify_s(self, context: int, depth: float) -> float:
+        """T_LLM: one verification forward of ``depth`` drafted tokens + the bonus position."""
+        if self.target is None:
+            return 1.0
+        return max(self.target.predict(context, depth + 1), 1e-9)
+
+    def draft_token_s(self, context: int) -> float:
+        """T_SSM: one draft forward (one drafted token)."""
+        if self.draft is not None:
+            return max(self.draft.predict(context, 1), 1e-9)
+        base = 1.0 if self.target is None else max(self.target.predict(context, 1), 1e-9)
+        return self.draft_cost_ratio * base
+
+
+def remaining_time(remaining_tokens: float, acceptance: float, depth: float, t_ssm: float, t_llm: float) -> float:
+    """Eq. 6: rounds still needed, L/(n·A + 1), times the cost of a round, n·T_SSM + T_LLM."""
+    rounds = max(remaining_tokens, 0.0) / (depth * acceptance + 1.0)
+    return rounds * (depth * t_ssm + t_llm)
