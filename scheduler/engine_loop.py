@@ -64,6 +64,7 @@ from scheduler.report import RequestOutcome, StepReport
 from scheduler.request import FinishReason, Request, RequestState, validate_request
 from scheduler.workers import Clock, DraftWorker, IterationObserver, RealClock, TargetWorker
 from shared.engine.types import AcceptResult, PrefillItem, TokenTree, VerifyItem
+from shared.profiling.cost_model import CostModel
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,12 @@ class SchedulerConfig(BaseModel):
         ge=1,
         description="Verify tokens per target forward before it turns compute-bound (AdaServe's B, from the "
         "profiler); handed to the policies in SpecContext. None = not profiled (policies use their own default).",
+    )
+    cost_model: CostModel | None = Field(
+        None, description="The target's fitted T_fwd (profiler), handed to the policies in SpecContext."
+    )
+    draft_cost_model: CostModel | None = Field(
+        None, description="The draft's fitted T_fwd per forward, when it was profiled; in SpecContext."
     )
 
 
@@ -297,6 +304,8 @@ class Scheduler:
             step=self._num_steps,
             draft_available=self._draft_up,
             token_budget=self.config.token_budget,
+            cost_model=self.config.cost_model,
+            draft_cost_model=self.config.draft_cost_model,
         )
         try:
             shapes = plan_shapes(self.spec_policy, batch, ctx)

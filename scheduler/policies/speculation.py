@@ -14,7 +14,9 @@ Room for the papers, all as subclasses of ``SpeculationPolicy``:
 - SmartSpec / Nightjar / FASER choose a chain length per batch or per request
   in ``decide`` and learn from ``observe`` (each ``StepReport`` carries the
   phase timings and per-request accepted lengths they need); SmartSpec's
-  prefill-disabling rule is ``wants_draft``.
+  prefill-disabling rule is ``wants_draft`` (``smartspec.py``, ``faser.py``).
+  What they learn lives in a ``SharedState`` (``shared_state``), which the
+  scheduler process keeps in Redis.
 - AdaServe returns ``SpecShape.tree(d, w)`` (eq. 8-9) here and prunes the
   candidate trees under the budget in the ``TreeSelector`` its
   ``tree_selector`` returns (``adaserve.py``, ``selection.py``).
@@ -32,6 +34,8 @@ from shared.engine.types import SpecItem
 if TYPE_CHECKING:
     from scheduler.policies.selection import TreeSelector
     from scheduler.report import StepReport
+    from scheduler.policies.shared_state import SharedState
+    from shared.profiling.cost_model import CostModel
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,8 @@ class SpecContext:
     step: int  # iteration number
     draft_available: bool
     token_budget: int | None = None  # AdaServe's B (verify tokens before compute-bound), when profiled
+    cost_model: CostModel | None = None  # the target's T_fwd (SmartSpec eq. 7), when profiled
+    draft_cost_model: CostModel | None = None  # the draft's T_fwd per forward, when profiled
 
 
 class SpeculationPolicy:
@@ -125,6 +131,10 @@ class SpeculationPolicy:
     def tree_selector(self) -> TreeSelector | None:
         """The selector that prunes this policy's trees (AdaServe's), used when the scheduler is given
         none; None = verify every drafted node."""
+        return None
+
+    def shared_state(self) -> SharedState | None:
+        """What this policy learns, to be kept in Redis and shared by replicas (None: nothing to keep)."""
         return None
 
 

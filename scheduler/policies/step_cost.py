@@ -1,0 +1,175 @@
+"""What one speculative step costs: T_batch = T_draft + T_target (SmartSpec §4.3, eq. 4-7).
+
+Every forward costs (eq. 7)::
+
+    T_fwd(M) = alpha_M * N_context + gamma_M * N_batched + delta_M
+
+For a step where request i (context c_i tokens) drafts a chain of k_i tokens:
+
+    T_target = alpha_t * sum(c_i) + gamma_t * sum(k_i + 1) + delta_t              (eq. 6)
+    T_draft  = sum_{j=1..max k} T_fwd(draft; requests still drafting at j)      (eq. 5)
+             = [max k > 0] * c_d + max_k * delta_d + sum_i k_i * (gamma_d + alpha_d * c_i)
+
+(c_d: the speculate call's own overhead, an RPC here). Regrouped, the step is
+separable except for the max::
+
+    T(k) = T0 + sum_i k_i * u_i + max_k * delta_d + [max_k > 0] * c_d
+    T0   = delta_t + gamma_t * n + alpha_t * sum(c_i)        u_i = gamma_t + gamma_d + alpha_d * c_i
+
+which is what lets the policies optimise goodput exactly (smartspec.py).
+
+Where the coefficients come from: the profiler's fit of the target
+(``SpecContext.cost_model``) and of the draft where one was profiled
+(``SpecContext.draft_cost_model``) are the prior; every step then refines
+them by least squares with forgetting (``OnlineFit``) on the measured verify
+and speculate times, so RPC overhead and whatever the profile missed are
+learned. Without a profile the prior is a weak generic one. The fits are
+JSON state, merged across replicas like any learned state (shared_state.py).
+
+Pure: numpy, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from shared.profiling.cost_model import CostModel
+
+# Feature scales: coefficients are fitted on features divided by these, so one ridge prior fits all.
+TARGET_SCALES = (1.0, 16.0, 4096.0)  # 1, N_batched, N_context
+DRAFT_SCALES = (1.0, 4.0, 32.0, 16384.0)  # [speculating], max k, sum k, sum k * context
+
+DEFAULT_TARGET = CostModel(alpha_s=0.0, gamma_s=1e-3, delta_s=20e-3)
+DEFAULT_DRAFT = CostModel(alpha_s=0.0, gamma_s=2e-4, delta_s=4e-3)  # per draft forward
+
+
+class StepCostConfig(BaseModel):
+    forgetting: float = Field(
+        0.98, gt=0.0, le=1.0, description="Weight left to past steps per new step (0.98: about the last 50 count)."
+    )
+    prior_steps: float = Field(2.0, gt=0.0, description="Weight of the generic prior, in steps.")
+    profiled_prior_steps: float = Field(8.0, gt=0.0, description="Weight of a profiled prior, in steps.")
+    draft_call_s: float = Field(2e-3, ge=0.0, description="Prior of c_d, the speculate call's own cost.")
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Coefficients of T(k) above, in seconds."""
+
+    delta_t: float
+    gamma_t: float
+    alpha_t: float
+    call_d: float
+    delta_d: float
+    gamma_d: float
+    alpha_d: float
+
+    def base(self, contexts: np.ndarray) -> float:
+        """T0: the step without speculation (plain decoding of the batch)."""
+        return self.delta_t + self.gamma_t * len(contexts) + self.alpha_t * float(contexts.sum())
+
+    def per_token(self, contexts: np.ndarray) -> np.ndarray:
+        """u_i: what one more drafted token of request i costs, beyond the draft's per-depth term."""
+        return self.gamma_t + self.gamma_d + self.alpha_d * contexts
+
+    def step(self, ks: Sequence[int] | np.ndarray, contexts: Sequence[int] | np.ndarray) -> float:
+        """T_batch for chain lengths ``ks`` (eq. 4-7)."""
+        ks = np.asarray(ks, dtype=float)
+        ctx = np.asarray(contexts, dtype=float)
+        k_max = float(ks.max()) if len(ks) else 0.0
+        draft = (self.call_d + k_max * self.delta_d) if k_max > 0 else 0.0
+        return self.base(ctx) + float((ks * self.per_token(ctx)).sum()) + draft
+
+    def uniform(self, k: float, batch_size: int, context_sum: float) -> float:
+        """T_batch when all ``batch_size`` requests draft ``k`` (a mean is fine: FASER's GP prior mean)."""
+        if batch_size <= 0:
+            return 0.0
+        t = self.delta_t + self.gamma_t * batch_size * (k + 1) + self.alpha_t * context_sum
+        if k > 0:
+            t += self.call_d + k * self.delta_d + k * (self.gamma_d * batch_size + self.alpha_d * context_sum)
+        return t
+
+
+class OnlineFit:
+    """Least squares y ~ theta . x with exponential forgetting and a ridge prior; state is JSON."""
+
+    def __init__(self, scales: Sequence[float], prior: Sequence[float], prior_steps: float, forgetting: float):
+        self.scales = np.asarray(scales, dtype=float)
+        self.prior = np.asarray(prior, dtype=float) * self.scales  # in scaled units
+        self.prior_steps = prior_steps
+        self.forgetting = forgetting
+
+    def empty(self) -> dict[str, Any]:
+        d = len(self.scales)
+        return {"xtx": [[0.0] * d for _ in range(d)], "xty": [0.0] * d, "n": 0.0}
+
+    def update(self, state: dict[str, Any], x: Sequence[float], y: float) -> dict[str, Any]:
+        z = np.asarray(x, dtype=float) / self.scales
+        rho = self.forgetting
+        xtx = rho * np.asarray(state["xtx"]) + np.outer(z, z)
+        xty = rho * np.asarray(state["xty"]) + z * y
+        return {"xtx": xtx.tolist(), "xty": xty.tolist(), "n": rho * state["n"] + 1.0}
+
+    def solve(self, state: dict[str, Any]) -> np.ndarray:
+        """Coefficients in real units, clipped at 0 (no cost is negative)."""
+        lam = self.prior_steps
+        a = np.asarray(state["xtx"]) + lam * np.eye(len(self.scales))
+        b = np.asarray(state["xty"]) + lam * self.prior
+        theta = np.linalg.solve(a, b)
+        return np.maximum(theta, 0.0) / self.scales
+
+
+class StepCostModel:
+    """The target and draft fits: their JSON state, how a step updates it, and the current ``StepCost``."""
+
+    def __init__(
+        self,
+        target: CostModel | None = None,
+        draft: CostModel | None = None,
+        config: StepCostConfig | None = None,
+    ) -> None:
+        cfg = self.config = config or StepCostConfig()
+        t, d = target or DEFAULT_TARGET, draft or DEFAULT_DRAFT
+        self.target = OnlineFit(
+            TARGET_SCALES, (t.delta_s, t.gamma_s, t.alpha_s),
+            cfg.profiled_prior_steps if target else cfg.prior_steps, cfg.forgetting,
+        )  # fmt: skip
+        self.draft = OnlineFit(
+            DRAFT_SCALES, (cfg.draft_call_s, d.delta_s, d.gamma_s, d.alpha_s),
+            cfg.profiled_prior_steps if draft else cfg.prior_steps, cfg.forgetting,
+        )  # fmt: skip
+
+    def empty(self) -> dict[str, Any]:
+        return {"target": self.target.empty(), "draft": self.draft.empty()}
+
+    def apply(self, state: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
+        """Fold one step's measurement (``event`` from ``measurement``) into ``state``."""
+        state = dict(state)
+        if event.get("verify_s") is not None:
+            state["target"] = self.target.update(state["target"], event["x_target"], event["verify_s"])
+        if event.get("speculate_s") is not None:
+            state["draft"] = self.draft.update(state["draft"], event["x_draft"], event["speculate_s"])
+        return state
+
+    def current(self, state: dict[str, Any]) -> StepCost:
+        dt, gt, at = self.target.solve(state["target"])
+        cd, dd, gd, ad = self.draft.solve(state["draft"])
+        return StepCost(dt, gt, at, cd, dd, gd, ad)
+
+    @staticmethod
+    def measurement(
+        ks: Sequence[int], contexts: Sequence[int], verify_s: float, speculate_s: float | None
+    ) -> dict[str, Any]:
+        """The event of one step: chain lengths and contexts verified, and the times the loop measured."""
+        ks = [int(k) for k in ks]
+        n_batched = sum(k + 1 for k in ks)
+        event: dict[str, Any] = {"verify_s": verify_s, "x_target": [1.0, n_batched, float(sum(contexts))]}
+        if speculate_s is not None and any(ks):
+            event["speculate_s"] = speculate_s
+            event["x_draft"] = [1.0, max(ks), sum(ks), float(sum(k * c for k, c in zip(ks, contexts)))]
+        return event
