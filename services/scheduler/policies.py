@@ -9,10 +9,15 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                   global_greedy    most probable nodes under B, no SLOs         GlobalGreedy
                   equal_greedy     B split evenly, greedy per request           EqualGreedy
                   specinfer[:E]    fixed tree, expansion E (1-1-3-1-1-1-1-1)    SpecInferTree(E)
+                  smartspec[:K]    goodput-optimal k for the batch, k <= K (8)  SmartSpec (granularity batch)
+                  smartspec-request[:K]  ... a k per request (alpha per request) SmartSpec (granularity request)
+                  smartspec-conf[:T]     draft until confidence < T (0.5),     SmartSpecConfidence
+                                         verify the goodput-optimal prefix
+                  faser[:K]        per-request k by GP-LCB, k <= K (8)          Faser
     queue         fcfs             first come first served, priority first      FCFS
 
-Later policies (smartspec, nightjar, faser, adaserve, laps-sd) register here
-under the names DESIGN §5 gives them.
+Later policies (nightjar, laps-sd) register here under the names DESIGN §5
+gives them.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from scheduler.policies.adaserve import AdaServe, EqualGreedy, GlobalGreedy, SpecInferTree
+from scheduler.policies.faser import Faser, FaserConfig
+from scheduler.policies.smartspec import SmartSpec, SmartSpecConfidence, SmartSpecConfig
 from scheduler.policies.queue import FCFS, QueuePolicy
 from scheduler.policies.speculation import FixedChain, NoSpeculation, SpeculationPolicy
 
@@ -34,6 +41,10 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     "global_greedy": lambda arg: GlobalGreedy(),
     "equal_greedy": lambda arg: EqualGreedy(),
     "specinfer": lambda arg: SpecInferTree(_expansion(arg)) if arg else SpecInferTree(),
+    "smartspec": lambda arg: SmartSpec(SmartSpecConfig(max_k=_max_k(arg))),
+    "smartspec-request": lambda arg: SmartSpec(SmartSpecConfig(max_k=_max_k(arg), granularity="request")),
+    "smartspec-conf": lambda arg: SmartSpecConfidence(SmartSpecConfig(confidence_threshold=_threshold(arg))),
+    "faser": lambda arg: Faser(FaserConfig(max_k=_max_k(arg))),
 }
 QUEUE_POLICIES: dict[str, Callable[[], QueuePolicy]] = {
     "fcfs": FCFS,
@@ -55,6 +66,26 @@ def _chain_length(arg: str | None) -> int:
     if not arg.isdigit() or int(arg) < 1:
         raise ValueError(f"fixed:K needs a chain length K >= 1, got {arg!r}")
     return int(arg)
+
+
+def _max_k(arg: str | None) -> int:
+    if arg is None:
+        return 8
+    if not arg.isdigit() or not 1 <= int(arg) <= 32:
+        raise ValueError(f"the longest chain K must be an integer in 1..32, got {arg!r}")
+    return int(arg)
+
+
+def _threshold(arg: str | None) -> float:
+    if arg is None:
+        return 0.5
+    try:
+        value = float(arg)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"smartspec-conf:T needs a confidence threshold T in (0, 1], got {arg!r}")
+    return value
 
 
 def _expansion(arg: str) -> tuple[int, ...]:

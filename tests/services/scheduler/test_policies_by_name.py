@@ -15,7 +15,18 @@ def test_names():
     assert queue_policy("fcfs").name == "fcfs"
 
 
-@pytest.mark.parametrize("bad", ["smartspec", "fixed:0", "fixed:x", ""])
+def test_adaptive_length_names():
+    assert speculation_policy("smartspec").name == "smartspec"
+    assert speculation_policy("smartspec:5").config.max_k == 5
+    assert speculation_policy("smartspec-request").config.granularity == "request"
+    assert speculation_policy("smartspec-conf:0.3").config.confidence_threshold == 0.3
+    assert speculation_policy("faser:6").config.max_k == 6
+    for bad in ("smartspec:0", "smartspec-conf:2", "faser:x"):
+        with pytest.raises(ValueError):
+            speculation_policy(bad)
+
+
+@pytest.mark.parametrize("bad", ["no-such-policy", "fixed:0", "fixed:x", ""])
 def test_unknown_or_malformed_names_say_what_exists(bad):
     with pytest.raises(ValueError, match="fixed"):
         speculation_policy(bad)

@@ -1,0 +1,208 @@
+"""FASER's Adaptive Drafter: a speculation length per request by GP-LCB (FASER §4.1, eq. 1-4).
+
+For request i and candidate length s in S = {0 .. K_max} under the current
+batch size b, the cost per committed token is (eq. 1)::
+
+    J_i(s; b) = T^(s; b) / (s * a^_i(s; b) + eps)
+
+and request i drafts s_i* = argmin_s J_i(s; b) (eq. 2). Tandem counts the
+target's bonus token among the committed tokens, so the denominator here is
+s * a^_i(s) + 1 (+ eps): s = 0, plain decoding, is then a candidate like any
+other (J = T(0; b)), where the paper's form would divide by eps.
+
+The two factors, as the paper splits them (§4.1.1: latency is observed per
+batch and shared, acceptance is request-specific):
+
+- T^(s; b), the step latency, is a GP over (s, b) fitted to a sliding
+  window of the last ``window`` observed steps (shared by all requests, and
+  by scheduler replicas through Redis). Its prior mean is the step cost
+  model (step_cost.py: profiled T_fwd, refined online), so the GP learns
+  what that model misses. Selection is GP-LCB (eq. 3): the lower bound
+  mu - sqrt(beta) * sigma of T^ enters J, so lengths the window knows little
+  about at this batch size look cheap until tried.
+- s * a^_i(s), the expected accepted tokens of a chain of s, is
+  sum_{d < s} P_i(d), with P_i(d) the request's own acceptance rate at
+  depth d (Request.position_accepted / position_drafted), shrunk toward the
+  global rate at that depth while the request has few observations.
+
+After each step the observed cost (eq. 4) J~ = T_obs / (s * a_obs + 1) is
+what the step cost; the GP window records (s, b, context, T_obs). The
+inputs are scaled to unit ranges (s / K_max, log2 b / log2 max_batch) and
+the kernel hyperparameters are fixed (gp.py), so one iteration is one
+Cholesky of a window x window matrix: ``last_decide_s`` measures it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from scheduler.policies.gp import ExactGP
+from scheduler.policies.shared_state import SharedState, push_window
+from scheduler.policies.speculation import SpecContext, SpecShape, SpeculationPolicy
+from scheduler.policies.step_cost import StepCost, StepCostConfig, StepCostModel
+from scheduler.report import StepReport
+from scheduler.request import Request, SpecMode
+
+STATE_VERSION = 1
+
+
+class FaserConfig(BaseModel):
+    """Knobs of the Adaptive Drafter; every field has a default."""
+
+    max_k: int = Field(8, ge=1, le=32, description="Largest length in the candidate set S = {0 .. max_k}.")
+    window: int = Field(64, ge=1, le=1024, description="Observed steps the GP is fitted to (sliding window).")
+    beta: float = Field(1.0, ge=0.0, description="beta_n of eq. 3 (exploration weight of sigma).")
+    epsilon: float = Field(1e-6, gt=0.0, description="eps of eq. 1 (numerical guard).")
+    lengthscale_s: float = Field(0.35, gt=0.0, description="RBF lengthscale over s / max_k.")
+    lengthscale_b: float = Field(0.35, gt=0.0, description="RBF lengthscale over log2(b) / log2(max_batch).")
+    max_batch: int = Field(64, ge=2, description="Batch size that maps to 1 on the b axis.")
+    signal_rel: float = Field(0.3, gt=0.0, description="GP signal sd, relative to the mean observed latency.")
+    noise_rel: float = Field(0.1, gt=0.0, description="Observation noise sd, relative to the mean observed latency.")
+    prior_position_rate: float = Field(0.6, gt=0.0, lt=1.0, description="Acceptance at depth 0 before any data.")
+    position_prior_trials: float = Field(4.0, ge=0.0, description="Weight of the global rate in P_i(d).")
+    position_decay: float = Field(0.995, gt=0.0, le=1.0, description="Global depth counts: weight kept per step.")
+    cost: StepCostConfig = Field(default_factory=StepCostConfig)
+
+
+class Faser(SpeculationPolicy):
+    name = "faser"
+
+    def __init__(self, config: FaserConfig | None = None) -> None:
+        self.config = cfg = config or FaserConfig()
+        self._costs = StepCostModel(config=cfg.cost)
+        self._cost_priors: tuple[Any, Any] = (None, None)
+        self.state = SharedState(f"policy:{self.name}", STATE_VERSION, self._empty, self._apply)
+        self._last: tuple[int, dict[str, int]] | None = None  # step, id -> context tokens
+        self.last_decide_s: float | None = None  # wall time of the last decide (the GP's per-iteration cost)
+        self.last_lcb: np.ndarray | None = None  # LCB of T^(s; b) per s at the last decision
+        self.last_observed_cost: dict[str, float] = {}  # eq. 4 per request of the last observed step
+
+    # ------------------------------------------------------------------ learned state
+    def shared_state(self) -> SharedState:
+        return self.state
+
+    def _empty(self) -> dict[str, Any]:
+        return {"window": [], "drafted": [], "accepted": [], "costs": self._costs.empty()}
+
+    def _apply(self, state: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
+        state = dict(state)
+        if event.get("obs") is not None:
+            state["window"] = push_window(list(state["window"]), event["obs"], self.config.window)
+        if event.get("drafted") is not None:
+            decay = self.config.position_decay
+            for key in ("drafted", "accepted"):
+                old, new = list(state[key]), event[key]
+                width = max(len(old), len(new))
+                old += [0.0] * (width - len(old))
+                state[key] = [decay * o + (new[d] if d < len(new) else 0) for d, o in enumerate(old)]
+        if event.get("cost") is not None:
+            state["costs"] = self._costs.apply(state["costs"], event["cost"])
+        return state
+
+    def step_cost(self, ctx: SpecContext) -> StepCost:
+        priors = (ctx.cost_model, ctx.draft_cost_model)
+        if priors != self._cost_priors:
+            self._costs = StepCostModel(ctx.cost_model, ctx.draft_cost_model, self.config.cost)
+            self._cost_priors = priors
+        return self._costs.current(self.state.state["costs"])
+
+    def global_position_rates(self) -> np.ndarray:
+        """P(d): acceptance at depth d over all requests (decayed counts, prior for the unseen)."""
+        cfg = self.config
+        drafted = np.zeros(cfg.max_k)
+        accepted = np.zeros(cfg.max_k)
+        d_state, a_state = self.state.state["drafted"][: cfg.max_k], self.state.state["accepted"][: cfg.max_k]
+        drafted[: len(d_state)], accepted[: len(a_state)] = d_state, a_state
+        prior, m = cfg.prior_position_rate, cfg.position_prior_trials
+        return np.where(drafted + m > 0, (accepted + prior * m) / np.maximum(drafted + m, 1e-12), prior)
+
+    def expected_accepted(self, req: Request, global_rates: np.ndarray) -> np.ndarray:
+        """s * a^_i(s) for s = 0..max_k: sum over depths d < s of the request's P_i(d)."""
+        m = self.config.position_prior_trials
+        k = self.config.max_k
+        drafted = np.zeros(k)
+        accepted = np.zeros(k)
+        n = min(k, len(req.position_drafted))
+        drafted[:n] = req.position_drafted[:n]
+        accepted[:n] = req.position_accepted[:n]
+        denom = drafted + m
+        rates = np.where(denom > 0, (accepted + m * global_rates) / np.maximum(denom, 1e-12), global_rates)
+        return np.concatenate([[0.0], np.cumsum(rates)])
+
+    # ------------------------------------------------------------------ the GP over T^(s; b)
+    def _inputs(self, s: np.ndarray, b: np.ndarray) -> np.ndarray:
+        cfg = self.config
+        return np.stack([s / cfg.max_k, np.log2(np.maximum(b, 1.0)) / math.log2(cfg.max_batch)], axis=-1)
+
+    def latency_bounds(self, batch_size: int, context_sum: float, cost: StepCost) -> tuple[np.ndarray, np.ndarray]:
+        """(mu, sigma) of T^(s; b) for s = 0..max_k at this batch: cost-model mean + GP on the residuals."""
+        cfg = self.config
+        window = np.asarray(self.state.state["window"], dtype=float).reshape(-1, 4)  # [n, (s, b, ctx, T)]
+        s_all = np.arange(cfg.max_k + 1, dtype=float)
+        prior_now = np.array([cost.uniform(s, batch_size, context_sum) for s in s_all])
+        scale = float(window[:, 3].mean()) if len(window) else float(prior_now[0])
+        scale = max(scale, 1e-6)
+        gp = ExactGP((cfg.lengthscale_s, cfg.lengthscale_b), (cfg.signal_rel * scale) ** 2, (cfg.noise_rel * scale) ** 2)
+        if len(window):
+            prior_obs = np.array([cost.uniform(s, int(b), c) for s, b, c, _ in window])
+            gp.fit(self._inputs(window[:, 0], window[:, 1]), window[:, 3] - prior_obs)
+        mean, sd = gp.predict(self._inputs(s_all, np.full_like(s_all, batch_size)))
+        return prior_now + mean, sd
+
+    # ------------------------------------------------------------------ decisions
+    def decide(self, batch: Sequence[Request], ctx: SpecContext) -> list[SpecShape]:
+        t0 = time.perf_counter()
+        cfg = self.config
+        contexts = [r.num_tokens for r in batch]
+        mu, sd = self.latency_bounds(len(batch), float(sum(contexts)), self.step_cost(ctx))
+        lcb = np.maximum(mu - math.sqrt(cfg.beta) * sd, 1e-9)  # eq. 3 (LCB of the shared factor of J)
+        rates = self.global_position_rates()
+        shapes = []
+        for r in batch:
+            if r.speculation.mode is not SpecMode.AUTO:
+                shapes.append(SpecShape.none())  # overridden by the request's own setting
+                continue
+            cap = min(cfg.max_k, max(0, r.num_remaining - 1))
+            j = lcb[: cap + 1] / (self.expected_accepted(r, rates)[: cap + 1] + 1.0 + cfg.epsilon)  # eq. 1
+            shapes.append(SpecShape.chain(int(np.argmin(j))))  # eq. 2 (ties: the shortest)
+        self._last = (ctx.step, dict(zip((r.id for r in batch), contexts)))
+        self.last_lcb = lcb
+        self.last_decide_s = time.perf_counter() - t0
+        return shapes
+
+    # ------------------------------------------------------------------ learning
+    def observe(self, report: StepReport) -> None:
+        planned = self._last[1] if self._last is not None and self._last[0] == report.step else {}
+        outcomes = [o for o in report.outcomes if o.request_id in planned]
+        if not outcomes:
+            return
+        cfg = self.config
+        ks = [o.num_drafted for o in outcomes]
+        contexts = [planned[o.request_id] for o in outcomes]
+        t_obs = report.times.speculate + report.times.verify
+        drafted = [0] * cfg.max_k
+        accepted = [0] * cfg.max_k
+        for o in outcomes:
+            if o.shape.kind == "chain":
+                for d in range(min(o.num_drafted, cfg.max_k)):
+                    drafted[d] += 1
+                for d in range(min(o.num_accepted, cfg.max_k)):
+                    accepted[d] += 1
+        self.last_observed_cost = {
+            o.request_id: t_obs / (o.num_accepted + 1.0 + cfg.epsilon) for o in outcomes  # eq. 4
+        }
+        event: dict[str, Any] = {
+            "obs": [float(np.mean(ks)), len(report.outcomes), float(sum(contexts)), t_obs] if t_obs > 0 else None,
+        }
+        if any(drafted):
+            event["drafted"], event["accepted"] = drafted, accepted
+        if report.times.verify > 0:
+            spec_s = report.times.speculate if any(ks) else None
+            event["cost"] = StepCostModel.measurement(ks, contexts, report.times.verify, spec_s)
+        self.state.record(event)

@@ -1,0 +1,324 @@
+"""Goodput-optimal speculation length (SmartSpec §4-5, Algorithms 1-3 / App. A).
+
+Goodput is generated tokens per second of a step (eq. 3). For a batch where
+request i (token acceptance alpha_i) drafts a chain of k_i tokens::
+
+    l(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha)        tokens it generates, bonus included   (eq. 8)
+    goodput(k)  = sum_i l(alpha_i, k_i) / T_batch(k)                                           (eq. 3, 9)
+    T_batch     = T_draft + T_target                     the step cost model (step_cost.py)    (eq. 4-7)
+
+and every k_i in {0 .. K_max}; k = 0 is plain decoding (l = 1, no draft call).
+
+Two granularities (§4.4):
+
+- ``batch`` (Algorithm 1-2, the paper's default): one global alpha, one k
+  for the whole batch, argmax over k = 0..K_max.
+- ``request``: alpha per request, k per request. T(k) is separable but for
+  the draft's max-depth term, so for each depth m = 0..K_max the optimum is
+  found exactly by Dinkelbach's method: with lambda the goodput so far,
+  request i takes its j-th token while its gain alpha_i^j beats lambda
+  times its cost u_i; lambda <- G/T; repeat until it stops moving. The best
+  m wins.
+
+Alpha is a moving average (Alg. 1 line 3) over the last ``alpha_window``
+steps. What a chain of k tells about alpha: each accepted token is an
+acceptance, and a chain that stopped short adds one rejection; so alpha =
+accepted / (accepted + rejections) summed over the window (the maximum
+likelihood estimate for a geometric acceptance, which a plain
+accepted / proposed underestimates). Per request it is the same count with
+a decay, shrunk toward the global alpha while the request is young.
+
+Prefill disabling (§5): at admission, when more than
+``prefill_disable_threshold`` of the recent per-request decisions were k = 0,
+the request is not prefilled on the draft and never speculates.
+
+Confidence variant (App. A, Algorithm 3): the draft drafts up to K_max and
+stops a chain once its confidence (draft probability) drops below the
+threshold T; then the verify length of each chain is chosen by goodput
+with each drafted token's path probability as its expected acceptance
+(``select``), the draft time being already spent. Whether to draft at all
+is still the alpha-based decision above.
+
+Learned state (alpha window, decision window, step-cost fits) is a
+``SharedState`` kept in Redis by the scheduler process; per-request alphas
+live with the requests on their replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from scheduler.policies.selection import subtree
+from scheduler.policies.shared_state import SharedState, push_window
+from scheduler.policies.speculation import SpecContext, SpecShape, SpeculationPolicy
+from scheduler.policies.step_cost import StepCost, StepCostConfig, StepCostModel
+from scheduler.report import StepReport
+from scheduler.request import Request, SpecMode
+from shared.engine.types import TokenTree
+
+STATE_VERSION = 1
+
+
+class SmartSpecConfig(BaseModel):
+    """Knobs of SmartSpec; every field has a default."""
+
+    max_k: int = Field(8, ge=1, le=32, description="K_max (the paper's V): longest chain proposed.")
+    granularity: Literal["batch", "request"] = Field(
+        "batch", description="One alpha and one k for the batch (Alg. 2), or per request (§4.4)."
+    )
+    alpha_window: int = Field(32, ge=1, description="Steps in the moving average of alpha (Alg. 1 line 3).")
+    prior_alpha: float = Field(0.6, gt=0.0, lt=1.0, description="Alpha before anything was observed.")
+    prior_trials: float = Field(4.0, ge=0.0, description="Weight of prior_alpha, in observed tokens.")
+    request_decay: float = Field(0.9, gt=0.0, le=1.0, description="Per-request alpha: weight kept per step.")
+    request_prior_trials: float = Field(
+        4.0, ge=0.0, description="Per-request alpha is shrunk toward the global one with this weight (tokens)."
+    )
+    prefill_disable_threshold: float = Field(
+        0.7, ge=0.0, le=1.0, description="Share of k = 0 decisions above which new requests skip the draft (§5)."
+    )
+    prefill_window: int = Field(64, ge=1, description="Steps whose decisions the prefill rule looks at.")
+    prefill_min_decisions: int = Field(16, ge=1, description="Decisions needed before the prefill rule applies.")
+    confidence_threshold: float = Field(
+        0.0, ge=0.0, le=1.0, description="App. A: draft chains stop below this confidence; 0 = alpha variant."
+    )
+    cost: StepCostConfig = Field(default_factory=StepCostConfig)
+
+
+def expected_length(alpha: np.ndarray | float, k: np.ndarray | int) -> np.ndarray:
+    """l(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha): generated tokens, bonus included (eq. 8)."""
+    alpha = np.clip(np.asarray(alpha, dtype=float), 0.0, 1.0 - 1e-9)
+    return (1.0 - alpha ** (np.asarray(k, dtype=float) + 1.0)) / (1.0 - alpha)
+
+
+def chain_alpha_counts(num_drafted: int, num_accepted: int) -> tuple[int, int]:
+    """(acceptances, trials) a verified chain tells about alpha: a chain that stopped short adds a rejection."""
+    return num_accepted, num_accepted + (1 if num_accepted < num_drafted else 0)
+
+
+def best_uniform_k(
+    alphas: np.ndarray, free: np.ndarray, caps: np.ndarray, fixed: np.ndarray, contexts: np.ndarray,
+    cost: StepCost, max_k: int,
+) -> tuple[np.ndarray, float]:  # fmt: skip
+    """Algorithm 2 with Algorithm 1's estimate: the one k for all free requests that maximises goodput."""
+    best_ks, best_g = fixed.copy(), -1.0
+    for k in range(max_k + 1):
+        ks = np.where(free, np.minimum(k, caps), fixed)
+        g = float(expected_length(alphas, ks).sum()) / cost.step(ks, contexts)  # eq. 3, 8-9
+        if g > best_g + 1e-12:  # ties: the shorter k
+            best_ks, best_g = ks, g
+    return best_ks, best_g
+
+
+def best_request_ks(
+    gains: np.ndarray, free: np.ndarray, caps: np.ndarray, fixed: np.ndarray, contexts: np.ndarray,
+    cost: StepCost, max_k: int, sunk_s: float = 0.0, draft_terms: bool = True,
+) -> tuple[np.ndarray, float]:  # fmt: skip
+    """Per-request lengths maximising sum_i l_i(k_i) / T(k) exactly (Dinkelbach per max depth m).
+
+    ``gains[i, j-1]`` is what request i's j-th token adds to its expected length (alpha_i^j for a
+    chain of acceptance alpha_i, a path probability for a drafted chain); non-increasing in j.
+    ``sunk_s`` is time already spent (the confidence variant's drafting); ``draft_terms`` False
+    leaves the draft's per-depth costs out (drafting is over).
+    """
+    n = len(free)
+    cum = np.concatenate([np.zeros((n, 1)), np.cumsum(gains, axis=1)], axis=1)  # [n, max_k + 1]
+    u = cost.per_token(contexts) if draft_terms else np.full(n, cost.gamma_t)
+    base = cost.base(contexts) + sunk_s
+    j = np.arange(1, max_k + 1)
+
+    def goodput(ks: np.ndarray) -> float:
+        k_max = int(ks.max()) if n else 0
+        t = base + float((ks * u).sum())
+        if draft_terms and k_max > 0:
+            t += cost.call_d + k_max * cost.delta_d
+        return float((1.0 + cum[np.arange(n), ks]).sum()) / t
+
+    fixed_max = int(fixed[~free].max()) if (~free).any() else 0
+    best_ks, best_g = fixed.copy(), goodput(fixed)
+    for m in range(fixed_max, max_k + 1) if draft_terms else (max_k,):
+        limit = np.where(free, np.minimum(caps, m), fixed)
+        ks = limit.copy()
+        lam = goodput(ks)
+        for _ in range(20):
+            take = (gains > lam * u[:, None]) & (j[None, :] <= limit[:, None])  # gain beats its cost at rate lam
+            ks = np.where(free, take.sum(axis=1), fixed)
+            g = goodput(ks)
+            if abs(g - lam) <= 1e-9 * max(g, 1e-12):
+                break
+            lam = g
+        if g > best_g + 1e-12:
+            best_ks, best_g = ks, g
+    return best_ks, best_g
+
+
+class SmartSpec(SpeculationPolicy):
+    name = "smartspec"
+
+    def __init__(self, config: SmartSpecConfig | None = None) -> None:
+        self.config = cfg = config or SmartSpecConfig()
+        if cfg.granularity == "request" and type(self) is SmartSpec:
+            self.name = "smartspec-request"
+        self._costs = StepCostModel(config=cfg.cost)
+        self._cost_priors: tuple[Any, Any] = (None, None)
+        self.state = SharedState(f"policy:{self.name}", STATE_VERSION, self._empty, self._apply)
+        self._request_alpha: dict[str, list[float]] = {}  # id -> [acceptances, trials], decayed
+        self._no_draft: dict[str, None] = {}  # ids the prefill rule took off the draft (ordered: oldest first)
+        self._last: tuple[int, dict[str, tuple[int, int, bool]]] | None = None  # step, id -> (k, context, free)
+        self.last_goodput: float | None = None  # the estimate behind the last decision (traces, tests)
+
+    # ------------------------------------------------------------------ learned state
+    def shared_state(self) -> SharedState:
+        return self.state
+
+    def _empty(self) -> dict[str, Any]:
+        return {"alpha": [], "decisions": [], "costs": self._costs.empty()}
+
+    def _apply(self, state: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
+        state = dict(state)
+        if event.get("alpha") is not None:
+            state["alpha"] = push_window(list(state["alpha"]), event["alpha"], self.config.alpha_window)
+        if event.get("decisions") is not None:
+            state["decisions"] = push_window(list(state["decisions"]), event["decisions"], self.config.prefill_window)
+        if event.get("cost") is not None:
+            state["costs"] = self._costs.apply(state["costs"], event["cost"])
+        return state
+
+    def alpha(self) -> float:
+        """Global alpha: the moving average over the window, with the prior's weight (Alg. 1 line 3)."""
+        cfg = self.config
+        acc = sum(a for a, _ in self.state.state["alpha"])
+        trials = sum(t for _, t in self.state.state["alpha"])
+        return (acc + cfg.prior_alpha * cfg.prior_trials) / (trials + cfg.prior_trials) if trials else cfg.prior_alpha
+
+    def request_alpha(self, request_id: str, global_alpha: float) -> float:
+        cfg = self.config
+        acc, trials = self._request_alpha.get(request_id, (0.0, 0.0))
+        if trials + cfg.request_prior_trials <= 0:
+            return global_alpha
+        return (acc + global_alpha * cfg.request_prior_trials) / (trials + cfg.request_prior_trials)
+
+    def step_cost(self, ctx: SpecContext) -> StepCost:
+        priors = (ctx.cost_model, ctx.draft_cost_model)
+        if priors != self._cost_priors:
+            self._costs = StepCostModel(ctx.cost_model, ctx.draft_cost_model, self.config.cost)
+            self._cost_priors = priors
+        return self._costs.current(self.state.state["costs"])
+
+    # ------------------------------------------------------------------ decisions
+    def wants_draft(self, req: Request) -> bool:
+        """§5 prefill disabling: skip the draft when most recent decisions were k = 0."""
+        cfg = self.config
+        zero = sum(z for z, _ in self.state.state["decisions"])
+        total = sum(n for _, n in self.state.state["decisions"])
+        if total >= cfg.prefill_min_decisions and zero / total > cfg.prefill_disable_threshold:
+            self._no_draft[req.id] = None
+            while len(self._no_draft) > 100_000:
+                del self._no_draft[next(iter(self._no_draft))]
+            return False
+        return True
+
+    def decide(self, batch: Sequence[Request], ctx: SpecContext) -> list[SpecShape]:
+        cfg = self.config
+        n = len(batch)
+        contexts = np.array([r.num_tokens for r in batch], dtype=float)
+        free = np.array([r.speculation.mode is SpecMode.AUTO and r.id not in self._no_draft for r in batch])
+        fixed = np.array(
+            [min(r.speculation.k, max(0, r.num_remaining - 1)) if r.speculation.mode is SpecMode.FIXED else 0
+             for r in batch]
+        )  # fmt: skip
+        caps = np.array([min(cfg.max_k, max(0, r.num_remaining - 1)) for r in batch])
+        cost = self.step_cost(ctx)
+        alpha = self.alpha()
+        if cfg.granularity == "request":
+            alphas = np.array([self.request_alpha(r.id, alpha) for r in batch])
+            gains = alphas[:, None] ** np.arange(1, cfg.max_k + 1)[None, :]  # token j adds alpha^j (eq. 8)
+            ks, g = best_request_ks(gains, free, caps, fixed, contexts, cost, cfg.max_k)
+        else:
+            ks, g = best_uniform_k(np.full(n, alpha), free, caps, fixed, contexts, cost, cfg.max_k)
+        self.last_goodput = g
+        self._last = (ctx.step, {r.id: (int(k), int(c), bool(f)) for r, k, c, f in zip(batch, ks, contexts, free)})
+        return [self._shape(int(k), r, caps[i]) if free[i] else SpecShape.none() for i, (r, k) in enumerate(zip(batch, ks))]
+
+    def _shape(self, k: int, req: Request, cap: int) -> SpecShape:
+        return SpecShape.chain(k)
+
+    # ------------------------------------------------------------------ learning
+    def observe(self, report: StepReport) -> None:
+        planned = self._last[1] if self._last is not None and self._last[0] == report.step else {}
+        acc = trials = 0
+        ks, contexts = [], []
+        decay = self.config.request_decay
+        for o in report.outcomes:
+            a, t = chain_alpha_counts(o.num_drafted, o.num_accepted) if o.num_drafted else (0, 0)
+            acc, trials = acc + a, trials + t
+            if o.num_drafted:
+                old = self._request_alpha.get(o.request_id, [0.0, 0.0])
+                self._request_alpha[o.request_id] = [decay * old[0] + a, decay * old[1] + t]
+            if o.request_id in planned:
+                ks.append(o.num_drafted)
+                contexts.append(planned[o.request_id][1])
+            if o.finish_reason is not None:
+                self._forget(o.request_id)
+        for request_id in report.failed_ids + report.preempted_ids:
+            self._forget(request_id)
+        free = [k for k, _, f in planned.values() if f]
+        event: dict[str, Any] = {
+            "alpha": [acc, trials] if trials else None,
+            "decisions": [sum(1 for k in free if k == 0), len(free)] if free else None,
+        }
+        if ks and report.times.verify > 0:
+            spec_s = report.times.speculate if any(ks) else None
+            event["cost"] = StepCostModel.measurement(ks, contexts, report.times.verify, spec_s)
+        if any(v is not None for v in event.values()):
+            self.state.record(event)
+
+    def _forget(self, request_id: str) -> None:
+        self._request_alpha.pop(request_id, None)
+        self._no_draft.pop(request_id, None)
+
+
+class SmartSpecConfidence(SmartSpec):
+    """App. A: draft until confidence < T (at most K_max), then verify the goodput-optimal prefix."""
+
+    name = "smartspec-conf"
+
+    def __init__(self, config: SmartSpecConfig | None = None) -> None:
+        cfg = config or SmartSpecConfig(confidence_threshold=0.5)
+        if cfg.confidence_threshold <= 0:
+            raise ValueError("smartspec-conf needs a confidence threshold in (0, 1]")
+        super().__init__(cfg)
+
+    def _shape(self, k: int, req: Request, cap: int) -> SpecShape:
+        # the alpha model says whether to speculate at all; how far is the draft's confidence's call
+        return SpecShape.chain(int(cap), self.config.confidence_threshold) if k > 0 else SpecShape.none()
+
+    def tree_selector(self) -> SmartSpecConfidence:
+        return self
+
+    def select(self, batch: Sequence[Request], trees: list[TokenTree], ctx: SpecContext) -> list[TokenTree]:
+        """Algorithm 3 line 13 (ArgmaxGoodput): per chain, the verify length maximising the step's goodput."""
+        n = len(batch)
+        lengths = np.array([len(t) for t in trees])
+        width = int(lengths.max()) if n else 0
+        if width == 0:
+            return trees
+        contexts = np.array([r.num_tokens for r in batch], dtype=float)
+        free = np.array([r.speculation.mode is SpecMode.AUTO and _is_chain(t) for r, t in zip(batch, trees)])
+        gains = np.zeros((n, width))  # expected acceptance of each drafted token: its path probability
+        for i, tree in enumerate(trees):
+            if free[i] and len(tree):
+                probs = np.asarray(tree.draft_probs or [1.0] * len(tree), dtype=float)
+                gains[i, : len(tree)] = np.minimum.accumulate(np.cumprod(probs))
+        cost = self.step_cost(ctx)
+        sunk = cost.call_d + cost.delta_d * width + float((lengths * (cost.gamma_d + cost.alpha_d * contexts)).sum())
+        fixed = np.where(free, 0, lengths)
+        ks, _ = best_request_ks(gains, free, lengths, fixed, contexts, cost, width, sunk_s=sunk, draft_terms=False)
+        return [subtree(t, range(k)) if free[i] and k < len(t) else t for i, (t, k) in enumerate(zip(trees, ks))]
+
+
+def _is_chain(tree: TokenTree) -> bool:
+    return all(p == i - 1 for i, p in enumerate(tree.parent_ids))

@@ -1,0 +1,71 @@
+"""FASER's Adaptive Drafter on synthetic iterations: per-request GP-LCB over a sliding window."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from scheduler.policies.faser import Faser, FaserConfig
+from scheduler.policies.gp import ExactGP
+from scheduler.policies.speculation import SpecContext, plan_shapes
+from tests.scheduler.sim_reports import CHEAP_DRAFT, EXPENSIVE_VERIFY, requests, run_steps
+
+
+def test_exact_gp_interpolates_and_is_uncertain_far_away():
+    gp = ExactGP((0.3,), signal_var=1.0, noise_var=1e-4)
+    x = np.array([[0.0], [0.5], [1.0]])
+    gp.fit(x, np.sin(3 * x[:, 0]))
+    mean, sd = gp.predict(np.array([[0.5], [3.0]]))
+    assert mean[0] == pytest.approx(np.sin(1.5), abs=1e-2) and sd[0] < 0.05
+    assert sd[1] == pytest.approx(1.0, abs=1e-3)  # the prior far from data
+    empty = ExactGP((0.3,), 4.0, 0.1)
+    assert empty.predict(np.zeros((2, 1)))[1].tolist() == [2.0, 2.0]
+
+
+def test_predictable_requests_get_longer_chains_than_unpredictable_ones():
+    policy = Faser()
+    batch = requests(2)
+    chosen = run_steps(policy, batch, [0.95, 0.15], CHEAP_DRAFT, steps=80)
+    last = np.array(chosen[-10:])
+    assert last[:, 0].mean() >= 4
+    assert last[:, 0].mean() > last[:, 1].mean() + 2
+    assert len(policy.state.state["window"]) == 64  # the sliding window is full and no larger
+
+
+def test_expensive_verification_at_large_batch_means_no_speculation():
+    policy = Faser()
+    chosen = run_steps(policy, requests(48), [0.7] * 48, EXPENSIVE_VERIFY, steps=40)
+    assert np.mean(chosen[-5:]) < 0.5
+    small = run_steps(policy, requests(1, prefix="s"), [0.9], EXPENSIVE_VERIFY, steps=40, start_step=40)
+    assert np.mean(small[-5:]) >= 2  # the same policy speculates once the batch is small
+
+
+def test_state_survives_into_a_new_policy_and_events_merge():
+    a = Faser()
+    run_steps(a, requests(3), [0.8] * 3, CHEAP_DRAFT, steps=20)
+    stored = a.state.merge(None, a.state.take())
+    b = Faser()
+    b.state.adopt(stored)
+    assert b.state.state["window"] == a.state.state["window"]
+    ctx = SpecContext(0.0, 0, True)
+    batch = requests(3)
+    assert plan_shapes(a, batch, ctx) == plan_shapes(b, batch, ctx)
+
+
+def test_gp_cost_per_iteration(capsys):
+    """Not a timing assertion: prints what one decision costs with a full window (the paper: < 1 % of a step)."""
+    policy = Faser(FaserConfig(window=64))
+    batch = requests(32)
+    run_steps(policy, batch, [0.7] * 32, CHEAP_DRAFT, steps=70)
+    ctx = SpecContext(0.0, 1000, True)
+    samples = []
+    for _ in range(50):
+        t0 = time.perf_counter()
+        policy.decide(batch, ctx)
+        samples.append(time.perf_counter() - t0)
+    with capsys.disabled():
+        print(f"\nFASER decide, window 64, batch 32: median {np.median(samples) * 1e3:.3f} ms "
+              f"(GP part measured by the policy: {policy.last_decide_s * 1e3:.3f} ms)")  # fmt: skip
+    assert policy.last_decide_s is not None

@@ -1,0 +1,143 @@
+"""SmartSpec on synthetic iterations: goodput-optimal k from alpha and the step cost model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from scheduler.policies.shared_state import SharedState
+from scheduler.policies.smartspec import (
+    SmartSpec,
+    SmartSpecConfidence,
+    SmartSpecConfig,
+    best_request_ks,
+    best_uniform_k,
+    chain_alpha_counts,
+    expected_length,
+)
+from scheduler.policies.speculation import SpecContext, plan_shapes
+from scheduler.policies.step_cost import OnlineFit, StepCostModel
+from scheduler.request import Request, SpecMode, SpeculationSetting
+from shared.engine.types import TokenTree
+from shared.profiling.cost_model import CostModel
+from tests.scheduler.sim_reports import CHEAP_DRAFT, EXPENSIVE_VERIFY, requests, run_steps
+
+
+def test_expected_length_is_eq_8():
+    assert expected_length(0.5, 0) == pytest.approx(1.0)
+    assert expected_length(0.5, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert expected_length(1.0, 4) == pytest.approx(5.0)  # alpha -> 1: every token accepted
+    assert chain_alpha_counts(4, 4) == (4, 4) and chain_alpha_counts(4, 1) == (1, 2)
+
+
+def test_uniform_k_grows_with_alpha_and_shrinks_with_batch():
+    def k_for(alpha, n):
+        ctx = np.full(n, 100.0)
+        free = np.ones(n, bool)
+        ks, _ = best_uniform_k(np.full(n, alpha), free, np.full(n, 8), np.zeros(n, int), ctx, EXPENSIVE_VERIFY, 8)
+        return int(ks[0])
+
+    assert k_for(0.9, 1) > k_for(0.5, 1) > 0
+    assert k_for(0.7, 1) >= k_for(0.7, 8) >= k_for(0.7, 64)
+    assert k_for(0.7, 64) == 0  # verifying is compute-bound at this batch: no speculation
+
+
+def test_request_ks_give_more_to_the_predictable_request():
+    alphas = np.array([0.95, 0.3])
+    gains = alphas[:, None] ** np.arange(1, 9)[None, :]
+    ks, g = best_request_ks(gains, np.ones(2, bool), np.full(2, 8), np.zeros(2, int), np.full(2, 50.0), CHEAP_DRAFT, 8)
+    assert ks[0] > ks[1]
+    # exact: no single change of one k improves the goodput
+    def goodput(k):
+        return float(expected_length(alphas, k).sum()) / CHEAP_DRAFT.step(k, [50, 50])
+    assert goodput(ks) == pytest.approx(g)
+    for i in range(2):
+        for d in (-1, 1):
+            other = ks.copy()
+            other[i] += d
+            if 0 <= other[i] <= 8:
+                assert goodput(other) <= g + 1e-12
+
+
+def test_learns_alpha_and_costs_then_speculates_long_when_acceptance_is_high():
+    policy = SmartSpec()
+    chosen = run_steps(policy, requests(2), [0.95, 0.95], CHEAP_DRAFT, steps=60)
+    assert policy.alpha() > 0.85
+    assert np.mean(chosen[-10:]) >= 5
+    cost = policy.step_cost(SpecContext(0.0, 0, True))
+    ks, ctx = chosen[-1], [r.num_tokens for r in requests(2)]
+    assert cost.step(ks, ctx) == pytest.approx(CHEAP_DRAFT.step(ks, ctx), rel=0.05)  # learned from measured times
+
+    low = SmartSpec()
+    chosen_low = run_steps(low, requests(2), [0.2, 0.2], CHEAP_DRAFT, steps=60)
+    assert np.mean(chosen_low[-10:]) < np.mean(chosen[-10:])
+
+
+def test_expensive_verification_at_large_batch_means_no_speculation():
+    profiled = CostModel(alpha_s=0.0, gamma_s=EXPENSIVE_VERIFY.gamma_t, delta_s=EXPENSIVE_VERIFY.delta_t)
+    policy = SmartSpec()
+    ctx = {"cost_model": profiled}
+    small = run_steps(policy, requests(1), [0.8], EXPENSIVE_VERIFY, steps=30, ctx_extra=ctx)
+    big = run_steps(policy, requests(48, prefix="b"), [0.8] * 48, EXPENSIVE_VERIFY, steps=20, start_step=30, ctx_extra=ctx)
+    assert np.mean(small[-5:]) >= 2
+    assert all(k == 0 for ks in big[-5:] for k in ks)
+
+
+def test_per_request_granularity_and_fixed_or_off_requests():
+    policy = SmartSpec(SmartSpecConfig(granularity="request"))
+    assert policy.name == "smartspec-request"
+    batch = requests(2)
+    run_steps(policy, batch, [0.95, 0.1], CHEAP_DRAFT, steps=80)
+    ks = [s.max_depth for s in plan_shapes(policy, batch, SpecContext(0.0, 999, True))]
+    assert ks[0] > ks[1]
+    fixed = Request("f", [1] * 5, max_new_tokens=50, speculation=SpeculationSetting(SpecMode.FIXED, 2))
+    off = Request("o", [1] * 5, max_new_tokens=50, speculation=SpeculationSetting(SpecMode.OFF))
+    shapes = plan_shapes(policy, [*batch, fixed, off], SpecContext(0.0, 1000, True))
+    assert shapes[2].k == 2 and not shapes[3].speculates
+
+
+def test_prefill_disabling_rule():
+    policy = SmartSpec(SmartSpecConfig(prefill_min_decisions=8))
+    fresh = Request("new", [1] * 5)
+    assert policy.wants_draft(fresh)
+    run_steps(policy, requests(48), [0.6] * 48, EXPENSIVE_VERIFY, steps=5)  # high load: k = 0 throughout
+    late = Request("late", [1] * 5)
+    assert not policy.wants_draft(late)
+    shapes = plan_shapes(policy, [late], SpecContext(0.0, 100, True))
+    assert not shapes[0].speculates  # classified non-speculative for good, even alone in the batch
+
+
+def test_confidence_variant_drafts_with_threshold_and_verifies_the_goodput_prefix():
+    policy = SmartSpecConfidence(SmartSpecConfig(confidence_threshold=0.4, max_k=6))
+    batch = requests(2)
+    shapes = plan_shapes(policy, batch, SpecContext(0.0, 0, True))
+    assert shapes[0] == shapes[1] and shapes[0].k == 6 and shapes[0].confidence_threshold == 0.4
+    sure = TokenTree.chain([5, 6, 7, 8], [0.99, 0.99, 0.98, 0.97])
+    unsure = TokenTree.chain([5, 6, 7, 8], [0.9, 0.05, 0.5, 0.5])
+    out = policy.tree_selector().select(batch, [sure, unsure], SpecContext(0.0, 0, True))
+    assert len(out[0]) == 4 and len(out[1]) == 1 and out[1].token_ids == [5]
+
+
+def test_learned_state_merges_like_applying_locally():
+    a = SmartSpec()
+    run_steps(a, requests(3), [0.7] * 3, CHEAP_DRAFT, steps=10)
+    events = a.state.take()
+    stored = a.state.merge(None, events)
+    b = SmartSpec()
+    b.state.adopt(stored)
+    assert b.alpha() == pytest.approx(a.alpha())
+    assert b.state.state["costs"] == a.state.state["costs"]
+    other = SharedState("x", 2, dict, lambda s, e: s)
+    other.adopt(stored)  # another version: ignored
+    assert other.num_adopted == 0
+
+
+def test_online_fit_recovers_a_linear_cost():
+    fit = OnlineFit((1.0, 16.0, 4096.0), (0.0, 0.0, 0.0), prior_steps=0.1, forgetting=1.0)
+    state = fit.empty()
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        x = [1.0, float(rng.integers(1, 64)), float(rng.integers(10, 5000))]
+        state = fit.update(state, x, 0.01 + 0.002 * x[1] + 1e-6 * x[2])
+    assert fit.solve(state) == pytest.approx([0.01, 0.002, 1e-6], rel=0.05)
+    assert StepCostModel.measurement([0, 0], [10, 20], 0.05, None) == {"verify_s": 0.05, "x_target": [1.0, 2, 30.0]}
