@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 LENGTH_BUCKETS = tuple(float(i) for i in range(1, 17)) + (24.0, 32.0)
+SPEC_K_BUCKETS = tuple(float(i) for i in range(0, 17)) + (24.0, 32.0)
 
 
 class TandemMetrics:
@@ -88,6 +89,13 @@ class TandemMetrics:
             "position_accepted_total", "Steps that accepted the draft token at this position (depth).",
             ["position"], namespace=ns, registry=reg,
         )  # fmt: skip
+        self.speculation_length = Histogram(
+            "speculation_length", "Speculation length k chosen per request per step (0 = plain decoding).",
+            namespace=ns, registry=reg, buckets=SPEC_K_BUCKETS,
+        )  # fmt: skip
+        self.step_speculation_length = Gauge(
+            "step_speculation_length", "Mean k over the requests of the last step.", namespace=ns, registry=reg
+        )
         self.queue_depth = Gauge(
             "queue_depth", "Requests waiting for admission.", ["queue"], namespace=ns, registry=reg
         )
@@ -145,6 +153,13 @@ class TandemMetrics:
             self.acceptance_rate.set(ema_acceptance_rate)
         if ema_accepted_length is not None:
             self.mean_accepted_length.set(ema_accepted_length)
+
+    def observe_speculation(self, ks: list[int]) -> None:
+        """The k chosen for every request of one step."""
+        for k in ks:
+            self.speculation_length.observe(k)
+        if ks:
+            self.step_speculation_length.set(sum(ks) / len(ks))
 
     def set_load(self, *, waiting: int, running: int, queue: str = "all") -> None:
         self.queue_depth.labels(queue).set(waiting)

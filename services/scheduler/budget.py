@@ -71,6 +71,27 @@ async def load_budget(settings: ServiceSettings, target_info, store=None) -> Bud
     return Budget(None, None, "none")
 
 
+def load_draft_cost_model(settings: ServiceSettings, draft_info) -> CostModel | None:
+    """T_fwd of the draft from the newest matching profile under <home>/profiles/<draft model>/, if any.
+
+    Optional: without one the speculation-length policies measure the draft online (step_cost.py).
+    """
+    from shared.models.paths import Paths
+
+    folder = Paths.resolve(settings.home).home / "profiles" / slug(draft_info.model_name)
+    paths = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True) if folder.is_dir() else []
+    for path in paths:
+        try:
+            profile = load_profile(path)
+        except (OSError, ValueError, ValidationError) as exc:
+            log.warning("skipping unreadable draft profile %s: %s", path, exc)
+            continue
+        if _matches(profile, draft_info, f"file:{path}"):
+            log.info("draft cost model from file:%s", path)
+            return profile.cost_model
+    return None
+
+
 def _from_files(settings: ServiceSettings, target_info) -> tuple[Profile | None, str | None]:
     from shared.models.paths import Paths
 

@@ -1,7 +1,8 @@
 """Prometheus metrics from the iteration loop (shared.metrics.TandemMetrics, DESIGN §6).
 
     on_submit   queue depth
-    on_step     per request: draft tokens proposed/accepted, accepted length, per-position acceptance;
+    on_step     per request: draft tokens proposed/accepted, accepted length, per-position acceptance,
+                the chosen k (histogram; the step's mean k as a gauge);
                 moving averages of acceptance rate and accepted length; queue depth, running requests
     on_finish   TTFT, TPOT, SLO attainment, goodput tokens, finish reason
 
@@ -52,6 +53,7 @@ class MetricsObserver:
                 ema_acceptance_rate=self._ema_rate,
                 ema_accepted_length=self._ema_length,
             )
+        self.metrics.observe_speculation([o.shape.max_depth for o in report.outcomes])
         self._set_load()
 
     def on_finish(self, request: Request) -> None:

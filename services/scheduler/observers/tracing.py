@@ -8,8 +8,9 @@ The span tree of one request::
         prefill                      one per worker call (tandem.worker = target | draft)
         speculate                    one per step it speculated in: k (or tree d x w), drafted
         verify                       one per step: tree size, accepted length
-        commit                       one per step: accepted length, tokens emitted, finish reason,
-                                     and the step's phase times (tandem.step_{total,verify,...}_ms)
+        commit                       one per step: k chosen (tandem.k), accepted length, tokens emitted,
+                                     finish reason, the step's phase times (tandem.step_{total,verify,...}_ms)
+                                     and its k over the batch (tandem.step_k_mean, tandem.step_k_max)
           └╌▶ TargetService/Verify, DraftService/Speculate ...   SERVER spans of the model services
 
 The catch is batching: one Verify RPC serves every running request, but an
@@ -90,6 +91,9 @@ class RequestTracer:
             f"tandem.step_{name}_ms": getattr(t, name) * 1e3
             for name in ("total", "prefill", "speculate", "select", "verify", "commit", "overhead")
         }
+        ks = [o.shape.max_depth for o in report.outcomes]  # the k chosen this step, per request and for the step
+        if ks:
+            step_attrs.update({"tandem.step_k_mean": sum(ks) / len(ks), "tandem.step_k_max": max(ks)})
         for o in report.outcomes:
             live = self._live.get(o.request_id)
             if live is None:

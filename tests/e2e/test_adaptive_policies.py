@@ -1,0 +1,36 @@
+"""The speculation-length policies (SmartSpec, FASER) over real gRPC, tiny models and Redis: lossless,
+their chosen k in metrics, their learned state in Redis after the scheduler stops."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdk import FinishReason
+from shared.state.store import StateStore, StoreConfig
+from tests.e2e.test_tree_policies import _generate_all, _prompts, scheduler_for, services  # noqa: F401
+
+# the tiny random draft is never confident: a threshold it clears, so that smartspec-conf drafts at all
+ADAPTIVE_POLICIES = ["smartspec", "smartspec-request", "smartspec-conf:0.0001", "faser"]
+
+
+@pytest.mark.parametrize("policy", ADAPTIVE_POLICIES)
+def test_adaptive_policy_is_lossless_over_grpc(services, reference, policy):  # noqa: F811
+    prompts = _prompts(6, seed=11)
+    specs = ["auto"] * 4 + [2, "off"]  # beside client-fixed chains and plain decoding
+    requests = [
+        dict(prompt=p, max_new_tokens=8 + 3 * i, speculation=spec) for i, (p, spec) in enumerate(zip(prompts, specs))
+    ]
+    with scheduler_for(services, policy, home=services.home) as running:
+        results = _generate_all(running.address, requests)
+        # a second round: the policy decides from what it learned in the first
+        results += _generate_all(running.address, requests[:4])
+        exposition = running.metrics.render()
+    for i, (req, r) in enumerate(zip(requests + requests[:4], results)):
+        assert r.finish_reason == FinishReason.LENGTH
+        assert r.token_ids == reference.greedy(req["prompt"], req["max_new_tokens"]), f"request {i} ({policy})"
+    if not policy.startswith("smartspec-conf"):  # its verify-length choice rightly drops the random draft's guesses
+        assert sum(r.stats.num_draft_tokens for r in results[:4]) > 0  # AUTO requests did speculate
+    assert "tandem_speculation_length_count" in exposition
+    with StateStore(StoreConfig(url=services.redis_url)) as store:
+        state = store.get_json(f"policy:{policy.split(':')[0]}")
+    assert state is not None and state["version"] >= 1  # flushed to Redis when the scheduler stopped
