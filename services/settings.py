@@ -123,7 +123,10 @@ class ServiceSettings(BaseModel):
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint; unset = none."
     )
-    queue_policy: str = Field("fcfs", description="Request order policy of the scheduler.")
+    queue_policy: str = Field(
+        "fcfs", description="Request order policy of the scheduler: fcfs, las[:Q], lp-sjf, laps-sd[:OPTS]."
+    )
+    max_batch_size: int = Field(64, ge=1, description="Most requests the scheduler runs (verifies) at once.")
     speculation_policy: str = Field(
         "fixed", description="Speculation policy for requests in AUTO mode (fixed[:K], none, ...)."
     )

@@ -15,6 +15,13 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                                          verify the goodput-optimal prefix
                   faser[:K]        per-request k by GP-LCB, k <= K (8)          Faser
     queue         fcfs             first come first served, priority first      FCFS
+                  las[:Q]          least attained service, preemptive, quantum   LAS(Q s, 0.5)
+                  lp-sjf           shortest predicted output first, no preemption LPSJF
+                  laps-sd[:OPTS]   LAPS-SD (also laps_sd); OPTS k=4,m=2,s1=0.5,   LapsSD
+                                   gamma=4,delta=0.05 (K queues, M, S_1 s, γ, δ)
+
+Queue policies get the target's profiled cost model (and the draft's, when
+profiled) for LAPS-SD's eq. 6.
 
 Later policies (nightjar, laps-sd) register here under the names DESIGN §5
 gives them.
@@ -27,7 +34,12 @@ from collections.abc import Callable
 from scheduler.policies.adaserve import AdaServe, EqualGreedy, GlobalGreedy, SpecInferTree
 from scheduler.policies.faser import Faser, FaserConfig
 from scheduler.policies.smartspec import SmartSpec, SmartSpecConfidence, SmartSpecConfig
+from scheduler.policies.acceptance_stability import Stability
+from scheduler.policies.laps_sd import LapsConfig, LapsSD
+from scheduler.policies.order_baselines import LAS, LPSJF
+from scheduler.policies.priority_queues import QueueLevels
 from scheduler.policies.queue import FCFS, QueuePolicy
+from scheduler.policies.remaining_time import SDCosts
 from scheduler.policies.speculation import FixedChain, NoSpeculation, SpeculationPolicy
 
 DEFAULT_K = 4
@@ -46,8 +58,13 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     "smartspec-conf": lambda arg: SmartSpecConfidence(SmartSpecConfig(confidence_threshold=_threshold(arg))),
     "faser": lambda arg: Faser(FaserConfig(max_k=_max_k(arg))),
 }
-QUEUE_POLICIES: dict[str, Callable[[], QueuePolicy]] = {
-    "fcfs": FCFS,
+# name -> factory(argument after the colon or None, eq. 6's costs)
+QUEUE_POLICIES: dict[str, Callable[[str | None, SDCosts], QueuePolicy]] = {
+    "fcfs": lambda arg, costs: FCFS(),
+    "las": lambda arg, costs: LAS(_positive(arg, "las:Q quantum (s)")) if arg else LAS(),
+    "lp-sjf": lambda arg, costs: LPSJF(),
+    "laps-sd": lambda arg, costs: LapsSD(_laps_config(arg, costs)),
+    "laps_sd": lambda arg, costs: LapsSD(_laps_config(arg, costs)),
 }
 
 
@@ -95,8 +112,46 @@ def _expansion(arg: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
-def queue_policy(name: str) -> QueuePolicy:
+def queue_policy(spec: str, *, cost_model=None, draft_cost_model=None) -> QueuePolicy:
+    """The queue policy ``spec`` names (``NAME`` or ``NAME:ARG``); the cost models feed LAPS-SD's eq. 6."""
+    name, _, arg = spec.strip().lower().partition(":")
+    factory = QUEUE_POLICIES.get(name)
+    if factory is None:
+        raise ValueError(f"unknown queue policy {spec!r}; available: {', '.join(QUEUE_POLICIES)}")
+    return factory(arg or None, SDCosts(target=cost_model, draft=draft_cost_model))
+
+
+def _positive(text: str, what: str) -> float:
     try:
-        return QUEUE_POLICIES[name.lower()]()
-    except KeyError:
-        raise ValueError(f"unknown queue policy {name!r}; available: {', '.join(QUEUE_POLICIES)}") from None
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{what} must be a number > 0, got {text!r}")
+    return value
+
+
+_LAPS_OPTIONS = {"k": "num_queues", "m": "growth", "s1": "first_threshold_s", "gamma": "rounds", "delta": "tolerance"}
+
+
+def _laps_config(arg: str | None, costs: SDCosts) -> LapsConfig:
+    """``k=4,m=2,s1=0.5,gamma=4,delta=0.05`` (any subset) -> LapsConfig."""
+    values: dict[str, float] = {}
+    for part in (arg or "").split(","):
+        if not part.strip():
+            continue
+        key, eq, text = part.partition("=")
+        if not eq or key.strip() not in _LAPS_OPTIONS:
+            raise ValueError(f"laps-sd options are {', '.join(f'{k}=' for k in _LAPS_OPTIONS)}; got {part!r}")
+        values[_LAPS_OPTIONS[key.strip()]] = _positive(text, f"laps-sd {key.strip()}")
+    for field in ("num_queues", "rounds"):
+        if field in values:
+            if values[field] != int(values[field]):
+                raise ValueError(f"laps-sd {field} must be an integer")
+            values[field] = int(values[field])
+    try:
+        levels = QueueLevels(**{k: v for k, v in values.items() if k in ("num_queues", "growth", "first_threshold_s")})
+        stability = Stability(**{k: v for k, v in values.items() if k in ("rounds", "tolerance")})
+    except ValueError as exc:
+        raise ValueError(f"laps-sd: {exc}") from None
+    return LapsConfig(levels=levels, stability=stability, costs=costs)
