@@ -12,7 +12,8 @@ What ``start`` puts together::
     gRPC :port ── TandemServicer ── Scheduler ── TracedTarget ─ StepLedger ─ GrpcTargetWorker ──▶ target
        (+ health)                        │    └─ TracedDraft ─────────────── GrpcDraftWorker ───▶ draft
                                          └─ observers: RedisRecorder (Redis), MetricsObserver (/metrics),
-                                                       RequestTracer (spans)
+                                                       RequestTracer (spans), PolicyStateSync (a learning
+                                                       policy's state in Redis)
 
 The target must answer Info within ``target_wait_s``: its vocabulary and
 context window are what requests are checked against, and its model name,
@@ -44,9 +45,10 @@ from scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker
 from scheduler.workers import RealClock
 from services.engine_host import service_version
 from services.runtime import serve_until_stopped
-from services.scheduler.budget import Budget, load_budget
+from services.scheduler.budget import Budget, load_budget, load_draft_cost_model
 from services.scheduler.ledger import StepLedger
 from services.scheduler.observers.metrics import MetricsObserver
+from services.scheduler.observers.policy_state import PolicyStateSync
 from services.scheduler.observers.redis_state import RedisRecorder
 from services.scheduler.observers.tracing import RequestTracer, TracedDraft, TracedTarget
 from services.scheduler.policies import queue_policy, speculation_policy
@@ -135,6 +137,7 @@ async def _start(
     budget = await load_budget(settings, target_info, store)
     log.info("%s", budget.describe())
 
+    draft_cost = await _draft_cost_model(settings, draft) if draft is not None else None
     spec_policy = speculation_policy(settings.speculation_policy)
     clock = RealClock()
     tracer = RequestTracer(provider)
@@ -144,11 +147,14 @@ async def _start(
         TracedDraft(draft, tracer) if draft is not None else None,
         config=SchedulerConfig(
             max_batch_size=settings.max_batch_size,
-            max_tokens_in_flight=kv_token_budget(target_info, SchedulerConfig()), token_budget=budget.token_budget
+            max_tokens_in_flight=kv_token_budget(target_info, SchedulerConfig()),
+            token_budget=budget.token_budget,
+            cost_model=budget.cost_model,
+            draft_cost_model=draft_cost,
         ),
         clock=clock,
         spec_policy=spec_policy,
-        queue_policy=queue_policy(settings.queue_policy, cost_model=budget.cost_model),
+        queue_policy=queue_policy(settings.queue_policy, cost_model=budget.cost_model, draft_cost_model=draft_cost),
         detokenize=codec.decode if codec else None,
     )
     recorder = RedisRecorder(store, Timebase(clock), policy_name=spec_policy.name)
@@ -156,6 +162,12 @@ async def _start(
     metrics = TandemMetrics()
     for observer in (recorder, MetricsObserver(metrics, scheduler), tracer):
         scheduler.add_observer(observer)
+    learned = spec_policy.shared_state()
+    if learned is not None:  # the policy's learned state lives in Redis, shared with other replicas
+        policy_sync = PolicyStateSync(store, learned)  # closed before the recorder closes the store
+        await policy_sync.load()
+        scheduler.add_observer(policy_sync)
+        closers.append(policy_sync.close)
 
     metrics_port = None
     if settings.metrics_port is not None:
@@ -231,6 +243,16 @@ async def _target_info(target: GrpcTargetWorker, wait_s: float) -> common_pb2.Se
                 log.info("waiting for the target service (%s)", exc.code().name)
                 waited = True
             await asyncio.sleep(0.5)
+
+
+async def _draft_cost_model(settings: ServiceSettings, draft: GrpcDraftWorker):
+    """The draft's profiled T_fwd, when it answers Info now and a profile of it is stored; else None."""
+    try:
+        info = await asyncio.wait_for(draft.info(), 5.0)
+    except Exception as exc:  # noqa: BLE001 - the draft may come later; the policies then learn its cost online
+        log.info("no draft cost model (draft Info: %s); policies measure the draft online", exc)
+        return None
+    return await asyncio.to_thread(load_draft_cost_model, settings, info)
 
 
 def kv_token_budget(info: common_pb2.ServiceInfo, config: SchedulerConfig, max_spec_k: int = 32) -> int:
