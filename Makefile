@@ -4,7 +4,7 @@
 #   make setup    .venv with the pinned CPU torch + tandem[dev], then gRPC code
 #   make models   prepare the demo pair's models under $TANDEM_HOME (default ~/.cache/tandem)
 #   make test     setup + models, then the whole test suite
-#   make demo | trace-ui | profile | bench-engine | bench | bench-slo | clean | distclean
+#   make demo | trace-ui | profile | bench-engine | bench | bench-slo | bench-adaptive | clean | distclean
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -19,7 +19,7 @@ TORCH := torch==2.13.0
 PAIR ?= demo
 PYTEST_ARGS ?=
 
-.PHONY: help setup protos models test demo trace-ui profile bench-engine bench bench-slo clean distclean
+.PHONY: help setup protos models test demo trace-ui profile bench-engine bench bench-slo bench-adaptive clean distclean
 
 help:
 	@sed -n '4,8p' Makefile | sed 's/^# \{0,1\}//'
@@ -83,6 +83,13 @@ BENCH_ARGS ?=
 bench-slo: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --slo --pair $(PAIR) --name slo-$(PAIR) $(BENCH_ARGS)
+
+# Adaptive speculation length (bench.harness --adaptive): target-only, tandem-k1/k3/k5, SmartSpec, FASER
+# (and Nightjar once registered) vs Poisson request rate from low to high load, plus one bursty on/off trace.
+# Results: bench/results/adaptive-$(PAIR)/.
+bench-adaptive: setup models
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --adaptive --pair $(PAIR) --name adaptive-$(PAIR) $(BENCH_ARGS)
 
 # Every benchmark; add new ones as prerequisites.
 bench: bench-engine

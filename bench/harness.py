@@ -4,6 +4,7 @@
     python -m bench.harness --long                  # longer sweeps (more prompts, repeats, rates, concurrency)
     python -m bench.harness --pair tiny --name smoke --batch1 target-only,tandem-k3 --sweep ''
     python -m bench.harness --slo                   # `make bench-slo`: AdaServe's comparison (SLO_SWEEP)
+    python -m bench.harness --adaptive              # `make bench-adaptive`: fixed k vs adaptive length (ADAPTIVE_SWEEP)
 
 What one run does::
 
@@ -16,6 +17,8 @@ What one run does::
                     classes and the sweep rates scale from it (bench.slo)
         sweep       open-loop Poisson at each rate, configurations back to back, order rotated
         closed      closed-loop at each concurrency (--concurrency / --long)
+        bursty      (--bursty) one on/off trace: Poisson at the highest sweep rate half of each period,
+                    a quarter of the lowest in the other half (bench.arrivals.on_off)
         mix         open-loop Poisson at one rate (share_rate_factor x capacity), the share of
                     stringent requests varied (--stringent-shares; the rest split evenly
                     between moderate and relaxed), configurations back to back
@@ -69,6 +72,8 @@ DEFAULT_PROMPT_MIX = {"chat": 0.5, "code": 0.25, "summarize": 0.25}
 SLO_SWEEP = ("target-only", "tandem-k3", "policy:specinfer", "policy:equal_greedy", "policy:global_greedy",
              "policy:adaserve")  # fmt: skip
 SLO_STRINGENT_SHARES = (0.2, 0.4, 0.6, 0.8, 1.0)
+# Adaptive speculation length (issue 6): fixed k in {0, 1, 3, 5} against the learning policies.
+ADAPTIVE_SWEEP = ("target-only", "tandem-k1", "tandem-k3", "tandem-k5", "policy:smartspec", "policy:faser")
 
 
 @dataclass
@@ -99,6 +104,7 @@ class BenchOptions:
     stringent_shares: list[float] = field(default_factory=list)  # mix phase: shares of stringent requests
     share_rate_factor: float = 2.0  # mix phase rate, x batch-1 capacity (or share_rate req/s when set)
     share_rate: float | None = None
+    bursty: bool = False  # one on/off trace after the sweep (phase "bursty")
 
 
 def slo_options(**overrides) -> BenchOptions:
@@ -113,6 +119,16 @@ def slo_options(**overrides) -> BenchOptions:
         stringent_shares=list(SLO_STRINGENT_SHARES),
         share_rate_factor=3.0,
     )
+    return replace(preset, **overrides)
+
+
+def adaptive_options(**overrides) -> BenchOptions:
+    """`make bench-adaptive`: ADAPTIVE_SWEEP (+ nightjar once registered), Poisson from low to high load, one bursty trace."""
+    from services.scheduler.policies import SPECULATION_POLICIES
+
+    sweep = list(ADAPTIVE_SWEEP) + [c for c in ("policy:nightjar",) if c.split(":")[1] in SPECULATION_POLICIES]
+    preset = BenchOptions(name="adaptive", batch1=[], sweep=sweep, sweep_requests=24,
+                          rate_factors=[0.5, 1.0, 2.0, 4.0, 8.0], bursty=True)  # fmt: skip
     return replace(preset, **overrides)
 
 
@@ -159,9 +175,10 @@ class Harness:
         return b1, sw
 
     def _items(self, n: int, rate: float | None, max_new_tokens: int, seed_offset: int = 0,
-               slo_mix: dict[str, float] | None = None) -> list[EncodedItem]:  # fmt: skip
+               slo_mix: dict[str, float] | None = None, times: list[float] | None = None) -> list[EncodedItem]:  # fmt: skip
         o = self.opts
-        times = None if rate is None else arrivals.poisson(rate, n, o.seed + seed_offset)
+        if times is None and rate is not None:
+            times = arrivals.poisson(rate, n, o.seed + seed_offset)
         items = build(n, arrivals=times, prompt_mix=o.prompt_mix, slo_mix=slo_mix or o.slo_mix,
                       max_new_tokens=max_new_tokens, seed=o.seed)  # fmt: skip
         return self.encoder.encode_all(items)
@@ -211,6 +228,8 @@ class Harness:
                     await self._measure_baseline(senders["target-only"], requests)
                 if sw:
                     await self._sweep(sw, senders, requests)
+                    if o.bursty:
+                        await self._bursty(sw, senders, requests)
                     if o.concurrency:
                         await self._closed(sw, senders, requests)
                     if o.stringent_shares:
@@ -300,6 +319,17 @@ class Harness:
                                            requests, "open")  # fmt: skip
                     self.log(f"sweep {load} req/s {c.name}: {run.wall_s:.1f} s")
 
+    async def _bursty(self, configs: list[Config], senders, requests) -> None:
+        o, rates = self.opts, self._rates()
+        hi, lo = max(rates), min(rates)
+        period = o.sweep_requests / (hi + lo / 4)  # about two on/off periods over the trace
+        times = arrivals.on_off(hi, lo / 4, period, 0.5, o.sweep_requests, o.seed + 300)
+        items = self._items(o.sweep_requests, None, o.sweep_max_new_tokens, seed_offset=300, times=times)
+        load = f"on={hi:.3g},off={lo / 4:.3g},period={period:.3g}s"
+        for c in rotated(configs, 0):
+            run = await self._send("bursty", load, c, self._jobs(c, "bursty", 0, items), senders, requests, "open")
+            self.log(f"bursty {load} {c.name}: {run.wall_s:.1f} s")
+
     def _share_rate(self) -> float:
         o = self.opts
         if o.share_rate is not None:
@@ -374,7 +404,7 @@ class Harness:
                     row[f"paired_speedup_vs_{key}"] = report.paired_speedup(b1_records, name, ref)
             if "target-only" in b1_records and name != "target-only":
                 row["lossless_vs_target_only"] = report.lossless(b1_records, name, "target-only")
-        for phase in ("sweep", "closed", "mix"):
+        for phase in ("sweep", "closed", "mix", "bursty"):
             out[phase] = {}
             for load, per_config in self.records.get(phase, {}).items():
                 out[phase][load] = {}
@@ -487,6 +517,8 @@ def main(
     stringent_shares: str = typer.Option("", help="Mix phase: shares of stringent requests, e.g. 0.2,0.6,1."),
     share_rate_factor: float = typer.Option(3.0, help="Mix phase rate, x the batch-1 request rate."),
     long: bool = typer.Option(False, "--long", help="Longer suite: 16 prompts x 2, rates 0.5..4, concurrency 1..8."),
+    adaptive: bool = typer.Option(False, "--adaptive", help="Adaptive speculation length (make bench-adaptive): "
+                                  "ADAPTIVE_SWEEP, rates 0.5..8 x capacity, one bursty trace; options given refine it."),
     slo: bool = typer.Option(False, "--slo", help="AdaServe's comparison (make bench-slo): SLO_SWEEP configurations, "
                              "60/20/20 mix, rates 1..6 x capacity, stringent shares 0.2..1; options given refine it."),
 ) -> None:
@@ -515,14 +547,15 @@ def main(
         opts.rate_factors = [0.5, 1.0, 2.0, 3.0, 4.0]
         opts.concurrency = opts.concurrency or [1, 2, 4, 8]
         opts.batch1 = opts.batch1 + [c for c in ("hf-assisted-heuristic",) if c not in opts.batch1 and opts.batch1]
-    if slo:
-        preset = slo_options()
+    if slo or adaptive:
+        preset = slo_options() if slo else adaptive_options()
         # by name: typer may carry a click of its own, whose ParameterSource is another class
         given = {k for k in ctx.params if getattr(ctx.get_parameter_source(k), "name", "") == "COMMANDLINE"}
         for option, fld in SLO_PRESET.items():
             if option not in given:
                 setattr(opts, fld, getattr(preset, fld))
         opts.slo_mix = dict(preset.slo_mix)
+        opts.bursty = preset.bursty
     run_bench(opts)
 
 

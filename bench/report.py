@@ -139,6 +139,6 @@ def print_tables(results: dict, console: Console | None = None) -> None:
     console = console or Console()
     if results.get("batch1"):
         console.print(batch1_table(results))
-    for phase in ("sweep", "closed", "mix"):
+    for phase in ("sweep", "closed", "mix", "bursty"):
         if results.get(phase):
             console.print(load_table(results, phase))
