@@ -91,6 +91,14 @@ bench-adaptive: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --adaptive --pair $(PAIR) --name adaptive-$(PAIR) $(BENCH_ARGS)
 
+# LAPS-SD's comparison (bench.harness --order): queue policies fcfs, las, lp-sjf, laps-sd side by side, mean and
+# p99 latency vs concurrent requests (closed loop 10,20,30) on mixed prompts and output lengths, the scheduler's
+# batch capped at TANDEM_MAX_BATCH_SIZE (4) so requests queue. Results: bench/results/order-$(PAIR)/.
+.PHONY: bench-order
+bench-order: setup models
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --order --pair $(PAIR) --name order-$(PAIR) $(BENCH_ARGS)
+
 # Every benchmark; add new ones as prerequisites.
 bench: bench-engine
 

@@ -4,6 +4,8 @@
     tandem-k1/3/5     Tandem, a fixed draft chain of k per request ("tandem-k<K>" for any K)
     policy:<name>     Tandem with the scheduler's speculation policy <name> deciding (requests in AUTO);
                       e.g. policy:fixed:4. Each distinct policy needs a stack of its own.
+    order:<queue>     Tandem, a fixed chain of 3 per request, on a stack whose scheduler orders requests
+                      by the queue policy <queue> (fcfs, las, lp-sjf, laps-sd[:OPTS]); a stack each.
     hf-target         HF transformers ``generate`` of the target alone, in the harness process
     hf-assisted       HF assisted generation (``assistant_model=draft``) with the library's default
                       schedule (transformers 5: 20 tokens, "constant", confidence threshold 0.4)
@@ -22,7 +24,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-DEFAULT_STACK_POLICY = "fixed:4"  # what AUTO requests get on the shared stack (none of the defaults send AUTO)
+DEFAULT_STACK_POLICY = "fixed:4"
+ORDER_K = 3  # the chain each order:<queue> request drafts  # what AUTO requests get on the shared stack (none of the defaults send AUTO)
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,8 @@ def parse(name: str, *, queue_policy: str = "fcfs") -> Config:
         return Config(name, "tandem", k, stack)
     if name.startswith("policy:") and len(name) > len("policy:"):
         return Config(name, "tandem", "auto", StackKey(name.removeprefix("policy:"), queue_policy))
+    if name.startswith("order:") and len(name) > len("order:"):
+        return Config(name, "tandem", ORDER_K, StackKey(DEFAULT_STACK_POLICY, name.removeprefix("order:")))
     if name == "hf-target":
         return Config(name, "hf", "off")
     if name == "hf-assisted":
@@ -78,7 +83,7 @@ def parse(name: str, *, queue_policy: str = "fcfs") -> Config:
     if name == "hf-assisted-heuristic":
         return Config(name, "hf", "assisted", hf_options=dict(HF_ASSISTED_HEURISTIC))
     raise ValueError(
-        f"unknown configuration {name!r}; use target-only, tandem-k<K>, policy:<name>, "
+        f"unknown configuration {name!r}; use target-only, tandem-k<K>, policy:<name>, order:<queue>, "
         "hf-target, hf-assisted or hf-assisted-heuristic"
     )
 

@@ -36,6 +36,13 @@ EqualGreedy, GlobalGreedy and AdaServe side by side, SLO attainment and
 goodput vs request rate and vs the share of stringent requests. The tree
 policies' budget B is what the launched scheduler reads (TANDEM_TOKEN_BUDGET,
 else the target's profile from `tandem profile`); results.json records it.
+
+``--order`` (``order_options``, `make bench-order`) is LAPS-SD's evaluation (§5.2):
+the queue policies fcfs, las, lp-sjf and laps-sd (configurations ``order:<policy>``,
+a chain of 3 per request, one stack each) side by side, closed loop at
+10/20/30 concurrent requests over mixed prompts and mixed output lengths
+(8..128 new tokens), with the scheduler's batch capped (TANDEM_MAX_BATCH_SIZE,
+default 4 here) so that requests queue and the order matters.
 """
 
 from __future__ import annotations
@@ -88,7 +95,7 @@ class BenchOptions:
     repeats: int = 1  # batch-1 passes over the prompts
     max_new_tokens: int = 64
     sweep_requests: int = 8  # requests per rate (and per concurrency level)
-    sweep_max_new_tokens: int = 32
+    sweep_max_new_tokens: int | tuple[int, int] = 32  # a (lo, hi) range draws each request's uniformly
     rates: list[float] = field(default_factory=list)  # req/s; empty: rate_factors x batch-1 capacity
     rate_factors: list[float] = field(default_factory=lambda: [1.0, 2.0, 4.0])
     sweep_repeats: int = 1
@@ -138,6 +145,18 @@ def share_mix(stringent: float) -> dict[str, float]:
         raise ValueError(f"a share of stringent requests is in [0, 1], got {stringent}")
     rest = (1.0 - stringent) / 2
     return {"stringent": stringent, "moderate": rest, "relaxed": rest}
+
+
+# LAPS-SD's comparison (§5.2): request order under closed-loop load.
+ORDER_SWEEP = ("order:fcfs", "order:las", "order:lp-sjf", "order:laps-sd")
+ORDER_MAX_BATCH_SIZE = "4"  # TANDEM_MAX_BATCH_SIZE of the launched schedulers unless set
+
+
+def order_options(**overrides) -> BenchOptions:
+    """`make bench-order`: ORDER_SWEEP, closed loop at 10/20/30 concurrent requests, mixed output lengths."""
+    preset = BenchOptions(name="order", batch1=[], sweep=list(ORDER_SWEEP), rate_factors=[],
+                          concurrency=[10, 20, 30], sweep_max_new_tokens=(8, 128))  # fmt: skip
+    return replace(preset, **overrides)
 
 
 # --- one run --------------------------------------------------------------------------------------
@@ -301,7 +320,8 @@ class Harness:
         o = self.opts
         if o.rates:
             return list(o.rates)
-        one = self.baseline_ttft_s + (o.sweep_max_new_tokens - 1) * self.baseline_tpot_ms / 1e3  # a lone request
+        n = o.sweep_max_new_tokens if isinstance(o.sweep_max_new_tokens, int) else sum(o.sweep_max_new_tokens) / 2
+        one = self.baseline_ttft_s + (n - 1) * self.baseline_tpot_ms / 1e3  # a lone request
         return [f / one for f in o.rate_factors]
 
     def _jobs(self, config: Config, tag: str, rep: int, items: list[EncodedItem]) -> list[Job]:
@@ -521,6 +541,8 @@ def main(
                                   "ADAPTIVE_SWEEP, rates 0.5..8 x capacity, one bursty trace; options given refine it."),
     slo: bool = typer.Option(False, "--slo", help="AdaServe's comparison (make bench-slo): SLO_SWEEP configurations, "
                              "60/20/20 mix, rates 1..6 x capacity, stringent shares 0.2..1; options given refine it."),
+    order: bool = typer.Option(False, "--order", help="LAPS-SD's comparison (make bench-order): ORDER_SWEEP queue "
+                               "policies, closed loop at 10,20,30, 8..128 new tokens; options given refine it."),
 ) -> None:
     opts = BenchOptions(
         name=name,
@@ -556,7 +578,18 @@ def main(
                 setattr(opts, fld, getattr(preset, fld))
         opts.slo_mix = dict(preset.slo_mix)
         opts.bursty = preset.bursty
-    run_bench(opts)
+    if order:
+        given = {k for k in ctx.params if getattr(ctx.get_parameter_source(k), "name", "") == "COMMANDLINE"}
+        preset = order_options()
+        for fld in ("name", "batch1", "sweep", "rate_factors", "concurrency", "sweep_max_new_tokens"):
+            if fld not in given:
+                setattr(opts, fld, getattr(preset, fld))
+        os.environ.setdefault("TANDEM_MAX_BATCH_SIZE", ORDER_MAX_BATCH_SIZE)  # the launched services inherit it
+    results = run_bench(opts)
+    if order:
+        from bench import order as order_report
+
+        order_report.write(results, RESULTS_ROOT / opts.name)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,69 @@
+"""`make bench-order`'s summary: mean and p99 latency per queue policy vs concurrent requests.
+
+    order_summary(results)   {"concurrency=10": {"order:fcfs": {"mean_s", "p99_s", "mean_vs_fcfs"}, ...}, ...}
+    write(results, out_dir)  order_summary.json + order_latency.png; the table on the console
+
+``mean_vs_fcfs`` is the mean latency relative to FCFS at the same load
+(0.75 = 25 % lower, LAPS-SD's goal in issue 7).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+FCFS = "order:fcfs"
+
+
+def order_summary(results: dict) -> dict:
+    out: dict = {}
+    for load, per_config in results.get("closed", {}).items():
+        rows = {name: row["summary"]["latency_s"] for name, row in per_config.items()}
+        base = (rows.get(FCFS) or {}).get("mean")
+        out[load] = {
+            name: {"mean_s": lat["mean"], "p99_s": lat["p99"],
+                   "mean_vs_fcfs": lat["mean"] / base if base and lat["mean"] is not None else None}
+            for name, lat in rows.items()
+        }  # fmt: skip
+    return out
+
+
+def write(results: dict, out_dir: Path, console: Console | None = None) -> dict:
+    summary = order_summary(results)
+    (out_dir / "order_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    table = Table(title="request order: end-to-end latency (closed loop)")
+    for c in ("load", "policy", "mean s", "p99 s", "mean vs fcfs"):
+        table.add_column(c, justify="left" if c in ("load", "policy") else "right")
+    for load, rows in summary.items():
+        for name, r in rows.items():
+            fmt = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
+            table.add_row(load, name, fmt(r["mean_s"], ".2f"), fmt(r["p99_s"], ".2f"), fmt(r["mean_vs_fcfs"], ".2f"))
+    (console or Console()).print(table)
+    _plot(summary, out_dir / "order_latency.png")
+    return summary
+
+
+def _plot(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    loads = sorted(summary, key=lambda s: int(s.split("=")[1]))
+    names = list(dict.fromkeys(n for load in loads for n in summary[load]))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for name in names:
+        xs = [int(load.split("=")[1]) for load in loads if name in summary[load]]
+        for ax, key in zip(axes, ("mean_s", "p99_s")):
+            ax.plot(xs, [summary[f"concurrency={x}"][name][key] for x in xs], marker="o", label=name)
+    for ax, title in zip(axes, ("mean latency (s)", "p99 latency (s)")):
+        ax.set_xlabel("concurrent requests")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,66 @@
+"""`make bench-order` in miniature on the tiny pair: the four queue policies side by side, closed loop."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.configs import StackKey, parse
+from bench.harness import ORDER_SWEEP, order_options, run_bench
+from bench.order import order_summary, write
+from bench.stack import Models
+from tests.support.tiny_stack import save_tiny_pair
+
+
+def test_order_configs_get_a_stack_per_queue_policy():
+    c = parse("order:laps-sd")
+    assert c.is_tandem and c.speculation == 3 and c.stack == StackKey("fixed:4", "laps-sd")
+    with pytest.raises(ValueError):
+        parse("order:")
+
+
+def test_order_preset():
+    opts = order_options()
+    assert opts.sweep == list(ORDER_SWEEP) and opts.batch1 == [] and opts.rate_factors == []
+    assert opts.concurrency == [10, 20, 30] and opts.sweep_max_new_tokens == (8, 128)
+
+
+def test_order_flag_presets_what_the_command_line_does_not_give(monkeypatch):
+    from typer.testing import CliRunner
+
+    import bench.harness as harness
+
+    got = []
+    monkeypatch.setattr(harness, "run_bench", lambda opts: got.append(opts) or {})
+    monkeypatch.setattr("bench.order.write", lambda *a, **k: None)
+    monkeypatch.delenv("TANDEM_MAX_BATCH_SIZE", raising=False)
+    result = CliRunner().invoke(harness.app, ["--order", "--pair", "tiny", "--concurrency", "2,4"])
+    assert result.exit_code == 0, result.output
+    (opts,) = got
+    assert opts.concurrency == [2, 4] and opts.sweep == list(ORDER_SWEEP) and opts.name == "order"
+    import os
+
+    assert os.environ.pop("TANDEM_MAX_BATCH_SIZE") == "4"
+
+
+@pytest.mark.timeout(240)
+def test_tiny_bench_order_runs_the_four_policies_side_by_side(tmp_path, monkeypatch):
+    monkeypatch.setenv("TANDEM_MAX_BATCH_SIZE", "2")
+    target, draft = save_tiny_pair(tmp_path / "models")
+    opts = order_options(
+        models=Models(target=target, draft=draft, home=tmp_path), concurrency=[4], sweep_requests=6,
+        sweep_max_new_tokens=(2, 16), max_prompt_tokens=48, traces=False,
+    )  # fmt: skip
+    out = tmp_path / "out"
+    res = run_bench(opts, out)
+    (load,) = res["closed"]
+    assert load == "concurrency=4" and set(res["closed"][load]) == set(ORDER_SWEEP)
+    for name, row in res["closed"][load].items():
+        s = row["summary"]
+        assert s["num_ok"] == s["num_requests"] == 8, (name, s["errors"])
+    summary = write(res, out)
+    assert summary[load]["order:fcfs"]["mean_vs_fcfs"] == pytest.approx(1.0)
+    assert json.loads((out / "order_summary.json").read_text()) == summary
+    assert (out / "order_latency.png").stat().st_size > 1000
+    assert order_summary(res) == summary
