@@ -50,8 +50,10 @@ class Preemptions:
         self.preempted: list[str] = []
         self.resumed: list[str] = []
         self.prefilled: list[str] = []
+        self.last_step = -1
 
     def on_step(self, report) -> None:
+        self.last_step = report.step
         self.preempted += report.preempted_ids
         self.resumed += report.resumed_ids
         self.prefilled += report.prefilled_ids
@@ -93,6 +95,8 @@ def test_preempted_requests_are_lossless_and_leak_nothing(stack, tiny_pair, refe
             _wait(lambda: len(seen.prefilled) >= 2 and running.scheduler.num_steps > 10)  # both long ones ran a while
             short = [pool.submit(client.generate, p, max_new_tokens=n) for p, n in zip(prompts[2:], lengths[2:])]
             results = [f.result(timeout=120) for f in long + short]
+        # a request's last tokens stream before the observers hear of its step
+        _wait(lambda: not running.scheduler.has_work() and seen.last_step == running.scheduler.num_steps - 1)
         for p, n, r in zip(prompts, lengths, results):
             assert r.finish_reason == FinishReason.LENGTH
             assert r.token_ids == reference.greedy(p, n)
