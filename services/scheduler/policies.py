@@ -14,6 +14,10 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                   smartspec-conf[:T]     draft until confidence < T (0.5),     SmartSpecConfidence
                                          verify the goodput-optimal prefix
                   faser[:K]        per-request k by GP-LCB, k <= K (8)          Faser
+                  nightjar[:K]     bandit k per batch size, k <= K (5),          Nightjar
+                                   switching cost (ADA-BINGREEDY, eq. 3); with
+                                   TANDEM_DRAFT_OFFLOAD the draft's memory is
+                                   elastic (scheduler.policies.elastic_memory)
     queue         fcfs             first come first served, priority first      FCFS
                   las[:Q]          least attained service, preemptive, quantum   LAS(Q s, 0.5)
                   lp-sjf           shortest predicted output first, no preemption LPSJF
@@ -23,8 +27,6 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
 Queue policies get the target's profiled cost model (and the draft's, when
 profiled) for LAPS-SD's eq. 6.
 
-Later policies (nightjar, laps-sd) register here under the names DESIGN §5
-gives them.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from collections.abc import Callable
 
 from scheduler.policies.adaserve import AdaServe, EqualGreedy, GlobalGreedy, SpecInferTree
 from scheduler.policies.faser import Faser, FaserConfig
+from scheduler.policies.nightjar import Nightjar, NightjarConfig
 from scheduler.policies.smartspec import SmartSpec, SmartSpecConfidence, SmartSpecConfig
 from scheduler.policies.acceptance_stability import Stability
 from scheduler.policies.laps_sd import LapsConfig, LapsSD
@@ -57,6 +60,7 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     "smartspec-request": lambda arg: SmartSpec(SmartSpecConfig(max_k=_max_k(arg), granularity="request")),
     "smartspec-conf": lambda arg: SmartSpecConfidence(SmartSpecConfig(confidence_threshold=_threshold(arg))),
     "faser": lambda arg: Faser(FaserConfig(max_k=_max_k(arg))),
+    "nightjar": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg, default=5))),
 }
 # name -> factory(argument after the colon or None, eq. 6's costs)
 QUEUE_POLICIES: dict[str, Callable[[str | None, SDCosts], QueuePolicy]] = {
@@ -85,9 +89,9 @@ def _chain_length(arg: str | None) -> int:
     return int(arg)
 
 
-def _max_k(arg: str | None) -> int:
+def _max_k(arg: str | None, default: int = 8) -> int:
     if arg is None:
-        return 8
+        return default
     if not arg.isdigit() or not 1 <= int(arg) <= 32:
         raise ValueError(f"the longest chain K must be an integer in 1..32, got {arg!r}")
     return int(arg)

@@ -1,0 +1,226 @@
+"""Bandit speculation length per batch size (Nightjar §4, Algorithm 1: ADA-BINGREEDY).
+
+One chain length γ ∈ {0 .. Γ_max} for the whole batch, learned online from
+the goodput each step actually achieved. Every batch-size bucket B runs its
+own bandit, because the best γ changes with B (§4.1, eq. 1)::
+
+    γ*(B) = argmax_γ g_{B,γ}                                            (eq. 1)
+
+Time per bucket is cut into blocks and bins (Alg. 1, Figure 5)::
+
+    block j (H = 2^(j-1), grows)   ┌ bin ┬ bin ┬ ... ┐   ⌊√H⌋ bins of ⌊√H⌋ rounds (one round = one step;
+                                                          a bin ends once τ > √H, a block once b > √H)
+                                          explore?  with probability 1/√b at the bin's first round (line 8)
+
+    exploration bin    γ ~ Uniform{0 .. Γ_max}                          (lines 9-11)
+    exploitation bin   γ = argmin_γ 1/g̃_{B,γ} + 𝟙(γ_prev = 0 ∧ γ > 0)·c_prefill/γ     (eq. 3, lines 12-14)
+    after the step     g̃_{B,γ} += (r - g̃_{B,γ}) / n                   (cumulative mean, §4.2; line 15)
+
+Reward r = observed goodput of the step: tokens it generated (accepted +
+one bonus per request) / seconds of speculate + select + verify. So the
+draft's real cost, the RPCs and the verify width all count, measured.
+
+Switching cost c_prefill (§4.2, Table 3): after a step without speculation
+the draft lags the target by the tokens it did not see; the next speculate
+first runs them through the draft (the whole sequence when the draft lost
+it: offloaded, failed, never prefilled). c_prefill(L_max, B) is looked up in
+a table over (lag, batch size) built from the draft's cost model
+T_fwd = α_d·N_context + γ_d·N_batched + δ_d, with N_batched = N_context = B·L
+(every request lagging by the batch's worst lag L_max, as the paper
+assumes; context ≈ the lagging tokens, which is what the catch-up attends
+beyond cached KV). The cost model is the profiled one (`tandem profile` of
+the draft, ``SpecContext.draft_cost_model``) or a generic CPU-sized prior;
+lookups round L and B up to the next grid point (the table errs high).
+
+Batch-size buckets: 1, 2, 3, 4, then powers of two (5-8 -> 8, 9-16 -> 16,
+...): exact where the optimum moves fastest, shared where it barely does.
+
+Learned state (per bucket: block/bin counters, current bin type, per-arm
+visit count and mean goodput) is a ``SharedState`` in Redis, so a restarted
+scheduler resumes its schedule and estimates and replicas pool their rounds.
+The exploration coin is local (a seeded RNG); the bin type drawn at a bin's
+first round travels in that round's event.
+
+Pure: no I/O, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from scheduler.policies.shared_state import SharedState
+from scheduler.policies.speculation import SpecContext, SpecShape, SpeculationPolicy
+from scheduler.report import StepReport
+from scheduler.request import Request, SpecMode
+from shared.profiling.cost_model import CostModel
+
+STATE_VERSION = 1
+
+DEFAULT_DRAFT_COST = CostModel(alpha_s=2e-7, gamma_s=2e-4, delta_s=4e-3)  # per draft forward, CPU-sized
+LAG_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class NightjarConfig(BaseModel):
+    """Knobs of Nightjar's bandit; every field has a default."""
+
+    max_k: int = Field(5, ge=1, le=32, description="Γ_max: longest chain; arms are 0..Γ_max (0 = plain decoding).")
+    switch_cost: bool = Field(True, description="Charge c_prefill when leaving γ = 0 (eq. 3's second term).")
+    seed: int = Field(0, description="Seed of the exploration coin and the uniform draws.")
+
+
+def bucket(batch_size: int) -> int:
+    """The batch-size bucket a bandit is kept for: exact up to 4, then the next power of two."""
+    if batch_size <= 4:
+        return max(1, batch_size)
+    return 1 << (batch_size - 1).bit_length()
+
+
+class SwitchCostTable:
+    """c_prefill(L_max, B) in seconds, tabulated over (lag, batch size) from the draft's cost model (Table 3)."""
+
+    def __init__(self, cost: CostModel | None = None) -> None:
+        self.cost = cost or DEFAULT_DRAFT_COST
+        self.table = {(lag, b): self._model(lag, b) for lag in LAG_GRID for b in BATCH_GRID}
+
+    def _model(self, lag: int, batch_size: int) -> float:
+        tokens = lag * batch_size
+        return self.cost.predict(num_context_tokens=tokens, num_batched_tokens=tokens)
+
+    def __call__(self, lag: int, batch_size: int) -> float:
+        if lag <= 0 or batch_size <= 0:
+            return 0.0
+        lag_key = next((g for g in LAG_GRID if g >= lag), None)
+        b_key = next((g for g in BATCH_GRID if g >= batch_size), None)
+        if lag_key is None or b_key is None:  # beyond the table: the model itself
+            return self._model(lag, batch_size)
+        return self.table[(lag_key, b_key)]
+
+
+def draft_lag(req: Request) -> int:
+    """Tokens the draft must catch up on before it can speculate for ``req`` (L_i of §4.2)."""
+    if not req.on_draft:
+        return max(0, req.num_tokens - 1)  # a full re-prefill (the last token goes in with the speculate)
+    return max(0, req.num_tokens - req.draft_seen - 1)  # one new token per step is the normal case
+
+
+def exploit(means: Sequence[float], counts: Sequence[int], prev_k: int, c_prefill: float) -> int:
+    """Eq. 3: argmin_γ 1/g̃_γ + 𝟙(γ_prev = 0 ∧ γ > 0)·c_prefill/γ; an arm never played has g̃ = 0 (cost ∞)."""
+    best, best_cost = 0, math.inf
+    for k, (g, n) in enumerate(zip(means, counts)):
+        cost = 1.0 / g if n > 0 and g > 0 else math.inf
+        if prev_k == 0 and k > 0:
+            cost += c_prefill / k
+        if cost < best_cost:  # ties: the shorter γ
+            best, best_cost = k, cost
+    return best
+
+
+def _new_bucket(num_arms: int) -> dict[str, Any]:
+    # Alg. 1 line 3: j = 1, H = 1, b = 1, τ = 1
+    return {"j": 1, "H": 1, "b": 1, "tau": 1, "explore": True, "n": [0] * num_arms, "g": [0.0] * num_arms}
+
+
+class Nightjar(SpeculationPolicy):
+    name = "nightjar"
+
+    def __init__(self, config: NightjarConfig | None = None) -> None:
+        self.config = cfg = config or NightjarConfig()
+        self.num_arms = cfg.max_k + 1
+        self.state = SharedState(f"policy:{self.name}", STATE_VERSION, self._empty, self._apply)
+        self._rng = random.Random(cfg.seed)
+        self._switch = SwitchCostTable()
+        self._switch_prior: CostModel | None = None
+        self._prev_k = 0  # γ_{t-1}: what the last step played (0 also when the draft was away)
+        self._last: tuple[int, int, int, bool] | None = None  # step, bucket, γ, bin type of that round
+        self.last_c_prefill = 0.0  # of the last exploitation (traces, tests)
+
+    # ------------------------------------------------------------------ learned state
+    def shared_state(self) -> SharedState:
+        return self.state
+
+    def _empty(self) -> dict[str, Any]:
+        return {"buckets": {}}
+
+    def _apply(self, state: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
+        """One round of one bucket: the reward of the arm played, then Alg. 1 lines 15-22."""
+        buckets = dict(state["buckets"])
+        key = str(event["bucket"])
+        st = dict(buckets.get(key) or _new_bucket(self.num_arms))
+        n, g = _fit(list(st["n"]), self.num_arms, 0), _fit(list(st["g"]), self.num_arms, 0.0)
+        if st["tau"] == 1:
+            st["explore"] = bool(event["explore"])  # the bin type drawn at its first round (line 8)
+        k = int(event["k"])
+        if 0 <= k < self.num_arms:
+            n[k] += 1
+            g[k] += (float(event["reward"]) - g[k]) / n[k]  # cumulative moving average (§4.2)
+        st["n"], st["g"] = n, g
+        st["tau"] += 1  # line 16
+        root = math.sqrt(st["H"])
+        if st["tau"] > root:  # lines 17-19: bin completed
+            st["b"], st["tau"] = st["b"] + 1, 1
+            if st["b"] > root:  # lines 20-22: block completed
+                st["j"] += 1
+                st["H"], st["b"] = 2 ** (st["j"] - 1), 1
+        buckets[key] = st
+        return {**state, "buckets": buckets}
+
+    def bucket_state(self, batch_size: int) -> dict[str, Any]:
+        return self.state.state["buckets"].get(str(bucket(batch_size))) or _new_bucket(self.num_arms)
+
+    def switch_cost(self, ctx: SpecContext) -> SwitchCostTable:
+        if ctx.draft_cost_model is not self._switch_prior:
+            self._switch = SwitchCostTable(ctx.draft_cost_model)
+            self._switch_prior = ctx.draft_cost_model
+        return self._switch
+
+    # ------------------------------------------------------------------ decisions
+    def decide(self, batch: Sequence[Request], ctx: SpecContext) -> list[SpecShape]:
+        auto = [r for r in batch if r.speculation.mode is SpecMode.AUTO]
+        if not auto:
+            self._last = None
+            return [SpecShape.none()] * len(batch)
+        b = bucket(len(batch))
+        st = self.bucket_state(len(batch))
+        explore = st["explore"]
+        if st["tau"] == 1:  # a new bin: explore with probability 1/√b (line 8)
+            explore = self._rng.random() < 1.0 / math.sqrt(st["b"])
+        if explore:
+            k = self._rng.randrange(self.num_arms)  # line 11
+        else:
+            c_prefill = 0.0
+            if self.config.switch_cost and self._prev_k == 0:
+                c_prefill = self.switch_cost(ctx)(max(draft_lag(r) for r in auto), len(auto))
+            self.last_c_prefill = c_prefill
+            k = exploit(_fit(list(st["g"]), self.num_arms, 0.0), _fit(list(st["n"]), self.num_arms, 0), self._prev_k,
+                        c_prefill)  # fmt: skip
+        self._last = (ctx.step, b, k, explore)
+        shape = SpecShape.chain(k)
+        return [shape if r.speculation.mode is SpecMode.AUTO else SpecShape.none() for r in batch]
+
+    # ------------------------------------------------------------------ learning
+    def observe(self, report: StepReport) -> None:
+        last, self._last = self._last, None
+        played = last is not None and last[0] == report.step
+        # γ_{t-1} is what the draft actually did: 0 when the step ran without it (offloaded, failed)
+        self._prev_k = last[2] if played and report.num_speculating else 0
+        if not played or not report.outcomes:
+            return
+        seconds = report.times.speculate + report.times.select + report.times.verify
+        if seconds <= 0:
+            return
+        tokens = sum(o.num_accepted + 1 for o in report.outcomes)  # accepted + bonus (§4.1 goodput)
+        _, b, k, explore = last
+        if k > 0 and not report.num_speculating:
+            k = 0  # the draft failed this step: it was plain decoding after all
+        self.state.record({"bucket": b, "k": k, "reward": tokens / seconds, "explore": explore})
+
+
+def _fit(values: list, size: int, fill: Any) -> list:
+    """``values`` padded or cut to ``size`` (a stored state from another Γ_max)."""
+    return (values + [fill] * size)[:size]

@@ -1,0 +1,170 @@
+"""Nightjar's ADA-BINGREEDY on synthetic rewards: converges, pays the switching cost, keeps batch sizes apart."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from scheduler.policies.nightjar import (
+    Nightjar,
+    NightjarConfig,
+    SwitchCostTable,
+    bucket,
+    draft_lag,
+    exploit,
+)
+from scheduler.policies.shared_state import SharedState
+from scheduler.policies.speculation import SpecContext, plan_shapes
+from scheduler.report import PhaseTimes, RequestOutcome, StepReport
+from scheduler.request import Request, SpecMode, SpeculationSetting
+from services.scheduler.policies import speculation_policy
+from shared.profiling.cost_model import CostModel
+from tests.scheduler.sim_reports import requests
+
+
+def run(policy: Nightjar, goodput, batch_sizes, steps: int, seed: int = 0, start: int = 0) -> list[tuple[int, int]]:
+    """Steps with a reward of ``goodput(batch_size, k)`` (+ noise); returns (batch size, k) per step."""
+    rng = random.Random(seed)
+    pools = {b: requests(b, prefix=f"b{b}-") for b in set(batch_sizes)}
+    played = []
+    for step in range(start, start + steps):
+        b = batch_sizes[step % len(batch_sizes)]
+        batch = pools[b]
+        shapes = plan_shapes(policy, batch, SpecContext(now=float(step), step=step, draft_available=True))
+        k = shapes[0].max_depth
+        played.append((b, k))
+        g = goodput(b, k) * (1 + 0.1 * rng.uniform(-1, 1))  # tokens per second, noisy
+        tokens = b * (1 + k // 2)
+        report = StepReport(step=step, started_at=float(step), batch_size=b)
+        report.times = PhaseTimes(verify=tokens / g)
+        report.outcomes = [RequestOutcome(r.id, s, k, k // 2, 1 + k // 2) for r, s in zip(batch, shapes)]
+        policy.observe(report)
+    return played
+
+
+def test_bucketing_and_bins_follow_algorithm_1():
+    assert [bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 16, 17, 64)] == [1, 2, 3, 4, 8, 8, 16, 16, 32, 64]
+    policy = Nightjar(NightjarConfig(max_k=3))
+    # a bin ends once tau > sqrt(H) (floor(sqrt H) rounds), a block once b > sqrt(H):
+    # H=1: 1 bin x 1 round, H=2: 1 x 1, H=4: 2 x 2, H=8: 2 x 2
+    run(policy, lambda b, k: 10.0, [1], 1 + 1 + 4 + 4)
+    st = policy.bucket_state(1)
+    assert (st["j"], st["H"], st["b"], st["tau"]) == (5, 16, 1, 1)
+    assert sum(st["n"]) == 10
+    run(policy, lambda b, k: 10.0, [1], 16 + 3, start=10)  # H=16: 4 bins x 4 rounds, then 3 rounds of H=32
+    st = policy.bucket_state(1)
+    assert (st["j"], st["H"], st["b"], st["tau"]) == (6, 32, 1, 4)
+
+
+def test_converges_to_the_best_arm():
+    best = 3
+    goodput = lambda b, k: 100.0 - 12.0 * abs(k - best)  # noqa: E731 - a peak at k = 3
+    policy = Nightjar(NightjarConfig(max_k=5, switch_cost=False))
+    played = run(policy, goodput, [1], 2000)
+    st = policy.bucket_state(1)
+    assert exploit(st["g"], st["n"], prev_k=3, c_prefill=0.0) == best
+    late = [k for _, k in played[-500:]]
+    assert late.count(best) / len(late) > 0.6  # exploitation bins (most of them by now) all play it
+    assert st["n"][best] == max(st["n"])
+
+
+def test_cumulative_mean_is_the_average_reward():
+    policy = Nightjar(NightjarConfig(max_k=2, switch_cost=False))
+    run(policy, lambda b, k: 50.0 + 10 * k, [2], 300)
+    st = policy.bucket_state(2)
+    for k in range(3):
+        if st["n"][k]:
+            assert st["g"][k] == pytest.approx(50.0 + 10 * k, rel=0.06)
+
+
+def test_switching_cost_keeps_speculation_off_when_it_barely_pays():
+    means, counts = [100.0, 100.5, 101.0], [10, 10, 10]
+    assert exploit(means, counts, prev_k=2, c_prefill=0.0) == 2
+    assert exploit(means, counts, prev_k=1, c_prefill=1.0) == 2  # already speculating: no switch cost
+    assert exploit(means, counts, prev_k=0, c_prefill=1e-3) == 0  # eq. 3: 1/101 + 1e-3/2 > 1/100
+    assert exploit(means, counts, prev_k=0, c_prefill=1e-5) == 2  # cheap catch-up: switch
+    # longer chains amortize the catch-up better (c_prefill / gamma)
+    assert exploit([100.0, 150.0, 150.0], [1, 1, 1], prev_k=0, c_prefill=2e-3) == 2
+    assert exploit([100.0, 0.0], [5, 0], prev_k=0, c_prefill=0.0) == 0  # an unplayed arm is never exploited
+
+
+def test_switching_cost_in_the_loop():
+    # arms 0 and 2 are nearly equal; with an expensive catch-up the policy stays at 0 once there
+    goodput = lambda b, k: 100.0 if k == 0 else 101.0 if k == 2 else 60.0  # noqa: E731
+    # the requests are not on the draft: leaving 0 costs a re-prefill of ~20 tokens (~10 ms, the default model)
+    ctx_policy = Nightjar(NightjarConfig(max_k=2))
+    played = []
+    for chunk in range(4):
+        played += run(ctx_policy, goodput, [1], 300, seed=chunk, start=300 * chunk)
+    free_policy = Nightjar(NightjarConfig(max_k=2, switch_cost=False))
+    played_free = []
+    for chunk in range(4):
+        played_free += run(free_policy, goodput, [1], 300, seed=chunk, start=300 * chunk)
+    # without the switch cost the greedy arm is 2; with it the exploitation after a 0 stays at 0 more often
+    zeros = sum(1 for _, k in played[-600:] if k == 0)
+    zeros_free = sum(1 for _, k in played_free[-600:] if k == 0)
+    assert zeros > zeros_free
+
+
+def test_switch_cost_table_rounds_up_and_grows():
+    table = SwitchCostTable(CostModel(alpha_s=1e-6, gamma_s=1e-4, delta_s=1e-3))
+    assert table(0, 4) == 0.0
+    assert table(3, 3) == table(4, 4)  # rounded up to the grid point
+    assert table(100, 8) > table(10, 8) > table(1, 8)
+    assert table(64, 64) > table(64, 32)
+    assert table(10_000, 8) == pytest.approx(1e-3 + 1.01e-4 * 80_000)  # past the table: the model
+
+
+def test_draft_lag():
+    r = Request("a", [1] * 10, max_new_tokens=50)
+    assert draft_lag(r) == 9  # never on the draft: full re-prefill
+    r.on_draft, r.draft_seen = True, 10
+    r.output_ids.extend([5, 6, 7])
+    assert draft_lag(r) == 2
+
+
+def test_batch_sizes_learn_apart():
+    # speculation pays at batch 1 (best k = 4), not at batch 16 (best k = 0)
+    goodput = lambda b, k: (80.0 + 10 * k) if b == 1 else (400.0 - 40 * k)  # noqa: E731
+    policy = Nightjar(NightjarConfig(max_k=4, switch_cost=False))
+    run(policy, goodput, [1, 16], 3000)
+    one, sixteen = policy.bucket_state(1), policy.bucket_state(16)
+    assert exploit(one["g"], one["n"], 4, 0.0) == 4
+    assert exploit(sixteen["g"], sixteen["n"], 0, 0.0) == 0
+    assert sum(one["n"]) == sum(sixteen["n"]) == 1500
+
+
+def test_state_survives_a_restart_and_merges_across_replicas():
+    goodput = lambda b, k: 100.0 - 10 * abs(k - 2)  # noqa: E731
+    a = Nightjar(NightjarConfig(max_k=3))
+    run(a, goodput, [1], 200)
+    stored = a.state.merge(None, a.state.take())
+    restarted = Nightjar(NightjarConfig(max_k=3, seed=1))
+    restarted.state.adopt(stored)
+    assert restarted.bucket_state(1) == a.bucket_state(1)
+    # a second replica's rounds fold in: counts add up
+    b = Nightjar(NightjarConfig(max_k=3, seed=2))
+    run(b, goodput, [1], 50)
+    merged = b.state.merge(stored, b.state.take())
+    assert sum(merged["buckets"]["1"]["n"]) == 250
+    # a state of another Γ_max is padded, not misread
+    wider = Nightjar(NightjarConfig(max_k=5))
+    wider.state.adopt(stored)
+    run(wider, goodput, [1], 5, start=200)
+    assert len(wider.bucket_state(1)["n"]) == 6
+    assert isinstance(a.shared_state(), SharedState) and a.state.name == "policy:nightjar"
+
+
+def test_request_modes_and_registration():
+    policy = speculation_policy("nightjar:3")
+    assert isinstance(policy, Nightjar) and policy.config.max_k == 3
+    assert speculation_policy("nightjar").config.max_k == 5
+    batch = requests(2)
+    batch[1].speculation = SpeculationSetting(mode=SpecMode.OFF)
+    shapes = policy.decide(batch, SpecContext(now=0.0, step=0, draft_available=True))
+    assert not shapes[1].speculates
+    # an exploration bin at the very first round (1/sqrt(1) = 1): uniform over 0..3
+    assert 0 <= shapes[0].max_depth <= 3
+    assert math.isclose(policy.last_c_prefill, 0.0)
