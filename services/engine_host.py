@@ -136,7 +136,7 @@ class EngineHost:
             model_name=self.model_name,
             vocab_size=runner.vocab_size or 0,  # 0: a model-free draft told no vocabulary (TANDEM_VOCAB_SIZE)
             num_live_seqs=len(runner.seqs),
-            weights_offloaded=False,
+            weights_offloaded=bool(getattr(self.engine, "offloaded", False)),
         )
         cache = self.kv_cache
         if cache is None:  # model-free: no weights, no context limit, no KV blocks (the fields stay 0)
@@ -146,7 +146,7 @@ class EngineHost:
         info.dtype = str(runner.dtype).removeprefix("torch.")
         info.device = str(runner.device)
         info.kv_blocks_total = cache.num_blocks
-        info.kv_blocks_free = cache.num_free_blocks
+        info.kv_blocks_free = cache.num_free_blocks  # 0 while offloaded: the pool's memory is given back
         info.block_size = cache.block_size
         return info
 

@@ -16,3 +16,10 @@ def annotate(**attributes: AttributeValue) -> None:
     span = trace.get_current_span()
     if span.is_recording():
         span.set_attributes({f"tandem.{name}": value for name, value in attributes.items()})
+
+
+def event(name: str, **attributes: AttributeValue) -> None:
+    """A span event on the current call's server span (offload, reload: things that happened, not sizes)."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.add_event(name, {f"tandem.{key}": value for key, value in attributes.items()})

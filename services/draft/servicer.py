@@ -5,6 +5,12 @@ accepted since the last call), so the draft's KV cache (the n-gram draft's
 token index) follows the target, then drafts every chain or tree of the batch
 in lock-step (one forward per draft step, not per request). As in the target servicer, errors are raised,
 never caught: the error interceptor maps them to status codes.
+
+Offload / Reload (Nightjar §5, elastic memory): Offload drops every live
+sequence, moves the weights to host memory and frees the KV pool; Prefill and
+Speculate then answer FAILED_PRECONDITION until Reload restores the weights
+and a fresh pool. Both are idempotent (bytes_moved 0 when there is nothing to
+do). The model-free n-gram draft has nothing to offload: UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -12,14 +18,14 @@ from __future__ import annotations
 import grpc.aio
 
 from services.engine_host import EngineHost
-from services.spans import annotate
+from services.spans import annotate, event
 from shared.engine.draft_engine import DraftEngine
 from shared.engine.ngram_drafter import NgramDraftEngine
 from shared.engine.types import ForwardCost, PrefillItem, SpecItem, TokenTree
 from shared.rpc.convert import CallTimer, cost_to_pb, prefill_item_from_pb, spec_item_from_pb, tree_to_pb
 from shared.rpc.gen.tandem.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
-OFFLOAD_UNIMPLEMENTED = "draft weight offload/reload is not implemented yet; the Nightjar issue (DESIGN §5.3) adds it"
+OFFLOAD_UNIMPLEMENTED = "the model-free n-gram draft has no weights or KV cache to offload"
 
 
 class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
@@ -73,12 +79,26 @@ class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
     async def Offload(
         self, request: draft_pb2.OffloadRequest, context: grpc.aio.ServicerContext
     ) -> draft_pb2.OffloadResponse:
-        raise NotImplementedError(OFFLOAD_UNIMPLEMENTED)
+        if not isinstance(self.engine, DraftEngine):
+            raise NotImplementedError(OFFLOAD_UNIMPLEMENTED)
+        timer = CallTimer()
+        ran = await self.host.run(self._offload)
+        (moved, freed), dropped = ran.result
+        annotate(bytes_moved=moved, kv_bytes_freed=freed, num_dropped_seqs=dropped)
+        event("draft.offload", bytes_moved=moved, kv_bytes_freed=freed, num_dropped_seqs=dropped)
+        return draft_pb2.OffloadResponse(bytes_moved=moved, kv_blocks_free=0, timing=ran.timing(timer))
 
     async def Reload(
         self, request: draft_pb2.ReloadRequest, context: grpc.aio.ServicerContext
     ) -> draft_pb2.ReloadResponse:
-        raise NotImplementedError(OFFLOAD_UNIMPLEMENTED)
+        if not isinstance(self.engine, DraftEngine):
+            raise NotImplementedError(OFFLOAD_UNIMPLEMENTED)
+        timer = CallTimer()
+        ran = await self.host.run(self.engine.reload)
+        blocks = self.host.kv_cache.num_free_blocks
+        annotate(bytes_moved=ran.result, kv_blocks_free=blocks)
+        event("draft.reload", bytes_moved=ran.result, kv_blocks_free=blocks)
+        return draft_pb2.ReloadResponse(bytes_moved=ran.result, kv_blocks_free=blocks, timing=ran.timing(timer))
 
     async def Info(self, request: common_pb2.InfoRequest, context: grpc.aio.ServicerContext) -> common_pb2.ServiceInfo:
         return self.host.info()
@@ -87,6 +107,10 @@ class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
     def _prefill(self, items: list[PrefillItem]) -> list[ForwardCost]:
         self.engine.prefill(items)
         return list(self.engine.costs)
+
+    def _offload(self) -> tuple[tuple[int, int], int]:
+        dropped = len(self.engine.runner.seqs)
+        return self.engine.offload(), dropped
 
     def _speculate(self, items: list[SpecItem]) -> tuple[list[TokenTree], list[ForwardCost]]:
         trees = self.engine.speculate(items)

@@ -3,12 +3,21 @@
 Every speculate call first commits the tokens the target accepted since the
 last call, which keeps the KV entries of the matching draft path and drops
 the rest (rollback), then runs all drafters of the batch one forward per step.
+
+Elastic memory (Nightjar §5): ``offload`` drops every live sequence, moves
+the weights to host memory (pinned, so ``reload`` can copy them back by DMA;
+on a CPU device there is nothing to move) and frees the KV pool's tensors;
+``reload`` brings the weights back and allocates a fresh, empty pool. While
+offloaded, prefill and speculate raise ``WeightsOffloadedError``; the
+scheduler re-prefills a sequence when it speculates for it again.
 """
 
 from __future__ import annotations
 
+import torch
+
 from shared.engine.drafting import BeamDrafter, ChainDrafter
-from shared.engine.errors import ContextLengthError, DuplicateSequenceError, InvalidRequestError
+from shared.engine.errors import ContextLengthError, DuplicateSequenceError, InvalidRequestError, WeightsOffloadedError
 from shared.engine.runner import ModelRunner, Work
 from shared.engine.sampling import validate_sampling
 from shared.engine.types import ForwardCost, PrefillItem, SpecItem, TokenTree
@@ -21,8 +30,42 @@ class DraftEngine:
         self.max_depth = max_depth
         self.max_width = max_width
         self.costs: list[ForwardCost] = []  # forwards of the last call
+        self.offloaded = False
+
+    # ------------------------------------------------------------------ elastic memory (Nightjar §5)
+    def offload(self) -> tuple[int, int]:
+        """Drop every sequence, weights to host memory, KV tensors freed; (weight bytes moved, KV bytes freed)."""
+        if self.offloaded:
+            return 0, 0
+        self.release(list(self.runner.seqs))
+        device = self.runner.device
+        moved = _move_weights(self.runner.model, torch.device("cpu"), pin=device.type == "cuda")
+        freed = self.runner.cache.release_memory()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the freed space goes back to the device, for the target to take
+        self.offloaded = True
+        return moved, freed
+
+    def reload(self) -> int:
+        """Weights back on the device, a fresh empty KV pool; returns the weight bytes moved."""
+        if not self.offloaded:
+            return 0
+        device = self.runner.device
+        moved = _move_weights(self.runner.model, device, pin=False)
+        self.runner.cache.reallocate()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the non-blocking copies are done before the next forward
+        self.offloaded = False
+        return moved
+
+    def _check_resident(self) -> None:
+        if self.offloaded:
+            raise WeightsOffloadedError(
+                "the draft's weights are offloaded to host memory (Nightjar elastic memory); call Reload first"
+            )
 
     def prefill(self, items: list[PrefillItem]) -> None:
+        self._check_resident()
         ids = [p.seq_id for p in items]
         if len(ids) != len(set(ids)):
             raise InvalidRequestError("a sequence appears twice in one prefill")
@@ -70,6 +113,7 @@ class DraftEngine:
                 raise InvalidRequestError(f"sequence {it.seq_id!r}: confidence threshold must be in [0, 1]")
 
     def speculate(self, items: list[SpecItem]) -> list[TokenTree]:
+        self._check_resident()
         self._validate(items)
         drafters: list[ChainDrafter | BeamDrafter] = []
         for it in items:
@@ -89,3 +133,19 @@ class DraftEngine:
             for i, (d, w) in enumerate(zip(active, works)):
                 d.absorb(out.root(i)[None] if w.want_root else out.nodes(i, len(w.new_nodes)))
         return [d.tree for d in drafters]
+
+
+def _move_weights(model: torch.nn.Module, device: torch.device, *, pin: bool) -> int:
+    """Move parameters and buffers in place (module references stay valid); bytes that changed device."""
+    moved = 0
+    seen: set[int] = set()
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if id(tensor) in seen:  # tied weights
+            continue
+        seen.add(id(tensor))
+        if tensor.device == device:
+            continue
+        data = tensor.data.to(device, non_blocking=device.type == "cuda")
+        tensor.data = data.pin_memory() if pin and device.type == "cpu" else data
+        moved += tensor.numel() * tensor.element_size()
+    return moved

@@ -47,6 +47,12 @@ class OutOfBlocksError(EngineError):
     grpc_code = "RESOURCE_EXHAUSTED"
 
 
+class WeightsOffloadedError(EngineError):
+    """The draft's weights are in host memory (Offload, Nightjar §5): Reload before Prefill or Speculate."""
+
+    grpc_code = "FAILED_PRECONDITION"
+
+
 class ModelLoadError(EngineError):
     """A model source that cannot be loaded: missing path, not a model, unsupported file, bad dtype or device.
 

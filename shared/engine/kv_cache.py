@@ -75,11 +75,37 @@ class PagedKVCache:
         self.block_size = block_size
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        # [num_layers, 2, num_slots, num_kv_heads, head_dim]
-        self.kv = torch.zeros(
-            num_layers, 2, num_blocks * block_size, num_kv_heads, head_dim, dtype=dtype, device=device
-        )
+        self.dtype, self.device = dtype, device
+        self.kv = self._zeros()
         self.allocator = BlockAllocator(num_blocks)
+        self.released = False  # True between release_memory() and reallocate()
+
+    def _zeros(self) -> torch.Tensor:
+        # [num_layers, 2, num_slots, num_kv_heads, head_dim]
+        return torch.zeros(
+            self.num_layers, 2, self.num_blocks * self.block_size, self.num_kv_heads, self.head_dim,
+            dtype=self.dtype, device=self.device,
+        )  # fmt: skip
+
+    def release_memory(self) -> int:
+        """Free the KV tensors (every block must be free); no block can be allocated until ``reallocate``.
+        Returns the bytes given back (Nightjar §5: the draft's KV space goes with its weights)."""
+        if self.released:
+            return 0
+        if self.allocator.num_free != self.num_blocks:
+            raise RuntimeError(f"{self.num_blocks - self.allocator.num_free} KV blocks are still owned")
+        freed = self.kv.numel() * self.kv.element_size()
+        self.kv = torch.empty(0, dtype=self.dtype, device=self.device)
+        self.allocator = BlockAllocator(0)
+        self.released = True
+        return freed
+
+    def reallocate(self) -> None:
+        """A fresh pool of ``num_blocks`` after ``release_memory`` (zeroed, all free)."""
+        if self.released:
+            self.kv = self._zeros()
+            self.allocator = BlockAllocator(self.num_blocks)
+            self.released = False
 
     @property
     def num_free_blocks(self) -> int:

@@ -1,5 +1,5 @@
-"""DraftService over a real grpc.aio server: batched chain/tree speculation, bad input, Offload stubs,
-and the same service running the model-free n-gram draft."""
+"""DraftService over a real grpc.aio server: batched chain/tree speculation, bad input, Offload/Reload
+(Nightjar elastic memory), and the same service running the model-free n-gram draft."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_speculate_chain_and_tree_in_one_call(tiny_model_dir):
     asyncio.run(main())
 
 
-def test_bad_input_and_offload_stubs(tiny_model_dir):
+def test_bad_input(tiny_model_dir):
     async def main():
         async with serving(tiny_model_dir, tiny_model_dir) as (_, draft), aio_channel(draft.address) as channel:
             stub = draft_pb2_grpc.DraftServiceStub(channel)
@@ -99,8 +99,6 @@ def test_bad_input_and_offload_stubs(tiny_model_dir):
                     "RESOURCE_EXHAUSTED",
                     "blocks",
                 ),
-                ("offload", stub.Offload(draft_pb2.OffloadRequest()), "UNIMPLEMENTED", "Nightjar"),
-                ("reload", stub.Reload(draft_pb2.ReloadRequest()), "UNIMPLEMENTED", "Nightjar"),
             ]
             for what, call, code, fragment in cases:
                 with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -116,6 +114,54 @@ def test_bad_input_and_offload_stubs(tiny_model_dir):
             await stub.Release(common_pb2.ReleaseRequest(seq_ids=["live"]))
             assert (await stub.Info(common_pb2.InfoRequest())).kv_blocks_free == NUM_BLOCKS
             draft.engine_host.engine.runner.check_accounting()
+
+    asyncio.run(main())
+
+
+def test_offload_and_reload(tiny_model_dir):
+    """Offload drops the draft's sequences and frees its KV pool; Prefill/Speculate are refused until Reload."""
+    prompt = [3, 14, 15, 92, 65]
+    expected = greedy_reference(tiny_model_dir, tuple(prompt), 4)
+
+    async def main():
+        async with serving(tiny_model_dir, tiny_model_dir) as (_, draft), aio_channel(draft.address) as channel:
+            stub = draft_pb2_grpc.DraftServiceStub(channel)
+            engine = draft.engine_host.engine
+            await stub.Prefill(draft_pb2.DraftPrefillRequest(items=[prefill_item("a", prompt)]))
+            offloaded = await stub.Offload(draft_pb2.OffloadRequest())
+            assert offloaded.bytes_moved == 0  # CPU: the weights are already in host memory
+            assert offloaded.kv_blocks_free == 0 and offloaded.timing.total_ns > 0
+            assert engine.runner.cache.kv.numel() == 0  # the KV tensors are gone
+            info = await stub.Info(common_pb2.InfoRequest())
+            assert (info.weights_offloaded, info.num_live_seqs, info.kv_blocks_free) == (True, 0, 0)
+            chain = draft_pb2.ChainShape(length=3)
+            refused = [
+                stub.Speculate(draft_pb2.SpeculateRequest(
+                    items=[draft_pb2.SpecItem(seq_id="a", new_tokens=[expected[0]], chain=chain)])),
+                stub.Prefill(draft_pb2.DraftPrefillRequest(items=[prefill_item("b", prompt)])),
+            ]  # fmt: skip
+            for call in refused:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await call
+                assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+                assert "offloaded" in err.value.details() and "Reload" in err.value.details()
+            # Release of what offload dropped is fine (idempotent), a second Offload is a no-op
+            assert (await stub.Release(common_pb2.ReleaseRequest(seq_ids=["a"]))).num_released == 0
+            assert (await stub.Offload(draft_pb2.OffloadRequest())).bytes_moved == 0
+
+            reloaded = await stub.Reload(draft_pb2.ReloadRequest())
+            assert reloaded.kv_blocks_free == NUM_BLOCKS
+            info = await stub.Info(common_pb2.InfoRequest())
+            assert (info.weights_offloaded, info.kv_blocks_free, info.kv_blocks_total) == (False, NUM_BLOCKS, NUM_BLOCKS)
+            # the sequence was dropped: re-prefill (what the scheduler's resync does), then speculate as before
+            await stub.Prefill(draft_pb2.DraftPrefillRequest(items=[prefill_item("a", prompt)]))
+            reply = await stub.Speculate(draft_pb2.SpeculateRequest(
+                items=[draft_pb2.SpecItem(seq_id="a", new_tokens=[expected[0]], chain=chain)]))  # fmt: skip
+            assert list(reply.outputs[0].tree.token_ids) == expected[1:4]
+            assert (await stub.Reload(draft_pb2.ReloadRequest())).bytes_moved == 0  # already resident
+            await stub.Release(common_pb2.ReleaseRequest(seq_ids=["a"]))
+            assert (await stub.Info(common_pb2.InfoRequest())).kv_blocks_free == NUM_BLOCKS
+            engine.runner.check_accounting()  # no leaked blocks
 
     asyncio.run(main())
 
@@ -192,7 +238,8 @@ def test_ngram_draft_bad_input_gets_a_status(tiny_model_dir):
                     "INVALID_ARGUMENT",
                     "chain length",
                 ),
-                ("offload", stub.Offload(draft_pb2.OffloadRequest()), "UNIMPLEMENTED", "Nightjar"),
+                ("offload", stub.Offload(draft_pb2.OffloadRequest()), "UNIMPLEMENTED", "no weights"),
+                ("reload", stub.Reload(draft_pb2.ReloadRequest()), "UNIMPLEMENTED", "no weights"),
             ]
             for what, call, code, fragment in cases:
                 with pytest.raises(grpc.aio.AioRpcError) as err:
