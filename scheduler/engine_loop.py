@@ -505,6 +505,7 @@ class Scheduler:
                     num_accepted=res.num_accepted if len(tree) else 0,
                     num_emitted=len(emitted),
                     finish_reason=req.finish_reason,
+                    num_pruned=res.num_pruned,
                 )
             )
 

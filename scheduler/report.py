@@ -29,6 +29,7 @@ class RequestOutcome:
     num_accepted: int  # of which accepted
     num_emitted: int  # tokens streamed this step (after stop truncation)
     finish_reason: FinishReason | None = None
+    num_pruned: int = 0  # drafted nodes the target's token-wise early exit stopped (FASER §4.2), counted rejected
 
 
 @dataclass
@@ -45,6 +46,12 @@ class StepReport:
     draft_available: bool = False  # at the end of the step
     draft_error: str | None = None  # the draft failure this step, if any
     outcomes: list[RequestOutcome] = field(default_factory=list)
+
+    @property
+    def early_exit_ratio(self) -> float:
+        """Share of this step's drafted nodes that verification stopped early (FASER §4.2)."""
+        drafted = sum(o.num_drafted for o in self.outcomes)
+        return sum(o.num_pruned for o in self.outcomes) / drafted if drafted else 0.0
 
     @property
     def num_speculating(self) -> int:

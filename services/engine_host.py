@@ -87,6 +87,8 @@ class EngineHost:
             engine_config=settings.engine_config(),
             with_tokenizer=False,  # the services see token ids only
         )
+        if role == "target":
+            engine.set_early_exit(settings.early_exit_config())
         return cls(engine, loaded, role)
 
     async def run(self, fn: Callable[..., T], *args: object) -> Ran[T]:

@@ -10,7 +10,7 @@ TANDEM_PORT, TANDEM_SERVICE_NAME, TANDEM_TRACE_EXPORTER, TANDEM_OTLP_ENDPOINT,
 TANDEM_HOME, TANDEM_PAIR, TANDEM_MODEL, TANDEM_DEVICE, TANDEM_DTYPE, TANDEM_VOCAB_SIZE, and for
 the scheduler TANDEM_TARGET_ADDR, TANDEM_DRAFT_ADDR, TANDEM_REDIS_URL,
 TANDEM_METRICS_PORT, TANDEM_QUEUE_POLICY, TANDEM_SPECULATION_POLICY,
-TANDEM_TOKEN_BUDGET, TANDEM_PROFILE).
+TANDEM_TOKEN_BUDGET, TANDEM_PROFILE; for the target TANDEM_EARLY_EXIT).
 The environment is read when ``from_env`` is called, never at import.
 An empty variable counts as unset, because compose writes
 ``TANDEM_MODEL: ${TANDEM_TARGET_MODEL:-}`` to mean "the pair's model".
@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator
 
 from shared.engine.config import EngineConfig
+from shared.engine.early_exit import EarlyExitConfig
 from shared.engine.errors import ModelLoadError
 from shared.telemetry import ExporterKind, TracingConfig
 
@@ -58,6 +59,22 @@ def parse_ngram_spec(spec: str | None) -> tuple[int, int] | None:
     if not 1 <= min_ngram <= max_ngram:
         raise ValueError(f"malformed n-gram draft {spec!r}: need 1 <= MIN <= MAX")
     return min_ngram, max_ngram
+
+
+def parse_early_exit(spec: str | None) -> EarlyExitConfig | None:
+    """``on`` / ``on:k_init=16,gate=false`` -> EarlyExitConfig; unset, empty or ``off`` -> None."""
+    if spec is None or spec.strip().lower() in ("", "off", "false", "0", "none"):
+        return None
+    head, _, rest = spec.strip().partition(":")
+    if head.lower() not in ("on", "true", "1"):
+        raise ValueError(f"early exit {spec!r}: use off, on or on:FIELD=VALUE,...")
+    fields: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq or key.strip() not in EarlyExitConfig.model_fields:
+            raise ValueError(f"early exit {spec!r}: {part!r} is not FIELD=VALUE of {sorted(EarlyExitConfig.model_fields)}")
+        fields[key.strip()] = value.strip()
+    return EarlyExitConfig(enabled=True, **fields)
 
 
 def ngram_name(min_ngram: int, max_ngram: int) -> str:
@@ -141,6 +158,20 @@ class ServiceSettings(BaseModel):
         description="Profile file of the target (B, cost model); unset = the newest under "
         "<home>/profiles/<target model>/, else the Redis blob profile:<target model>.",
     )
+    early_exit: str | None = Field(
+        None,
+        description="Target: token-wise early exit (FASER §4.2): unset/off, on, or on:FIELD=VALUE,... with "
+        "EarlyExitConfig fields (init_layer, check_every, k_init, k_final, gate, inline_check).",
+    )
+
+    @field_validator("early_exit")
+    @classmethod
+    def _check_early_exit(cls, spec: str | None) -> str | None:
+        parse_early_exit(spec)  # a malformed spec fails when the process reads its settings
+        return spec
+
+    def early_exit_config(self) -> EarlyExitConfig | None:
+        return parse_early_exit(self.early_exit)
 
     @field_validator("model")
     @classmethod

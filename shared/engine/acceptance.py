@@ -79,6 +79,7 @@ def accept_tree(
     target_logits: torch.Tensor,
     params: SamplingParams,
     generator: torch.Generator | None = None,
+    pruned: Sequence[int] = (),
 ) -> AcceptResult:
     """Verify ``tree`` against ``target_logits`` ``[1 + num_nodes, vocab_size]``.
 
@@ -103,14 +104,22 @@ def accept_tree(
     children = children_of(tree.parent_ids)
     _validate_child_dists(tree, children, vocab_size)
 
+    stopped = frozenset(pruned)
     if params.greedy:
-        return _accept_greedy(tree, target_logits, children)
-    if generator is None:
-        generator = make_generator(None)
-    return _accept_sampled(tree, target_logits, params, generator, children)
+        result = _accept_greedy(tree, target_logits, children, stopped)
+    else:
+        if generator is None:
+            generator = make_generator(None)
+        result = _accept_sampled(tree, target_logits, params, generator, children, stopped)
+    for node in stopped:
+        result.node_status[node] = REJECTED  # stopped early = treated as rejected (FASER §4.2)
+    result.pruned_nodes = sorted(stopped)
+    return result
 
 
-def _accept_greedy(tree: TokenTree, target_logits: torch.Tensor, children: dict[int, list[int]]) -> AcceptResult:
+def _accept_greedy(
+    tree: TokenTree, target_logits: torch.Tensor, children: dict[int, list[int]], pruned: frozenset[int] = frozenset()
+) -> AcceptResult:
     """Follow the target's argmax down the tree; the bonus is the argmax where the walk stops."""
     best = target_logits.argmax(dim=-1).tolist()  # [1 + num_nodes]; one host sync for the whole tree
     status = [UNREACHED] * len(tree)
@@ -119,7 +128,8 @@ def _accept_greedy(tree: TokenTree, target_logits: torch.Tensor, children: dict[
     while True:
         match = None
         for node in children[row]:
-            if match is None and tree.token_ids[node] == best[row]:
+            # a pruned node equal to the argmax is not descended into: the bonus below is that token
+            if match is None and tree.token_ids[node] == best[row] and node not in pruned:
                 match = node
                 status[node] = ACCEPTED
             else:
@@ -138,6 +148,7 @@ def _accept_sampled(
     params: SamplingParams,
     generator: torch.Generator,
     children: dict[int, list[int]],
+    pruned: frozenset[int] = frozenset(),
 ) -> AcceptResult:
     """Multi-step speculative sampling: try each row's children in order, descend on the first accepted."""
     vocab_size = target_logits.shape[1]
@@ -154,16 +165,24 @@ def _accept_sampled(
             q = dense_probs(dist, vocab_size, device)  # [vocab_size]
             q = q / q.sum()  # multinomial normalises its weights, so this is the q really sampled from
         accepted = None
+        bonus = None
         kids = children[row]
         uniforms = torch.rand(len(kids), generator=generator, device=device).tolist()  # one per child, drawn up front
         for node, u in zip(kids, uniforms):
             x = tree.token_ids[node]
             if u < accept_probability(p, q, x):
+                if node in pruned:
+                    # its own row stopped early: x is the target's draw at this row, and the walk ends here
+                    bonus = x
+                    status[node] = REJECTED
+                    break
                 accepted = node
                 status[node] = ACCEPTED
                 break
             status[node] = REJECTED
             p = residual(p, q, x)  # the next sibling (or the bonus) now has to make up x's shortfall
+        if bonus is not None:
+            break
         if accepted is None:
             # all children rejected (or a leaf): the bonus comes from what is left of p
             bonus = sample(p, generator)

@@ -24,6 +24,7 @@ import torch
 
 from shared.engine.attention.base import ATTN_IMPLEMENTATION, BatchLayout, SeqLayout, register, select_backend
 from shared.engine.config import EngineConfig
+from shared.engine.early_exit import EarlyExitController
 from shared.engine.errors import (
     ContextLengthError,
     DuplicateSequenceError,
@@ -51,6 +52,8 @@ class ForwardOutput:
     root_rows: list[int | None]  # per work: row of its root logits
     node_rows: list[int | None]  # per work: first row of its new nodes' logits (consecutive)
     cost: ForwardCost
+    # per work: new-node indices early exit stopped before the last layer (their logits rows are not valid)
+    pruned: list[list[int]] = field(default_factory=list)
 
     def root(self, i: int) -> torch.Tensor:
         return self.logits[self.root_rows[i]]
@@ -187,7 +190,8 @@ class ModelRunner:
         return table[logical // bs] * bs + logical % bs
 
     @torch.inference_mode()
-    def forward(self, works: list[Work]) -> ForwardOutput:
+    def forward(self, works: list[Work], early_exit: EarlyExitController | None = None) -> ForwardOutput:
+        """One batched forward; ``early_exit`` lets tree nodes of fresh trees stop at intermediate layers."""
         if not works:
             raise InvalidRequestError("empty batch")
         self._validate(works)
@@ -201,6 +205,7 @@ class ModelRunner:
         root_rows: list[int | None] = []
         node_rows: list[int | None] = []
         snapshots = [(w.seq, w.seq.num_cached, len(w.seq.tree)) for w in works]
+        candidates: list[_Candidate] = []  # tree nodes early exit may prune
         q_start = 0
         try:
             for w in works:
@@ -245,6 +250,8 @@ class ModelRunner:
                 if w.want_nodes and len(node_ids):
                     node_rows[-1] = len(out_rows)
                     out_rows += range(q_start + len(fed_pos), q_start + q_len)
+                    if early_exit is not None and first_new == 0 and len(fed_pos):
+                        candidates += _candidates(len(root_rows) - 1, seq, q_start + len(fed_pos), node_tokens)
                 q_start += q_len
 
             layout = BatchLayout(
@@ -256,14 +263,21 @@ class ModelRunner:
             self.backend.plan(layout)
             ids = torch.cat(input_ids).to(self.device)[None]  # [1, T]
             pos = torch.cat(positions).to(self.device)[None]  # [1, T]
-            hidden = self.decoder(input_ids=ids, position_ids=pos, use_cache=False, tandem_backend=self.backend)
-            hidden = hidden.last_hidden_state[0]  # [T, hidden]
+            pruned: list[list[int]] = [[] for _ in works]
+            if candidates:
+                hidden = self._forward_early_exit(ids, pos, layout, candidates, early_exit, pruned)  # [T, hidden]
+                for w, nodes in zip(works, pruned):
+                    w.seq.tree.pruned.update(nodes)
+            else:
+                hidden = self.decoder(input_ids=ids, position_ids=pos, use_cache=False, tandem_backend=self.backend)
+                hidden = hidden.last_hidden_state[0]  # [T, hidden]
             rows = torch.tensor(out_rows, dtype=torch.long, device=self.device)
             logits = self.lm_head(hidden[rows]).float()  # [num_rows, vocab]
         except BaseException:
             for seq, num_cached, tree_len in snapshots:
                 seq.num_cached = num_cached
                 del seq.tree.token_ids[tree_len:], seq.tree.parent_ids[tree_len:], seq.tree.depths[tree_len:]
+                seq.tree.pruned = {j for j in seq.tree.pruned if j < tree_len}
             raise
         for w in works:
             w.seq.num_cached = w.seq.num_committed
@@ -275,7 +289,79 @@ class ModelRunner:
             num_batched_tokens=q_start,
             num_context_tokens=layout.num_context_tokens,
         )
-        return ForwardOutput(logits=logits, root_rows=root_rows, node_rows=node_rows, cost=cost)
+        return ForwardOutput(logits=logits, root_rows=root_rows, node_rows=node_rows, cost=cost, pruned=pruned)
+
+    def _forward_early_exit(
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        layout: BatchLayout,
+        candidates: list[_Candidate],
+        ctrl: EarlyExitController,
+        pruned: list[list[int]],
+    ) -> torch.Tensor:
+        """The decoder layer by layer, dropping the rows of pruned tree nodes (FASER §4.2). Returns [T, hidden].
+
+        Rows that stopped early come back as zeros: their logits are not valid
+        and the caller must not read them (``pruned`` names them per work).
+        """
+        dec = self.decoder
+        num_tokens = ids.shape[1]
+        num_layers = len(dec.layers)
+        ctrl.begin_forward(num_tokens)
+        alive = torch.ones(num_tokens, dtype=torch.bool)  # [T] packed rows still running
+        rows = torch.arange(num_tokens)  # [T'] packed row of each running row
+        hidden = dec.embed_tokens(ids)  # [1, T', hidden]
+        cos, sin = dec.rotary_emb(hidden, position_ids=pos)  # [1, T', head_dim] each
+        start = time.perf_counter()
+        overhead = 0.0
+        token_layers = 0
+        for layer_idx, layer in enumerate(dec.layers[: num_layers]):
+            hidden = layer(
+                hidden, position_embeddings=(cos, sin), position_ids=pos, use_cache=False, tandem_backend=self.backend
+            )
+            token_layers += int(rows.numel())
+            live = [c for c in candidates if alive[c.row]]
+            parent_rows = sorted({c.parent_row for c in live})
+            if not live or not ctrl.should_check(layer_idx, len(parent_rows)):
+                continue
+            t0 = time.perf_counter()
+            where = torch.full((num_tokens,), -1, dtype=torch.long)  # packed row -> running row
+            where[rows] = torch.arange(rows.numel())
+            parent_idx = where[torch.tensor(parent_rows)]
+            logits = self.lm_head(dec.norm(hidden[0, parent_idx.to(self.device)])).float()  # [P, vocab]
+            slot = {r: i for i, r in enumerate(parent_rows)}
+            pidx = torch.tensor([slot[c.parent_row] for c in live], device=self.device)  # [C]
+            tok = torch.tensor([c.token for c in live], device=self.device)  # [C]
+            own = logits[pidx, tok]  # [C]
+            # outside the top-K_l <=> at least K_l tokens score higher (no top-k materialised; FASER §5)
+            higher = (logits[pidx] > own[:, None]).sum(-1).cpu()  # [C]
+            out = [c for c, h in zip(live, higher.tolist()) if h >= ctrl.k_at(layer_idx)]
+            t1 = time.perf_counter()
+            ctrl.observe_check(t1 - t0, len(parent_rows))
+            overhead += t1 - t0
+            if not out:
+                continue
+            for c in out:
+                for d in c.subtree:
+                    if alive[d.row]:
+                        alive[d.row] = False
+                        pruned[d.work].append(d.node)
+            keep = alive[rows]  # [T']
+            rows = rows[keep]
+            keep_dev = keep.to(self.device)
+            hidden, pos, cos, sin = hidden[:, keep_dev], pos[:, keep_dev], cos[:, keep_dev], sin[:, keep_dev]
+            self.backend.plan(_shrink(layout, alive, self.device))
+            t2 = time.perf_counter()
+            ctrl.observe_prune(t2 - t1)
+            overhead += t2 - t1
+        hidden = dec.norm(hidden)[0]  # [T', hidden]
+        full = hidden.new_zeros(num_tokens, hidden.shape[-1])  # [T, hidden]
+        full[rows.to(self.device)] = hidden
+        ctrl.observe_forward(time.perf_counter() - start - overhead, token_layers)
+        for nodes in pruned:
+            nodes.sort()
+        return full
 
     # ------------------------------------------------------------------ commit
 
@@ -304,3 +390,41 @@ class ModelRunner:
             self.cache.allocator.free(seq.block_ids[keep:])
             del seq.block_ids[keep:]
         return len(path)
+
+
+@dataclass
+class _Candidate:
+    """A fresh tree node early exit may prune: its packed row, its parent's row and its subtree."""
+
+    work: int
+    node: int  # index in the work's tree
+    row: int  # packed row of the node
+    parent_row: int  # packed row whose logits predict this node's token
+    token: int
+    subtree: list["_Candidate"] = field(default_factory=list)  # the node and its descendants
+
+
+def _candidates(work: int, seq: Sequence, first_row: int, tokens: torch.Tensor) -> list[_Candidate]:
+    """Candidates of a tree fed right after its root row (``first_row - 1``); node j sits at ``first_row + j``."""
+    out: list[_Candidate] = []
+    for j, (token, parent) in enumerate(zip(tokens.tolist(), seq.tree.parent_ids)):
+        parent_row = first_row - 1 if parent < 0 else first_row + parent
+        out.append(_Candidate(work, j, first_row + j, parent_row, token))
+    for c in out:
+        node = c.node
+        while node >= 0:  # c lies in the subtree of each of its ancestors (and its own)
+            out[node].subtree.append(c)
+            node = seq.tree.parent_ids[node]
+    return out
+
+
+def _shrink(layout: BatchLayout, alive: torch.Tensor, device: torch.device) -> BatchLayout:
+    """The layout with the rows of pruned nodes removed (their KV slots stay allocated but are no longer written)."""
+    seqs: list[SeqLayout] = []
+    q_start = 0
+    for s in layout.seqs:
+        keep = alive[s.q_start : s.q_start + s.q_len]  # [q_len]
+        q_len = int(keep.sum())
+        seqs.append(SeqLayout(q_start, q_len, s.kv_slots, s.mask[keep], causal=s.causal and q_len == s.q_len))
+        q_start += q_len
+    return BatchLayout(seqs=seqs, new_slots=layout.new_slots[alive.to(layout.new_slots.device)], num_tokens=q_start, device=device)

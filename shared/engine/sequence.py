@@ -30,6 +30,8 @@ class SpecTree:
     depths: list[int] = field(default_factory=list)
     # anc[i, j]: j is i or an ancestor of i.  [capacity, capacity] bool, grown by doubling
     anc: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.bool))
+    # nodes early exit stopped before the last layer: their KV is incomplete, so commit never reuses it
+    pruned: set[int] = field(default_factory=set)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -51,7 +53,7 @@ class SpecTree:
 
     def child(self, parent_id: int, token_id: int) -> int | None:
         for j, (p, t) in enumerate(zip(self.parent_ids, self.token_ids)):
-            if p == parent_id and t == token_id:
+            if p == parent_id and t == token_id and j not in self.pruned:
                 return j
         return None
 
@@ -59,6 +61,7 @@ class SpecTree:
         self.token_ids.clear()
         self.parent_ids.clear()
         self.depths.clear()
+        self.pruned.clear()
 
 
 @dataclass

@@ -4,6 +4,10 @@
       validate everything ──▶ one forward (prompts | bonus token + tree per request)
       ──▶ accept (greedy walk or multi-round rejection sampling) ──▶ commit accepted path
 
+With ``early_exit`` enabled the forward may stop tree nodes at an
+intermediate layer (FASER §4.2, ``early_exit.py``); acceptance treats them as
+rejected, so the output is unchanged.
+
 Nothing is mutated before every item has been validated, and a failed
 forward releases the sequences it had just added, so a bad request costs
 the caller an error and nothing else.
@@ -15,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from shared.engine.acceptance import _validate_child_dists, accept_tree
+from shared.engine.early_exit import EarlyExitConfig, EarlyExitController
 from shared.engine.errors import ContextLengthError, DuplicateSequenceError, InvalidRequestError
 from shared.engine.runner import ModelRunner, Work
 from shared.engine.sampling import make_generator, probs_from_logits, sample, validate_sampling
@@ -28,11 +33,29 @@ class TargetStepOutput:
     verifies: list[AcceptResult] = field(default_factory=list)
     cost: ForwardCost | None = None
 
+    @property
+    def early_exit_ratio(self) -> float:
+        """Share of the verified tree nodes that early exit stopped before the last layer."""
+        drafted = sum(len(v.node_status) for v in self.verifies)
+        return sum(v.num_pruned for v in self.verifies) / drafted if drafted else 0.0
+
 
 class TargetEngine:
-    def __init__(self, runner: ModelRunner, *, max_tree_nodes: int = 256):
+    def __init__(
+        self, runner: ModelRunner, *, max_tree_nodes: int = 256, early_exit: EarlyExitConfig | None = None
+    ):
         self.runner = runner
         self.max_tree_nodes = max_tree_nodes
+        self.early_exit: EarlyExitController | None = None
+        self.set_early_exit(early_exit)
+
+    def set_early_exit(self, config: EarlyExitConfig | None) -> None:
+        """Turn token-wise early exit on (with ``config``) or off (None or disabled)."""
+        if config is None or not config.enabled:
+            self.early_exit = None
+            return
+        num_layers = len(self.runner.decoder.layers)
+        self.early_exit = EarlyExitController(config, num_layers)
 
     def prefill(self, items: list[PrefillItem]) -> list[PrefillResult]:
         return self.step(items, []).prefills
@@ -43,6 +66,8 @@ class TargetEngine:
     def release(self, seq_ids: list[str]) -> None:
         for seq_id in seq_ids:
             self.runner.release(seq_id)
+            if self.early_exit is not None:
+                self.early_exit.forget(seq_id)
 
     def _validate(self, prefills: list[PrefillItem], verifies: list[VerifyItem]) -> None:
         ids = [p.seq_id for p in prefills] + [v.seq_id for v in verifies]
@@ -86,8 +111,11 @@ class TargetEngine:
             Work(seq, new_nodes=list(zip(v.tree.token_ids, v.tree.parent_ids)), want_root=True, want_nodes=True)
             for seq, v in zip(verify_seqs, verifies)
         ]
+        ee = self.early_exit
+        if ee is not None:
+            ee.begin([v.seq_id for v in verifies], [len(v.tree) for v in verifies])
         try:
-            out = self.runner.forward(works)
+            out = self.runner.forward(works, early_exit=ee if any(len(v.tree) for v in verifies) else None)
         except BaseException:
             for seq in added:
                 self.runner.release(seq.seq_id)
@@ -102,7 +130,9 @@ class TargetEngine:
         for j, (seq, v) in enumerate(zip(verify_seqs, verifies)):
             i = len(added) + j
             rows = out.logits[out.root_rows[i] : out.root_rows[i] + 1 + len(v.tree)]  # [1 + num_nodes, vocab]
-            accepted = accept_tree(v.tree, rows, seq.sampling, seq.generator)
+            accepted = accept_tree(v.tree, rows, seq.sampling, seq.generator, pruned=out.pruned[i])
             self.runner.commit(seq, accepted.tokens)
+            if ee is not None:
+                ee.observe_accept(seq.seq_id, len(v.tree), accepted.num_accepted)
             result.verifies.append(accepted)
         return result

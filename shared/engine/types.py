@@ -82,12 +82,18 @@ class AcceptResult:
     ``tokens`` is what the request emits this step: the accepted tokens
     followed by the bonus token sampled from the target at the path's end.
     ``node_status[i]`` is 1 if node i was accepted, 0 if it was tested and
-    rejected, -1 if it was never reached.
+    rejected, -1 if it was never reached. ``pruned_nodes`` are the nodes
+    token-wise early exit stopped before the last layer (reported rejected).
     """
 
     accepted_nodes: list[int]
     tokens: list[int]
     node_status: list[int]
+    pruned_nodes: list[int] = field(default_factory=list)
+
+    @property
+    def num_pruned(self) -> int:
+        return len(self.pruned_nodes)
 
     @property
     def bonus_token(self) -> int:

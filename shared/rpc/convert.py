@@ -164,6 +164,7 @@ def accept_to_pb(seq_id: str, result: AcceptResult) -> target_pb2.VerifyOutput:
         accepted_nodes=result.accepted_nodes,
         tokens=result.tokens,
         node_status=[_STATUS_TO_PB[s] for s in result.node_status],
+        pruned_nodes=result.pruned_nodes,
     )
 
 
@@ -173,7 +174,10 @@ def accept_from_pb(msg: target_pb2.VerifyOutput) -> tuple[str, AcceptResult]:
     except KeyError as exc:
         raise InvalidRequestError(f"{msg.seq_id}: node status {exc.args[0]} is not a NodeStatus") from None
     return msg.seq_id, AcceptResult(
-        accepted_nodes=list(msg.accepted_nodes), tokens=list(msg.tokens), node_status=status
+        accepted_nodes=list(msg.accepted_nodes),
+        tokens=list(msg.tokens),
+        node_status=status,
+        pruned_nodes=list(msg.pruned_nodes),
     )
 
 

@@ -1,0 +1,175 @@
+"""Token-wise early exit in verification (FASER §4.2, eq. 5-10): which tree nodes stop before the last layer.
+
+From layer ``L_init`` on, the runner may turn the hidden state of each row that
+is the parent of a live tree node into intermediate logits (final norm + LM
+head) and prune every node whose token is outside the top-``K_l`` of its
+parent's logits, together with its subtree; only the remaining rows run the
+deeper layers::
+
+    layer   0 .. L_init-1   L_init          L_init+1 ...        L-1
+    rows    root n0 n1 n2   check: n1 out   root n0 n2 (n1 and its children gone)
+
+Why it stays lossless: pruning only removes a node's *own* row, i.e. the
+target's logits for that node's children. The node's acceptance test needs
+its parent's row, which always runs every layer. ``accept_tree`` therefore
+still tests a pruned node exactly; it just cannot descend into it, so a pruned
+node the test would accept ends the walk as the bonus token (greedy: the
+argmax at the parent, which is that very token). The emitted tokens are a
+prefix of what the unpruned walk would emit, drawn from the same distribution;
+a pruned node is reported as rejected. A wrong prune costs acceptance length,
+never correctness.
+
+When to prune (eq. 5-10), per forward, before each check layer ``l``::
+
+    k_rej   = sum_i s_i * (1 - a_i)                     eq. 5-6 (a_i: request's acceptance estimate)
+    dL_ee   = L * T_ee / T_t                            eq. 7   (checker cost in layers)
+    L_r'    = max(L - l - 1 - dL_ee, 0)                 eq. 8   (layers l+1..L-1 remain)
+    T_save  = L_r' / L * T_t(k_rej)                     eq. 9
+    prune iff T_save > T_pr (+ T_ee when the check runs on the critical path)   eq. 10
+
+``T_t(n)`` is the measured verify cost of ``n`` tokens (per-token, per-layer
+cost times n times L), ``T_ee`` the measured cost of one check, ``T_pr`` the
+measured cost of dropping rows (re-planning attention, gathering rows). The
+paper runs the checker on a side CUDA stream, so only eq. 7 charges it; on
+CPU (and in this implementation generally) the check runs inline, so its cost
+is charged in full as well (``inline_check``).
+
+``K_l`` is depth dependent: conservative (``k_init``) at ``L_init``, stricter
+(``k_final``) at the last layer, linear in between.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, Field
+
+
+class EarlyExitConfig(BaseModel):
+    """Settings of token-wise early exit; disabled by default."""
+
+    enabled: bool = Field(False, description="Prune drafted tree nodes from intermediate layers (FASER §4.2).")
+    init_layer: float = Field(
+        0.5, ge=0.0, description="L_init: first layer checked; < 1 is a fraction of the model's layers, >= 1 a layer index."
+    )
+    check_every: int = Field(1, ge=1, description="Check every this many layers from L_init on.")
+    k_init: int = Field(32, ge=1, description="K_l at L_init (conservative: a token must fall outside a wide top-K).")
+    k_final: int = Field(8, ge=1, description="K_l at the last layer; interpolated linearly in between.")
+    gate: bool = Field(
+        True, description="Prune only when eq. 10 predicts a saving (T_save > T_pr); False always checks (tests, ablation)."
+    )
+    inline_check: bool = Field(True, description="The check runs on the critical path: charge T_ee in full in eq. 10.")
+    prior_accept: float = Field(0.5, ge=0.0, le=1.0, description="Acceptance estimate a_i of a request not seen yet.")
+    ema: float = Field(0.2, gt=0.0, le=1.0, description="Weight of a new sample in the running cost and acceptance estimates.")
+
+
+def init_layer(config: EarlyExitConfig, num_layers: int) -> int:
+    l_init = config.init_layer * num_layers if config.init_layer < 1 else config.init_layer
+    return max(0, min(num_layers - 1, int(l_init)))
+
+
+def k_at(config: EarlyExitConfig, layer: int, num_layers: int) -> int:
+    """K_l: ``k_init`` at L_init down (or up) to ``k_final`` at the last layer."""
+    start = init_layer(config, num_layers)
+    span = max(1, num_layers - 1 - start)
+    frac = min(1.0, max(0.0, (layer - start) / span))
+    return max(1, round(config.k_init + frac * (config.k_final - config.k_init)))
+
+
+def check_layers(config: EarlyExitConfig, num_layers: int) -> list[int]:
+    """Layers after which a check may run (the last layer is never one: nothing is left to save)."""
+    return list(range(init_layer(config, num_layers), num_layers - 1, config.check_every))
+
+
+def expected_rejected(num_drafted: list[int], accept_rates: list[float]) -> float:
+    """eq. 5-6: k_rej = sum_i s_i * (1 - a_i)."""
+    return sum(s * (1.0 - a) for s, a in zip(num_drafted, accept_rates))
+
+
+def time_saved(layer: int, num_layers: int, t_token_layer: float, num_tokens: int, k_rej: float, t_ee: float) -> float:
+    """eq. 7-9: verify time of the k_rej likely-rejected tokens over the layers still left after ``layer``.
+
+    ``t_token_layer`` is the cost of one token through one layer, so
+    T_t(n) = n * L * t_token_layer; ``num_tokens`` is the forward's batch (for eq. 7's T_t).
+    """
+    t_verify = max(1, num_tokens) * num_layers * t_token_layer
+    dl_ee = num_layers * t_ee / t_verify if t_verify > 0 else float(num_layers)  # eq. 7
+    remaining = max(num_layers - layer - 1 - dl_ee, 0.0)  # eq. 8
+    return remaining / num_layers * (k_rej * num_layers * t_token_layer)  # eq. 9
+
+
+@dataclass
+class EarlyExitStats:
+    """Running estimates the gate needs: measured costs and per-request acceptance."""
+
+    t_token_layer: float = 0.0  # s per token per layer (from full forwards)
+    t_check: float = 0.0  # s per check (norm + LM head + top-K count), per parent row
+    t_prune: float = 0.0  # s per prune (row gather + attention re-plan)
+    accept: dict[str, float] = field(default_factory=dict)  # seq id -> acceptance rate estimate
+
+    @staticmethod
+    def _mix(old: float, new: float, w: float) -> float:
+        return new if old <= 0.0 else (1 - w) * old + w * new
+
+
+class EarlyExitController:
+    """Decides, per forward and check layer, whether to check and prune (the runner does the tensor work)."""
+
+    def __init__(self, config: EarlyExitConfig, num_layers: int):
+        self.config = config
+        self.num_layers = num_layers
+        self.layers = set(check_layers(config, num_layers))
+        self.stats = EarlyExitStats()
+        self.num_checks = 0  # checks run in the last forward, for reports
+        self._k_rej = 0.0
+        self._num_tokens = 0
+
+    def k_at(self, layer: int) -> int:
+        return k_at(self.config, layer, self.num_layers)
+
+    def begin(self, seq_ids: list[str], num_drafted: list[int]) -> float:
+        """Start a verify step; returns k_rej (eq. 6) for its requests."""
+        self.num_checks = 0
+        rates = [self.stats.accept.get(s, self.config.prior_accept) for s in seq_ids]
+        self._k_rej = expected_rejected(num_drafted, rates)
+        return self._k_rej
+
+    def begin_forward(self, num_tokens: int) -> None:
+        """The runner's forward starts with ``num_tokens`` rows (eq. 7's batch)."""
+        self._num_tokens = num_tokens
+
+    def should_check(self, layer: int, num_parent_rows: int) -> bool:
+        """eq. 10 for this layer: is the time pruning can still save worth one check plus one prune?"""
+        if layer not in self.layers or num_parent_rows == 0:
+            return False
+        if not self.config.gate:
+            return True
+        s = self.stats
+        if s.t_token_layer <= 0.0:
+            return True  # nothing measured yet: check once so the costs get measured
+        t_ee = s.t_check * num_parent_rows
+        saved = time_saved(layer, self.num_layers, s.t_token_layer, self._num_tokens, self._k_rej, t_ee)
+        cost = s.t_prune + (t_ee if self.config.inline_check else 0.0)
+        return saved > cost
+
+    def observe_check(self, seconds: float, num_parent_rows: int) -> None:
+        self.num_checks += 1
+        self.stats.t_check = EarlyExitStats._mix(self.stats.t_check, seconds / max(1, num_parent_rows), self.config.ema)
+
+    def observe_prune(self, seconds: float) -> None:
+        self.stats.t_prune = EarlyExitStats._mix(self.stats.t_prune, seconds, self.config.ema)
+
+    def observe_forward(self, seconds: float, token_layers: int) -> None:
+        """A forward's layer time over the token-layers it ran (pruned rows ran fewer layers)."""
+        if token_layers > 0:
+            self.stats.t_token_layer = EarlyExitStats._mix(self.stats.t_token_layer, seconds / token_layers, self.config.ema)
+
+    def observe_accept(self, seq_id: str, num_drafted: int, num_accepted: int) -> None:
+        if num_drafted <= 0:
+            return
+        rate = num_accepted / num_drafted
+        old = self.stats.accept.get(seq_id)
+        self.stats.accept[seq_id] = rate if old is None else (1 - self.config.ema) * old + self.config.ema * rate
+
+    def forget(self, seq_id: str) -> None:
+        self.stats.accept.pop(seq_id, None)

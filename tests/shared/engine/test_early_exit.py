@@ -1,0 +1,215 @@
+"""Token-wise early exit (FASER §4.2): pruning never changes the output, pruned nodes are rejected, KV holds."""
+
+import random
+
+import pytest
+import torch
+
+from shared.engine.acceptance import REJECTED, accept_tree
+from shared.engine.draft_engine import DraftEngine
+from shared.engine.early_exit import EarlyExitConfig, EarlyExitController, check_layers, k_at, time_saved
+from shared.engine.runner import Work
+from shared.engine.target_engine import TargetEngine
+from shared.engine.types import PrefillItem, SamplingParams, SparseDist, SpecItem, TokenTree, VerifyItem
+from shared.models.tiny import build_tiny
+
+from conftest import Reference, make_runner
+from test_lossless_greedy import NUM_TOKENS, SHAPES, prompts_for
+
+# prune hard: every check layer from layer 1, a drafted token must be in the top 3 of its parent's logits
+AGGRESSIVE = EarlyExitConfig(enabled=True, init_layer=1, k_init=3, k_final=3, gate=False)
+
+
+@pytest.fixture(scope="module")
+def deep_target():
+    return build_tiny("llama", vocab_size=96, seed=0, num_layers=6)
+
+
+@pytest.fixture(scope="module")
+def deep_reference(deep_target):
+    return Reference(deep_target)
+
+
+def run_sd(target, draft, prompts, shape_of):
+    outs = {k: [] for k in prompts}
+    new = {}
+    for r in target.prefill([PrefillItem(k, v) for k, v in prompts.items()]):
+        outs[r.seq_id].append(r.first_token)
+        new[r.seq_id] = [r.first_token]
+    draft.prefill([PrefillItem(k, v) for k, v in prompts.items()])
+    drafted = pruned = 0
+    while live := [k for k in prompts if len(outs[k]) < NUM_TOKENS]:
+        trees = draft.speculate([shape_of(i, k, new[k]) for i, k in enumerate(live)])
+        step = target.step([], [VerifyItem(k, t) for k, t in zip(live, trees)])
+        for k, tree, res in zip(live, trees, step.verifies):
+            outs[k] += res.tokens
+            new[k] = res.tokens
+            drafted += len(tree)
+            pruned += res.num_pruned
+            assert all(res.node_status[j] == REJECTED for j in res.pruned_nodes)
+            target.runner.check_accounting()
+    return {k: v[:NUM_TOKENS] for k, v in outs.items()}, drafted, pruned
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("self_draft", [False, True])
+def test_early_exit_never_changes_greedy_output(deep_target, deep_reference, batch, shape, self_draft):
+    """Random drafts (a different model) and good drafts (the target's own weights) under aggressive pruning."""
+    prompts = prompts_for(batch, seed=10 + batch)
+    target = TargetEngine(make_runner(deep_target), early_exit=AGGRESSIVE)
+    draft_model = (
+        build_tiny("llama", vocab_size=96, seed=0, num_layers=6)
+        if self_draft
+        else build_tiny("llama", vocab_size=96, seed=1, hidden_size=32, num_layers=1)
+    )
+    draft = DraftEngine(make_runner(draft_model))
+    outs, drafted, pruned = run_sd(target, draft, prompts, SHAPES[shape])
+    for k, prompt in prompts.items():
+        assert outs[k] == deep_reference.greedy(prompt, NUM_TOKENS), k
+    if drafted and not self_draft:
+        assert pruned > 0  # the random draft is mostly outside the top 3
+    target.release(list(prompts))
+    draft.release(list(prompts))
+    target.runner.check_accounting()
+    assert target.runner.cache.num_free_blocks == target.runner.cache.num_blocks
+
+
+def test_random_trees_batched_lossless(deep_target, deep_reference):
+    """Hand-made random trees, where the target's greedy token sometimes sits in a pruned branch."""
+    rng = random.Random(3)
+    prompts = prompts_for(3, seed=5)
+    target = TargetEngine(make_runner(deep_target), early_exit=AGGRESSIVE)
+    want = {k: deep_reference.greedy(p, NUM_TOKENS) for k, p in prompts.items()}
+    outs = {k: [r.first_token] for k, r in zip(prompts, target.prefill([PrefillItem(k, v) for k, v in prompts.items()]))}
+    total_pruned = 0
+    while live := [k for k in prompts if len(outs[k]) < NUM_TOKENS]:
+        items = []
+        for k in live:
+            truth = want[k][len(outs[k]) : len(outs[k]) + 6]  # the right continuation, to plant in the tree
+            tokens, parents = [], []
+            for j in range(rng.randint(0, 10)):
+                parent = rng.randrange(-1, j) if j else -1
+                depth = 0
+                p = parent
+                while p >= 0:
+                    depth, p = depth + 1, parents[p]
+                good = rng.random() < 0.6 and depth < len(truth)
+                tokens.append(truth[depth] if good else rng.randrange(96))
+                parents.append(parent)
+            items.append(VerifyItem(k, TokenTree(tokens, parents)))
+        for k, item, res in zip(live, items, target.verify(items)):
+            assert res.tokens == want[k][len(outs[k]) : len(outs[k]) + len(res.tokens)]
+            outs[k] += res.tokens
+            total_pruned += res.num_pruned
+            assert all(res.node_status[j] == REJECTED for j in res.pruned_nodes)
+            assert not set(res.accepted_nodes) & set(res.pruned_nodes)
+        target.runner.check_accounting()
+    assert total_pruned > 0
+    target.release(list(prompts))
+    target.runner.check_accounting()
+
+
+def test_no_prune_path_equals_plain_forward(deep_target):
+    """The layer-by-layer path with nothing pruned gives the plain forward's logits."""
+    tree = TokenTree([5, 7, 9, 11], [-1, 0, 0, 1])
+    outs = []
+    for config in (None, EarlyExitConfig(enabled=True, init_layer=1, k_init=96, k_final=96, gate=False)):
+        target = TargetEngine(make_runner(deep_target), early_exit=config)
+        target.prefill([PrefillItem("a", [1, 2, 3, 4, 5])])
+        seq = target.runner.get("a")
+        ee = target.early_exit
+        if ee is not None:
+            ee.begin(["a"], [len(tree)])
+        out = target.runner.forward(
+            [Work(seq, new_nodes=list(zip(tree.token_ids, tree.parent_ids)), want_root=True, want_nodes=True)],
+            early_exit=ee,
+        )
+        assert out.pruned == [[]]
+        outs.append(out.logits)
+        if ee is not None:
+            assert ee.num_checks > 0
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
+
+
+def test_pruned_rows_skip_layers_and_subtrees(deep_target):
+    """A node outside the top-K goes with its whole subtree; its KV is never reused by commit."""
+    target = TargetEngine(make_runner(deep_target), early_exit=EarlyExitConfig(enabled=True, init_layer=1, k_init=1, k_final=1, gate=False))
+    target.prefill([PrefillItem("a", [1, 2, 3, 4, 5])])
+    seq = target.runner.get("a")
+    tree = TokenTree([5, 7, 9, 11, 13], [-1, 0, 0, 1, 3])
+    target.early_exit.begin(["a"], [len(tree)])
+    out = target.runner.forward(
+        [Work(seq, new_nodes=list(zip(tree.token_ids, tree.parent_ids)), want_root=True, want_nodes=True)],
+        early_exit=target.early_exit,
+    )
+    pruned = set(out.pruned[0])
+    for node, parent in enumerate(tree.parent_ids):
+        if parent in pruned:
+            assert node in pruned  # a pruned node takes its subtree with it
+    assert seq.tree.pruned == pruned
+    # committing a pruned node's token does not reuse its (incomplete) KV
+    if 0 in pruned:
+        reused = target.runner.commit(seq, [5])
+        assert reused == 0
+    else:
+        target.runner.commit(seq, [])
+    target.release(["a"])
+    target.runner.check_accounting()
+
+
+def test_pruned_node_accepted_by_the_test_becomes_the_bonus():
+    """Greedy: a pruned child equal to the argmax ends the walk with that token as bonus, reported rejected."""
+    logits = torch.full((4, 6), -5.0)
+    logits[0, 2] = 5.0  # root wants token 2
+    logits[1, 3] = 5.0
+    tree = TokenTree([2, 3, 4], [-1, 0, -1])
+    full = accept_tree(tree, logits, SamplingParams())
+    assert full.tokens[:2] == [2, 3]
+    cut = accept_tree(tree, logits, SamplingParams(), pruned=[0, 1])
+    assert cut.tokens == [2] and cut.accepted_nodes == [] and cut.num_pruned == 2
+    assert cut.node_status[0] == REJECTED and cut.node_status[1] == REJECTED
+
+
+def test_sampling_with_pruning_keeps_the_target_distribution():
+    """Multi-round rejection sampling with pruned children still emits the first token ~ p (chi-square)."""
+    vocab = 5
+    p_logits = torch.tensor([1.0, 0.2, -0.5, 0.7, 0.0])
+    p = torch.softmax(p_logits, -1)
+    q = SparseDist(torch.arange(vocab), torch.tensor([0.1, 0.5, 0.2, 0.1, 0.1]))
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(vocab)
+    n = 6000
+    params = SamplingParams(temperature=1.0)
+    for _ in range(n):
+        kids = torch.multinomial(q.probs, 2, replacement=True, generator=gen).tolist()
+        tree = TokenTree(kids, [-1, -1])
+        tree.child_dists = {0: q}
+        logits = torch.stack([p_logits, p_logits, p_logits])  # rows of pruned nodes are garbage anyway
+        res = accept_tree(tree, logits, params, gen, pruned=[0])  # the first candidate is always pruned
+        counts[res.tokens[0]] += 1
+    expected = p * n
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 18.5  # 4 degrees of freedom, p = 0.001
+
+
+def test_gate_follows_eq_10():
+    config = EarlyExitConfig(enabled=True, init_layer=0.5, k_init=20, k_final=4)
+    assert check_layers(config, 8) == [4, 5, 6]
+    assert k_at(config, 4, 8) == 20 and k_at(config, 7, 8) == 4
+    ctrl = EarlyExitController(config, 8)
+    ctrl.stats.t_token_layer = 1e-4
+    ctrl.stats.t_prune = 1e-3
+    ctrl.stats.t_check = 1e-4
+    ctrl.begin(["a", "b"], [8, 8])  # prior acceptance 0.5: k_rej = 8
+    ctrl.begin_forward(20)
+    # saving at layer 4: (8 - 5 - dL) / 8 * 8 tokens * 8 layers * 1e-4 ~ 2.2e-3 > 1e-3 + 2e-4
+    assert time_saved(4, 8, 1e-4, 20, 8.0, 2e-4) > 1.2e-3
+    assert ctrl.should_check(4, 2)
+    assert not ctrl.should_check(6, 2)  # one layer left: 0.8e-3 minus checker time < prune cost
+    assert not ctrl.should_check(3, 2)  # before L_init
+    for _ in range(30):
+        ctrl.observe_accept("a", 8, 8)
+        ctrl.observe_accept("b", 8, 8)
+    ctrl.begin(["a", "b"], [8, 8])  # everything gets accepted: nothing to save
+    assert not ctrl.should_check(4, 2)
