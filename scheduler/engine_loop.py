@@ -34,6 +34,14 @@ with prompt + output so far (recompute). Either way the output is what an
 uninterrupted run produces: the target continues from exactly the committed
 tokens (greedy; with sampling the per-step randomness may differ).
 
+Elastic draft memory (Nightjar §5, ``SchedulerConfig.draft_memory``): after
+each step the loop tells an ``ElasticDraftMemory`` whether the step
+speculated and how much of the KV token budget is unreserved; when it says
+offload, the draft drops every sequence and the loop marks them off the draft
+(speculation is then off: the policy is not asked); when it says reload, the
+draft comes back and each request is re-prefilled on it by the resync path
+the first time it speculates again. Output is unaffected either way.
+
 Workers see releases only between calls (flushed right after admission and at
 the end of a step), never while one of their calls is in flight.
 
@@ -50,6 +58,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
+from scheduler.policies.elastic_memory import Action, ElasticDraftMemory, ElasticMemoryConfig
 from scheduler.policies.queue import FCFS, Capacity, QueuePolicy, reserved_tokens
 from scheduler.policies.selection import PassThrough, TreeSelector
 from scheduler.policies.speculation import (
@@ -99,6 +108,11 @@ class SchedulerConfig(BaseModel):
     )
     draft_cost_model: CostModel | None = Field(
         None, description="The draft's fitted T_fwd per forward, when it was profiled; in SpecContext."
+    )
+    draft_memory: ElasticMemoryConfig | None = Field(
+        None,
+        description="Offload the draft's weights under KV pressure while nothing speculates, reload when the "
+        "queue is empty (Nightjar §5.1); None = the draft stays resident.",
     )
 
 
@@ -186,6 +200,9 @@ class Scheduler:
         self._draft_retry_at = 0.0
         self._draft_backoff = 0.0
         self._draft_error: str | None = None  # this step's
+        cfg = self.config
+        self.draft_memory = ElasticDraftMemory(cfg.draft_memory) if cfg.draft_memory and draft is not None else None
+        self._draft_offloaded = False
 
     # ------------------------------------------------------------------ public API
     def submit(self, request: Request) -> RequestStream:
@@ -231,6 +248,10 @@ class Scheduler:
     @property
     def draft_available(self) -> bool:
         return self._draft_up
+
+    @property
+    def draft_offloaded(self) -> bool:
+        return self._draft_offloaded
 
     @property
     def num_steps(self) -> int:
@@ -302,7 +323,7 @@ class Scheduler:
         ctx = SpecContext(
             now=clock.now(),
             step=self._num_steps,
-            draft_available=self._draft_up,
+            draft_available=self._draft_up and not self._draft_offloaded,
             token_budget=self.config.token_budget,
             cost_model=self.config.cost_model,
             draft_cost_model=self.config.draft_cost_model,
@@ -342,6 +363,8 @@ class Scheduler:
             self._commit(batch, shapes, trees, results, report)
         await self._flush_releases()
         times.commit = clock.now() - t
+        if self.draft_memory is not None:
+            await self._elastic_memory(shapes, report)
 
         times.total = clock.now() - t0
         times.overhead = times.total - (times.prefill + times.speculate + times.select + times.verify + times.commit)
@@ -350,6 +373,7 @@ class Scheduler:
         report.batch_size = len(batch)
         report.draft_available = self._draft_up
         report.draft_error = self._draft_error
+        report.draft_offloaded = self._draft_offloaded
         self._num_steps += 1
         await self._notify(report)
         return report
@@ -400,7 +424,9 @@ class Scheduler:
     async def _prefill(self, new: list[Request], report: StepReport) -> None:
         # a preempted request comes back with its output so far; the target continues after it
         items = [PrefillItem(r.id, r.tokens(), r.sampling) for r in new]
-        to_draft = [r for r in new if self._draft_up and wants_draft(self.spec_policy, r)]
+        to_draft = [
+            r for r in new if self._draft_up and not self._draft_offloaded and wants_draft(self.spec_policy, r)
+        ]
         calls = [self.target.prefill(items)]
         if to_draft:
             calls.append(self.draft.prefill([PrefillItem(r.id, r.tokens(), r.sampling) for r in to_draft]))
@@ -630,6 +656,44 @@ class Scheduler:
             if req.on_draft:
                 req.on_draft = False
                 self._draft_stale.add(req.id)
+
+    async def _elastic_memory(self, shapes: list[SpecShape], report: StepReport) -> None:
+        """Nightjar §5.1: offload the draft under KV pressure while nothing speculates, reload once it eases."""
+        if not self._draft_up:  # a failed draft is the failure path's business
+            return
+        cap = self.config.max_tokens_in_flight
+        reserved = sum(reserved_tokens(r) for r in self._running.values())
+        reserved += sum(reserved_tokens(r) for r in self._waiting if r.resident)
+        action = self.draft_memory.observe(
+            speculated=any(s.speculates for s in shapes),
+            free_share=max(0.0, 1.0 - reserved / cap),
+            num_waiting=len(self._waiting),
+        )
+        if action is not None:
+            await self._draft_memory_call(action, report)
+
+    async def _draft_memory_call(self, action: Action, report: StepReport) -> None:
+        call = getattr(self.draft, action, None)
+        try:
+            if call is None:
+                raise NotImplementedError(f"the draft worker has no {action}()")
+            await call()
+        except Exception as exc:  # noqa: BLE001 - the draft stays as it was; requests go on either way
+            permanent = isinstance(exc, NotImplementedError) or getattr(exc, "grpc_code", "") == "UNIMPLEMENTED"
+            log.warning("draft %s failed (%s)%s", action, exc, "; elastic memory off" if permanent else "")
+            self.draft_memory.failed(action, permanent=permanent)
+            return
+        self.draft_memory.done(action)
+        report.draft_memory_event = action
+        if action == "offload":
+            self._draft_offloaded = True
+            for req in [*self._running.values(), *self._waiting]:
+                req.on_draft = False  # the draft dropped it; the resync prefill brings it back
+            self._draft_stale.clear()
+            log.info("draft offloaded (KV pressure, no speculation)")
+        else:
+            self._draft_offloaded = False
+            log.info("draft reloaded (queue empty, KV budget free)")
 
     def _mark_on_draft(self, req: Request, num_seen: int) -> None:
         if req.state is RequestState.RUNNING:

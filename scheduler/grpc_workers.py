@@ -145,3 +145,11 @@ class GrpcDraftWorker(_GrpcWorker):
         reply = await self._call("Speculate", draft_pb2.SpeculateRequest(items=[spec_item_to_pb(i) for i in items]))
         self._check_ids("Speculate", [i.seq_id for i in items], [o.seq_id for o in reply.outputs])
         return [tree_from_pb(o.tree) for o in reply.outputs]
+
+    async def offload(self) -> int:
+        """Weights to host memory, KV pool freed, every sequence dropped (Nightjar §5); bytes moved."""
+        return (await self._call("Offload", draft_pb2.OffloadRequest())).bytes_moved
+
+    async def reload(self) -> int:
+        """Weights back on the device, a fresh KV pool; bytes moved."""
+        return (await self._call("Reload", draft_pb2.ReloadRequest())).bytes_moved

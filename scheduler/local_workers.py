@@ -36,6 +36,13 @@ class LocalTargetWorker:
     async def release(self, seq_ids: list[str]) -> None:
         await asyncio.to_thread(_release_live, self.engine, seq_ids)
 
+    async def offload(self) -> int:
+        moved, _ = await asyncio.to_thread(self.engine.offload)
+        return moved
+
+    async def reload(self) -> int:
+        return await asyncio.to_thread(self.engine.reload)
+
 
 class LocalDraftWorker:
     def __init__(self, engine: DraftEngine) -> None:

@@ -45,6 +45,8 @@ class StepReport:
     failed_ids: list[str] = field(default_factory=list)
     draft_available: bool = False  # at the end of the step
     draft_error: str | None = None  # the draft failure this step, if any
+    draft_offloaded: bool = False  # at the end of the step: the draft's weights are in host memory (Nightjar §5)
+    draft_memory_event: str | None = None  # "offload" or "reload" when the loop did one this step
     outcomes: list[RequestOutcome] = field(default_factory=list)
 
     @property

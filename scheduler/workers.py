@@ -23,7 +23,9 @@ token, which the target counts as committed. ``verify`` walks the tree that
 hangs off the last committed token, accepts a path, samples one bonus token,
 and commits path + bonus itself (an empty tree is a plain decode step).
 
-Draft semantics: ``prefill`` registers a sequence prefix. ``speculate`` first
+Draft semantics (optionally also ``offload()`` / ``reload()``, Nightjar's
+elastic memory: offload drops every sequence the draft holds; a draft
+without them, or whose offload fails, just stays resident): ``prefill`` registers a sequence prefix. ``speculate`` first
 appends ``SpecItem.new_tokens`` (everything committed since the last call for
 that sequence; never empty), discarding whatever it speculated before, then
 proposes a chain or a tree after the last token.

@@ -147,6 +147,11 @@ class ServiceSettings(BaseModel):
     speculation_policy: str = Field(
         "fixed", description="Speculation policy for requests in AUTO mode (fixed[:K], none, ...)."
     )
+    draft_offload: str = Field(
+        "off",
+        description="Nightjar elastic draft memory: off, on, or low=0.1,high=0.3,persist=8 (τ_low, τ_high as free "
+        "shares of the KV budget, T_persist steps); offloads the draft while nothing speculates under KV pressure.",
+    )
     token_budget: int | None = Field(
         None,
         ge=1,

@@ -96,6 +96,13 @@ class TandemMetrics:
         self.step_speculation_length = Gauge(
             "step_speculation_length", "Mean k over the requests of the last step.", namespace=ns, registry=reg
         )
+        self.draft_memory_events_total = Counter(
+            "draft_memory_events_total", "Draft weight offloads and reloads (Nightjar elastic memory).",
+            ["event"], namespace=ns, registry=reg,
+        )  # fmt: skip
+        self.draft_offloaded = Gauge(
+            "draft_offloaded", "1 while the draft's weights are offloaded to host memory.", namespace=ns, registry=reg
+        )
         self.queue_depth = Gauge(
             "queue_depth", "Requests waiting for admission.", ["queue"], namespace=ns, registry=reg
         )
@@ -160,6 +167,12 @@ class TandemMetrics:
             self.speculation_length.observe(k)
         if ks:
             self.step_speculation_length.set(sum(ks) / len(ks))
+
+    def observe_draft_memory(self, *, event: str | None, offloaded: bool) -> None:
+        """One step's draft memory state; ``event`` is "offload" or "reload" when one happened."""
+        if event is not None:
+            self.draft_memory_events_total.labels(event).inc()
+        self.draft_offloaded.set(1.0 if offloaded else 0.0)
 
     def set_load(self, *, waiting: int, running: int, queue: str = "all") -> None:
         self.queue_depth.labels(queue).set(waiting)

@@ -42,6 +42,7 @@ import redis.asyncio
 import shared.rpc  # noqa: F401 - builds the generated code if needed
 from scheduler.engine_loop import Scheduler, SchedulerConfig
 from scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker
+from scheduler.policies.elastic_memory import ElasticDraftMemory, ElasticMemoryConfig
 from scheduler.workers import RealClock
 from services.engine_host import service_version
 from services.runtime import serve_until_stopped
@@ -147,10 +148,11 @@ async def _start(
         TracedDraft(draft, tracer) if draft is not None else None,
         config=SchedulerConfig(
             max_batch_size=settings.max_batch_size,
-            max_tokens_in_flight=kv_token_budget(target_info, SchedulerConfig()),
+            max_tokens_in_flight=kv_token_budget(target_info, SchedulerConfig(max_batch_size=settings.max_batch_size)),
             token_budget=budget.token_budget,
             cost_model=budget.cost_model,
             draft_cost_model=draft_cost,
+            draft_memory=draft_memory_config(settings.draft_offload),
         ),
         clock=clock,
         spec_policy=spec_policy,
@@ -267,6 +269,27 @@ def kv_token_budget(info: common_pb2.ServiceInfo, config: SchedulerConfig, max_s
         return config.max_tokens_in_flight
     spare = config.max_batch_size * (info.block_size + max_spec_k)
     return max(1, min(config.max_tokens_in_flight, total - spare))
+
+
+_OFFLOAD_OPTIONS = {"low": "low_free", "high": "high_free", "persist": "persist_steps"}
+
+
+def draft_memory_config(spec: str) -> ElasticMemoryConfig | None:
+    """TANDEM_DRAFT_OFFLOAD: ``off`` (None), ``on`` (defaults) or ``low=0.1,high=0.3,persist=8``."""
+    spec = spec.strip().lower()
+    if spec in ("", "off", "0", "false", "no"):
+        return None
+    if spec in ("on", "1", "true", "yes"):
+        return ElasticMemoryConfig()
+    values: dict[str, float] = {}
+    for part in spec.split(","):
+        key, eq, text = part.partition("=")
+        if not eq or key.strip() not in _OFFLOAD_OPTIONS:
+            raise ValueError(f"draft offload options are off, on or {', '.join(f'{k}=' for k in _OFFLOAD_OPTIONS)}")
+        values[_OFFLOAD_OPTIONS[key.strip()]] = float(text)
+    config = ElasticMemoryConfig(**values)
+    ElasticDraftMemory(config)  # τ_high > τ_low
+    return config
 
 
 def _text_codec(settings: ServiceSettings) -> TextCodec | None:

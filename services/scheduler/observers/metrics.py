@@ -2,7 +2,7 @@
 
     on_submit   queue depth
     on_step     per request: draft tokens proposed/accepted, accepted length, per-position acceptance,
-                the chosen k (histogram; the step's mean k as a gauge);
+                the chosen k (histogram; the step's mean k as a gauge); draft offloads/reloads;
                 moving averages of acceptance rate and accepted length; queue depth, running requests
     on_finish   TTFT, TPOT, SLO attainment, goodput tokens, finish reason
 
@@ -54,6 +54,7 @@ class MetricsObserver:
                 ema_accepted_length=self._ema_length,
             )
         self.metrics.observe_speculation([o.shape.max_depth for o in report.outcomes])
+        self.metrics.observe_draft_memory(event=report.draft_memory_event, offloaded=report.draft_offloaded)
         self._set_load()
 
     def on_finish(self, request: Request) -> None:

@@ -251,6 +251,19 @@ class TracedDraft:
     async def release(self, seq_ids: list[str]) -> None:
         await self.draft.release(seq_ids)
 
+    async def offload(self) -> int:
+        """A span of its own (no request owns it); the draft's server span hangs under it."""
+        with self.tracer.tracer.start_as_current_span("draft.offload") as span:
+            moved = await self.draft.offload()
+            span.set_attribute("tandem.bytes_moved", moved)
+            return moved
+
+    async def reload(self) -> int:
+        with self.tracer.tracer.start_as_current_span("draft.reload") as span:
+            moved = await self.draft.reload()
+            span.set_attribute("tandem.bytes_moved", moved)
+            return moved
+
 
 def _shape_attrs(item: SpecItem) -> Attributes:
     attrs: Attributes = {"tandem.worker": "draft", "tandem.num_new_tokens": len(item.new_tokens)}
