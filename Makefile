@@ -19,7 +19,7 @@ TORCH := torch==2.13.0
 PAIR ?= demo
 PYTEST_ARGS ?=
 
-.PHONY: help setup protos models test demo trace-ui profile bench-engine bench bench-slo bench-adaptive clean distclean
+.PHONY: help setup protos models test demo trace-ui profile bench-engine bench bench-serving bench-slo bench-adaptive bench-order clean distclean
 
 help:
 	@sed -n '4,8p' Makefile | sed 's/^# \{0,1\}//'
@@ -94,13 +94,18 @@ bench-adaptive: setup models
 # LAPS-SD's comparison (bench.harness --order): queue policies fcfs, las, lp-sjf, laps-sd side by side, mean and
 # p99 latency vs concurrent requests (closed loop 10,20,30) on mixed prompts and output lengths, the scheduler's
 # batch capped at TANDEM_MAX_BATCH_SIZE (4) so requests queue. Results: bench/results/order-$(PAIR)/.
-.PHONY: bench-order
 bench-order: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --order --pair $(PAIR) --name order-$(PAIR) $(BENCH_ARGS)
 
-# Every benchmark; add new ones as prerequisites.
-bench: bench-engine
+# Issue 4's short default suite (< 10 min on 2 cores): batch-1 rotation of target-only, HF generate, HF assisted
+# generation (fixed and heuristic schedule) and Tandem k = 1, 3, 5, then a short Poisson sweep, all side by side
+# through the SDK and services. Results: bench/results/serving-$(PAIR)/. --long for the longer sweeps.
+bench-serving: setup models
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --pair $(PAIR) --name serving-$(PAIR) $(BENCH_ARGS)
+
+# The short suites; the policy comparisons (bench-slo, bench-adaptive, bench-order) run on their own.
+bench: bench-engine bench-serving
 
 # Generated and cached files; keeps .venv and the prepared models (~/.cache/tandem).
 clean:

@@ -29,7 +29,7 @@ from rich.table import Table
 from shared.engine import vocab_subset
 from shared.models import smollm2
 from shared.models.distill import corpus, draft as draft_lib, evaluate, generate
-from shared.models.distill.train import TrainConfig, train
+from shared.models.distill.train import SubsetHead, TrainConfig, train
 from shared.models.paths import Paths
 
 WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "weights"
@@ -122,11 +122,11 @@ def main(
     spec = draft_lib.DraftSpec(layer_ids=[int(x) for x in layers.split(",")], lora_rank=rank, lora_alpha=float(rank))
     draft = draft_lib.copy_layers(target, spec.layer_ids)
     params = draft_lib.add_adapters(draft, spec)
-    cfg = TrainConfig(epochs=epochs, lr=lr, batch_tokens=batch_tokens)
-    summary = train(draft, params, train_set, tokenizer.pad_token_id, cfg)
-
     special = sorted(set(tokenizer.all_special_ids))
     ids = frequent_tokens(train_set, subset_size, special) if subset_size else list(range(target.config.vocab_size))
+    head = SubsetHead(draft.lm_head.weight, ids) if subset_size else None
+    cfg = TrainConfig(epochs=epochs, lr=lr, batch_tokens=batch_tokens)
+    summary = train(draft, params, train_set, tokenizer.pad_token_id, cfg, head)
     fingerprint = draft_lib.target_fingerprint(target)
     info = {
         "command": "python -m shared.models.distill " + " ".join(sys.argv[1:]),

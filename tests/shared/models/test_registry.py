@@ -21,13 +21,21 @@ def test_unknown_pair():
         registry.get_pair("huge")
 
 
-def test_demo_draft_is_listed_as_not_prepared(tmp_path):
+def test_demo_pair_is_listed_as_not_prepared_with_how_to_prepare(tmp_path):
     rows = registry.status(registry.get_pair("demo"), Paths.resolve(tmp_path))
     assert [(r.role, r.name, r.prepared, r.size_bytes) for r in rows] == [
         ("target", "smollm2-135m-instruct", False, 0),
         ("draft", "smollm2-draft", False, 0),
     ]
-    assert "distillation" in rows[1].note
+    assert all("tandem models prepare --pair demo" in r.note for r in rows)
+
+
+def test_demo_draft_adapter_is_committed():
+    from shared.models import smollm2_draft
+    from shared.models.distill.draft import adapter_vocab
+
+    assert smollm2_draft.ADAPTER.is_file()
+    assert 1000 < len(adapter_vocab(smollm2_draft.ADAPTER)) <= 8192  # the tokens seen in training, at most 8k
 
 
 def test_tiny_pair_prepares_idempotently_and_loads(tmp_path):
