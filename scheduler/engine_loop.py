@@ -58,6 +58,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
+from scheduler.frontier import FrontierConfig, FrontierPipeline
 from scheduler.policies.elastic_memory import Action, ElasticDraftMemory, ElasticMemoryConfig
 from scheduler.policies.queue import FCFS, Capacity, QueuePolicy, reserved_tokens
 from scheduler.policies.selection import PassThrough, TreeSelector
@@ -108,6 +109,11 @@ class SchedulerConfig(BaseModel):
     )
     draft_cost_model: CostModel | None = Field(
         None, description="The draft's fitted T_fwd per forward, when it was profiled; in SpecContext."
+    )
+    frontier: FrontierConfig | None = Field(
+        None,
+        description="Frontier pipelining (FASER §4.3): verify chain speculation in chunks while the draft drafts "
+        "the next chunk concurrently; None = serial speculate then verify.",
     )
     draft_memory: ElasticMemoryConfig | None = Field(
         None,
@@ -203,6 +209,7 @@ class Scheduler:
         cfg = self.config
         self.draft_memory = ElasticDraftMemory(cfg.draft_memory) if cfg.draft_memory and draft is not None else None
         self._draft_offloaded = False
+        self.frontier = FrontierPipeline(cfg.frontier) if cfg.frontier is not None and draft is not None else None
 
     # ------------------------------------------------------------------ public API
     def submit(self, request: Request) -> RequestStream:
@@ -334,14 +341,15 @@ class Scheduler:
             log.exception("speculation policy failed; plain decoding this step")
             shapes = [SpecShape.none()] * len(batch)
 
-        # 4. speculate
+        # 4. speculate (frontier pipelining runs 4-6 itself: verify chunk i while drafting chunk i+1)
         t = clock.now()
-        trees = await self._speculate(batch, shapes)
-        times.speculate = clock.now() - t
+        piped = await self.frontier.run(self, batch, shapes, ctx, report) if self.frontier is not None else None
+        trees = piped.trees if piped is not None else await self._speculate(batch, shapes)
+        times.speculate = piped.speculate_s if piped is not None else clock.now() - t
 
         # 5. select
         t = clock.now()
-        if any(len(tree) for tree in trees):
+        if piped is None and any(len(tree) for tree in trees):
             try:
                 selected = self.selector.select(batch, trees, ctx)
                 if len(selected) != len(batch) or not all(_tree_ok(tree) for tree in selected):
@@ -354,8 +362,11 @@ class Scheduler:
 
         # 6. verify
         t = clock.now()
-        results = await self._verify(batch, trees, report) if batch else []
-        times.verify = clock.now() - t
+        if piped is not None:
+            results, times.verify = piped.results, piped.verify_s
+        else:
+            results = await self._verify(batch, trees, report) if batch else []
+            times.verify = clock.now() - t
 
         # 7. commit
         t = clock.now()

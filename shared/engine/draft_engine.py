@@ -101,6 +101,8 @@ class DraftEngine:
         for it in items:
             self.runner.get(it.seq_id)
             self.runner.check_tokens(it.new_tokens, what=f"sequence {it.seq_id!r}")
+            if not (0 <= it.rollback < self.runner.get(it.seq_id).num_committed):
+                raise InvalidRequestError(f"sequence {it.seq_id!r}: cannot roll back {it.rollback} committed tokens")
             if it.chain_len and (it.tree_depth or it.tree_width):
                 raise InvalidRequestError(f"sequence {it.seq_id!r}: ask for a chain or a tree, not both")
             if not (0 <= it.chain_len <= self.max_chain):
@@ -118,6 +120,7 @@ class DraftEngine:
         drafters: list[ChainDrafter | BeamDrafter] = []
         for it in items:
             seq = self.runner.get(it.seq_id)
+            self.runner.truncate(seq, it.rollback)
             self.runner.commit(seq, it.new_tokens)
             if it.tree_depth:
                 drafters.append(BeamDrafter(seq, it.tree_depth, it.tree_width))

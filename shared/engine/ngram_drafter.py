@@ -249,6 +249,8 @@ class NgramDraftEngine:
         trees = []
         for it in items:
             index = self.runner.get(it.seq_id).index
+            if it.rollback:
+                raise InvalidRequestError(f"sequence {it.seq_id!r}: the n-gram draft cannot roll back tokens")
             index.extend(it.new_tokens)
             if it.tree_depth:
                 trees.append(propose_tree(index, it.tree_depth, it.tree_width))

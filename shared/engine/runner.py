@@ -365,6 +365,22 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ commit
 
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Drop the last ``num_tokens`` committed tokens (and the tree): undo an optimistic commit (FASER §4.3)."""
+        if not (0 <= num_tokens < seq.num_committed):
+            raise InvalidRequestError(
+                f"sequence {seq.seq_id!r}: cannot roll back {num_tokens} of {seq.num_committed} committed tokens"
+            )
+        if num_tokens == 0:
+            return
+        seq.tree.clear()
+        del seq.token_ids[-num_tokens:]
+        seq.num_cached = min(seq.num_cached, seq.num_committed)
+        keep = self.cache.blocks_for(seq.num_cached)
+        if keep < len(seq.block_ids):
+            self.cache.allocator.free(seq.block_ids[keep:])
+            del seq.block_ids[keep:]
+
     def commit(self, seq: Sequence, tokens: list[int]) -> int:
         """Append tokens; reuse the KV of the tree path that spells their prefix. Returns nodes reused."""
         self.check_tokens(tokens, what=f"sequence {seq.seq_id!r}")

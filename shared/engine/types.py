@@ -159,6 +159,7 @@ class SpecItem:
     tree_depth: int = 0
     tree_width: int = 0
     confidence_threshold: float = 0.0
+    rollback: int = 0  # committed tokens to drop before appending new_tokens (an optimistic prefix that failed)
 
 
 @dataclass

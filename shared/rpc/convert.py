@@ -125,7 +125,7 @@ def verify_item_from_pb(msg: target_pb2.VerifyItem) -> VerifyItem:
 def spec_item_to_pb(item: SpecItem) -> draft_pb2.SpecItem:
     if item.chain_len and (item.tree_depth or item.tree_width):
         raise InvalidRequestError(f"{item.seq_id}: a speculation is a chain or a tree, not both")
-    msg = draft_pb2.SpecItem(seq_id=item.seq_id, new_tokens=item.new_tokens)
+    msg = draft_pb2.SpecItem(seq_id=item.seq_id, new_tokens=item.new_tokens, rollback=item.rollback)
     if item.chain_len:
         msg.chain.length = item.chain_len
         msg.chain.confidence_threshold = item.confidence_threshold
@@ -136,7 +136,7 @@ def spec_item_to_pb(item: SpecItem) -> draft_pb2.SpecItem:
 
 
 def spec_item_from_pb(msg: draft_pb2.SpecItem) -> SpecItem:
-    item = SpecItem(seq_id=msg.seq_id, new_tokens=list(msg.new_tokens))
+    item = SpecItem(seq_id=msg.seq_id, new_tokens=list(msg.new_tokens), rollback=msg.rollback)
     shape = msg.WhichOneof("shape")
     if shape == "chain":
         item.chain_len = msg.chain.length

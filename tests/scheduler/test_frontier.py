@@ -1,0 +1,93 @@
+"""Frontier pipelining (FASER §4.3) over in-process engines: output equals serial SD and target-only greedy."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from scheduler.engine_loop import Scheduler, SchedulerConfig
+from scheduler.frontier import FrontierConfig, choose_chunk, pipelined_time, serial_time
+from scheduler.local_workers import LocalDraftWorker, LocalTargetWorker
+from scheduler.policies.speculation import FixedChain
+from scheduler.request import Request
+from shared.engine.config import EngineConfig
+from shared.engine.factory import build_draft_engine, build_target_engine
+from shared.profiling.cost_model import CostModel
+
+from test_local_workers import PROMPTS, greedy
+
+ALWAYS = FrontierConfig(chunk_size=2, require_gain=False)
+
+
+@pytest.fixture(scope="module")
+def draft_dir(tmp_path_factory):
+    from shared.models.tiny import save_tiny
+
+    return save_tiny(tmp_path_factory.mktemp("models") / "tiny-draft", "llama", num_layers=1, seed=1)
+
+
+def run(target_dir, draft_dir, frontier, k=5, early_exit=None):
+    config = EngineConfig(num_blocks=128, block_size=4)
+    target, _ = build_target_engine(target_dir, device="cpu", engine_config=config)
+    target.set_early_exit(early_exit)
+    draft, _ = build_draft_engine(draft_dir, device="cpu", engine_config=config)
+    sched = Scheduler(
+        LocalTargetWorker(target),
+        LocalDraftWorker(draft),
+        spec_policy=FixedChain(k),
+        config=SchedulerConfig(frontier=frontier),
+    )
+    reqs = [Request(id=f"r{i}", prompt_ids=p, max_new_tokens=12 + 3 * i) for i, p in enumerate(PROMPTS)]
+
+    async def main():
+        streams = [sched.submit(r) for r in reqs]
+        _, *outs = await asyncio.gather(sched.run_until_idle(), *(s.collect() for s in streams))
+        return outs
+
+    outs = asyncio.run(main())
+    for engine in (target, draft):
+        engine.runner.check_accounting()
+        assert engine.runner.cache.num_free_blocks == engine.runner.cache.num_blocks
+    return reqs, outs, sched
+
+
+@pytest.mark.parametrize("agreeing", [True, False], ids=["agreeing-draft", "garbage-draft"])
+@pytest.mark.parametrize("chunk", [1, 2, 3])
+def test_frontier_output_equals_serial_and_target_only(tiny_model_dir, draft_dir, agreeing, chunk):
+    d = tiny_model_dir if agreeing else draft_dir  # the other tiny model: rejections nearly every chunk (resets)
+    reqs, outs, sched = run(tiny_model_dir, d, FrontierConfig(chunk_size=chunk, require_gain=False))
+    _, serial, _ = run(tiny_model_dir, d, None)
+    for req, out, ser in zip(reqs, outs, serial):
+        assert out == ser == greedy(tiny_model_dir, req.prompt_ids, req.max_new_tokens)
+    stats = sched.frontier.stats
+    assert stats.steps > 0
+    if agreeing:
+        assert stats.advances > 0  # the lookahead chunk was used without waiting for the draft
+    else:
+        assert stats.resets > 0
+
+
+def test_frontier_with_early_exit(tiny_model_dir, draft_dir):
+    from shared.engine.early_exit import EarlyExitConfig
+
+    ee = EarlyExitConfig(enabled=True, init_layer=0, k_init=2, k_final=2, gate=False)
+    reqs, outs, _ = run(tiny_model_dir, draft_dir, ALWAYS, early_exit=ee)
+    for req, out in zip(reqs, outs):
+        assert out == greedy(tiny_model_dir, req.prompt_ids, req.max_new_tokens)
+
+
+def test_chunk_choice_follows_the_cost_models():
+    # a draft as slow per token as the target's per-forward overhead: overlap pays off
+    target = CostModel(gamma_s=1e-4, delta_s=10e-3)
+    slow_draft = CostModel(delta_s=5e-3)
+    fast_draft = CostModel(delta_s=1e-5)
+    config = FrontierConfig()
+    c = choose_chunk(6, 1, 100, target, slow_draft, config)
+    assert c is not None and 1 <= c <= 6
+    assert pipelined_time(c, 1, 100, target, slow_draft, 0.7) < serial_time(6, 1, 100, target, slow_draft, 0.7)
+    # a nearly free draft: nothing to hide, chunks only add target forwards
+    assert choose_chunk(6, 1, 100, target, fast_draft, config) is None
+    # without cost models a configured chunk size is used as is
+    assert choose_chunk(6, 1, 100, None, None, FrontierConfig(chunk_size=2)) == 2
+    assert choose_chunk(6, 1, 100, None, None, FrontierConfig()) is None
