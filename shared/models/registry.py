@@ -3,6 +3,7 @@
     pair   target                                draft
     demo   smollm2-135m-instruct (from PyPI)     smollm2-draft (target layers + committed distilled adapter)
     tiny   tiny-target (random llama, 2 layers)  tiny-draft (random llama, 1 layer)
+    tiny-trained  tiny-trained-target (4M, stdlib)  tiny-trained-draft (1M, distilled; both committed)
 
 A model with no ``prepare`` function is produced by another tool; it counts as
 prepared once that tool writes the marker (``paths.mark_prepared``) into its
@@ -82,6 +83,15 @@ def _tiny_preparer(name: str, **kwargs) -> PrepareFn:
     return prepare
 
 
+def _tiny_trained_preparer(name: str) -> PrepareFn:
+    def prepare(paths: Paths, console: Console, force: bool) -> Path:
+        from shared.models import tiny_trained
+
+        return tiny_trained.prepare(name, paths, console, force=force)
+
+    return prepare
+
+
 # Target and draft of a pair must share a vocabulary: the target verifies the draft's token ids.
 PAIRS: dict[str, ModelPair] = {
     "demo": ModelPair(
@@ -110,6 +120,20 @@ PAIRS: dict[str, ModelPair] = {
             name="tiny-draft",
             description="random llama, 1 layer, hidden 64, GQA 4/2, vocab 512",
             prepare=_tiny_preparer("tiny-draft", num_layers=1, seed=1),
+        ),
+    ),
+    "tiny-trained": ModelPair(
+        name="tiny-trained",
+        description="tiny llama pair trained on Python stdlib code, draft distilled (tests needing real acceptance)",
+        target=ModelSpec(
+            name="tiny-trained-target",
+            description="llama 4.2M, 4 layers, hidden 256, byte-level BPE 4096, trained on the stdlib",
+            prepare=_tiny_trained_preparer("tiny-trained-target"),
+        ),
+        draft=ModelSpec(
+            name="tiny-trained-draft",
+            description="llama 0.9M, 2 layers, hidden 128, distilled on the target's greedy continuations",
+            prepare=_tiny_trained_preparer("tiny-trained-draft"),
         ),
     ),
 }
