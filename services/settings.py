@@ -10,7 +10,8 @@ TANDEM_PORT, TANDEM_SERVICE_NAME, TANDEM_TRACE_EXPORTER, TANDEM_OTLP_ENDPOINT,
 TANDEM_HOME, TANDEM_PAIR, TANDEM_MODEL, TANDEM_DEVICE, TANDEM_DTYPE, TANDEM_VOCAB_SIZE, and for
 the scheduler TANDEM_TARGET_ADDR, TANDEM_DRAFT_ADDR, TANDEM_REDIS_URL,
 TANDEM_METRICS_PORT, TANDEM_QUEUE_POLICY, TANDEM_SPECULATION_POLICY,
-TANDEM_TOKEN_BUDGET, TANDEM_PROFILE; for the target TANDEM_EARLY_EXIT).
+TANDEM_TOKEN_BUDGET, TANDEM_PROFILE, TANDEM_FRONTIER; for the target TANDEM_EARLY_EXIT; for the
+model services TANDEM_THREADS).
 The environment is read when ``from_env`` is called, never at import.
 An empty variable counts as unset, because compose writes
 ``TANDEM_MODEL: ${TANDEM_TARGET_MODEL:-}`` to mean "the pair's model".
@@ -25,6 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from scheduler.frontier import FrontierConfig
 from shared.engine.config import EngineConfig
 from shared.engine.early_exit import EarlyExitConfig
 from shared.engine.errors import ModelLoadError
@@ -75,6 +77,33 @@ def parse_early_exit(spec: str | None) -> EarlyExitConfig | None:
             raise ValueError(f"early exit {spec!r}: {part!r} is not FIELD=VALUE of {sorted(EarlyExitConfig.model_fields)}")
         fields[key.strip()] = value.strip()
     return EarlyExitConfig(enabled=True, **fields)
+
+
+# TANDEM_FRONTIER keys -> FrontierConfig fields
+_FRONTIER_KEYS = {"chunk": "chunk_size", "max_chunk": "max_chunk", "alpha": "alpha", "min_gain": "min_gain",
+                  "gain": "require_gain"}  # fmt: skip
+
+
+def parse_frontier(spec: str | None) -> FrontierConfig | None:
+    """TANDEM_FRONTIER: ``off`` (None), ``on`` (s_c from the cost models), or ``chunk=2[,min_gain=0.1,...]``.
+
+    Keys: chunk (s_c; with no cost models it is used as is, so the step always pipelines), max_chunk,
+    alpha, min_gain, gain (false = pipeline even when the cost models predict no gain). ``on:KEYS``
+    is the same as ``KEYS``.
+    """
+    text = (spec or "").strip().lower()
+    if text in ("", "off", "false", "0", "none", "no"):
+        return None
+    head, colon, rest = text.partition(":")
+    if head in ("on", "true", "1", "yes"):
+        text = rest if colon else ""
+    fields: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq or key.strip() not in _FRONTIER_KEYS:
+            raise ValueError(f"frontier {spec!r}: use off, on, or {','.join(k + '=' for k in _FRONTIER_KEYS)}...")
+        fields[_FRONTIER_KEYS[key.strip()]] = value.strip()
+    return FrontierConfig(**fields)
 
 
 def ngram_name(min_ngram: int, max_ngram: int) -> str:
@@ -163,6 +192,17 @@ class ServiceSettings(BaseModel):
         description="Profile file of the target (B, cost model); unset = the newest under "
         "<home>/profiles/<target model>/, else the Redis blob profile:<target model>.",
     )
+    frontier: str = Field(
+        "off",
+        description="Scheduler: frontier pipelining (FASER §4.3): off, on (chunk size s_c from the draft and "
+        "target cost models, only when they predict a gain), or chunk=N[,max_chunk=,alpha=,min_gain=,gain=false].",
+    )
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="Model services: torch intra-op threads (torch.set_num_threads) for this process; unset = "
+        "torch's default. The launcher's thread split (FASER §4.4 CPU fallback) sets it per service.",
+    )
     early_exit: str | None = Field(
         None,
         description="Target: token-wise early exit (FASER §4.2): unset/off, on, or on:FIELD=VALUE,... with "
@@ -177,6 +217,15 @@ class ServiceSettings(BaseModel):
 
     def early_exit_config(self) -> EarlyExitConfig | None:
         return parse_early_exit(self.early_exit)
+
+    @field_validator("frontier")
+    @classmethod
+    def _check_frontier(cls, spec: str) -> str:
+        parse_frontier(spec)
+        return spec
+
+    def frontier_config(self) -> FrontierConfig | None:
+        return parse_frontier(self.frontier)
 
     @field_validator("model")
     @classmethod

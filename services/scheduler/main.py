@@ -153,6 +153,7 @@ async def _start(
             cost_model=budget.cost_model,
             draft_cost_model=draft_cost,
             draft_memory=draft_memory_config(settings.draft_offload),
+            frontier=_frontier(settings, draft is not None, budget.cost_model, draft_cost),
         ),
         clock=clock,
         spec_policy=spec_policy,
@@ -289,6 +290,25 @@ def draft_memory_config(spec: str) -> ElasticMemoryConfig | None:
         values[_OFFLOAD_OPTIONS[key.strip()]] = float(text)
     config = ElasticMemoryConfig(**values)
     ElasticDraftMemory(config)  # τ_high > τ_low
+    return config
+
+
+def _frontier(settings: ServiceSettings, has_draft: bool, target_cost, draft_cost):
+    """TANDEM_FRONTIER as the loop's FrontierConfig; logs when it cannot take effect."""
+    config = settings.frontier_config()
+    if config is None:
+        return None
+    if not has_draft:
+        log.warning("frontier pipelining is on but there is no draft: every request decodes plainly")
+    elif config.chunk_size is None and (target_cost is None or draft_cost is None):
+        # choose_chunk needs both cost models to pick s_c; without them it never pipelines
+        log.warning(
+            "frontier pipelining is on without a %s cost model and without chunk=N: steps run serially; "
+            "profile both models (`tandem profile`) or set TANDEM_FRONTIER=chunk=N",
+            "target" if target_cost is None else "draft",
+        )
+    else:
+        log.info("frontier pipelining on (%s)", config)
     return config
 
 

@@ -87,3 +87,30 @@ def test_malformed_ngram_spec_fails_when_settings_are_read(spec):
         parse_ngram_spec(spec)
     with pytest.raises(pydantic.ValidationError, match="ngram:MIN-MAX|MIN <= MAX"):
         ServiceSettings.from_env(env={"TANDEM_MODEL": spec})
+
+
+@pytest.mark.parametrize(
+    ("spec", "chunk", "require_gain"),
+    [("on", None, True), ("ON", None, True), ("chunk=2", 2, True), ("on:chunk=3,gain=false", 3, False)],
+)
+def test_frontier_setting(spec, chunk, require_gain):
+    config = ServiceSettings.from_env(env={"TANDEM_FRONTIER": spec}).frontier_config()
+    assert config is not None and config.chunk_size == chunk and config.require_gain is require_gain
+
+
+@pytest.mark.parametrize("spec", ["", "off", "none", "0"])
+def test_frontier_off(spec):
+    assert ServiceSettings.from_env(env={"TANDEM_FRONTIER": spec}).frontier_config() is None
+
+
+@pytest.mark.parametrize("spec", ["chunk", "size=2", "chunk=0", "on:alpha=2"])
+def test_malformed_frontier_fails_when_read(spec):
+    with pytest.raises(pydantic.ValidationError):
+        ServiceSettings.from_env(env={"TANDEM_FRONTIER": spec})
+
+
+def test_threads_setting():
+    assert ServiceSettings.from_env(env={"TANDEM_THREADS": "3"}).threads == 3
+    assert ServiceSettings.from_env(env={}).threads is None
+    with pytest.raises(pydantic.ValidationError):
+        ServiceSettings.from_env(env={"TANDEM_THREADS": "0"})
