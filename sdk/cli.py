@@ -80,6 +80,13 @@ def up(
     home: Annotated[Path | None, typer.Option(help="Tandem home (default $TANDEM_HOME or ~/.cache/tandem).")] = None,
     device: Annotated[str, typer.Option(help="Device of the model services.")] = "auto",
     log_dir: Annotated[Path | None, typer.Option(help="Directory for the services' logs.")] = None,
+    draft_share: Annotated[
+        float | None,
+        typer.Option(help="Draft's share r of the machine (FASER §4.4): CPU threads split r : 1-r; on CUDA MPS "
+                     "active-thread percentages (needs the MPS daemon)."),
+    ] = None,
+    draft_threads: Annotated[int | None, typer.Option(help="torch threads of the draft process.")] = None,
+    target_threads: Annotated[int | None, typer.Option(help="torch threads of the target process.")] = None,
 ) -> None:
     """Start Redis (unless REDIS_URL is set), target, draft and scheduler on loopback; Ctrl-C stops all."""
     from services.launcher import LaunchConfig, LaunchError, launch
@@ -88,6 +95,7 @@ def up(
     config = LaunchConfig(
         pair=pair, port=port, metrics_port=metrics_port, redis_url=redis_url, speculation_policy=speculation_policy,
         draft=draft, draft_model=draft_model, home=home, device=device, log_dir=log_dir,
+        draft_share=draft_share, draft_threads=draft_threads, target_threads=target_threads,
     )  # fmt: skip
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the stack as cleanly as Ctrl-C
     console.print(f"starting Tandem ({pair} pair) ...")

@@ -20,6 +20,7 @@ while its call still runs.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +40,7 @@ from shared.rpc.convert import CallTimer
 from shared.rpc.gen.tandem.v1 import common_pb2
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -74,6 +76,11 @@ class EngineHost:
     @classmethod
     async def load(cls, settings: ServiceSettings, role: Literal["target", "draft"]) -> EngineHost:
         """Build the role's engine from ``settings`` (off the loop: loading takes seconds to minutes)."""
+        if settings.threads is not None:  # TANDEM_THREADS: the launcher's CPU split (FASER §4.4 fallback)
+            import torch
+
+            torch.set_num_threads(settings.threads)  # process-wide: the engine thread's pool follows it
+            log.info("%s: torch uses %d threads", role, settings.threads)
         ngram = settings.ngram(role)  # raises for a malformed spec or an ngram target
         if ngram is not None:
             engine = build_ngram_draft_engine(*ngram, vocab_size=settings.vocab_size)

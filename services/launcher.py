@@ -17,7 +17,12 @@ The draft is optional: when the pair's draft model is not prepared (or
 ``draft=False``) the scheduler runs without one and every request decodes
 plainly. ``draft_model="ngram"`` (or ``ngram:MIN-MAX``) serves model-free
 prompt lookup instead, which needs no preparation; it is told the target's
-vocabulary size (read from the target's config.json) to check token ids. Each child writes its log to ``log_dir/{role}.log``; a child that
+vocabulary size (read from the target's config.json) to check token ids.
+``draft_share`` r splits the machine (FASER §4.4, ``resource_env``): on CPU
+the draft gets round(r * cores) torch threads and the target the rest
+(TANDEM_THREADS; ``draft_threads`` / ``target_threads`` set them directly); on
+CUDA the two processes get CUDA_MPS_ACTIVE_THREAD_PERCENTAGE r*100 and
+(1-r)*100, which only an MPS daemon started beforehand enforces. Each child writes its log to ``log_dir/{role}.log``; a child that
 dies while starting fails the launch with the tail of its log. Children run in
 their own session, so a Ctrl-C at the terminal reaches the launcher only,
 which then stops them in order (SIGTERM, SIGKILL after a grace period).
@@ -70,6 +75,20 @@ class LaunchConfig(BaseModel):
     speculation_policy: str = Field("fixed", description="Scheduler policy for AUTO requests (fixed[:K], none).")
     device: str = Field("auto", description="Device of both model services.")
     dtype: str = Field("auto", description="Weight dtype of both model services.")
+    draft_threads: int | None = Field(
+        None, ge=1, description="torch threads of the draft process (its TANDEM_THREADS); unset = from draft_share."
+    )
+    target_threads: int | None = Field(
+        None, ge=1, description="torch threads of the target process; unset = from draft_share, else torch's default."
+    )
+    draft_share: float | None = Field(
+        None,
+        gt=0.0,
+        lt=1.0,
+        description="FASER §4.4: the draft's share r of the machine, the target's 1 - r. On CPU the cores are split "
+        "(threads); on CUDA the processes get CUDA_MPS_ACTIVE_THREAD_PERCENTAGE r*100 and (1-r)*100, which acts "
+        "only under a running MPS daemon (unmeasured). Unset = no split.",
+    )
     log_dir: Path | None = Field(None, description="Where the children's logs go; unset = a new temp dir.")
     startup_timeout_s: float = Field(600.0, gt=0, description="How long model loading may take.")
     stop_timeout_s: float = Field(15.0, gt=0, description="How long a child may take to stop before SIGKILL.")
@@ -148,8 +167,9 @@ def start(config: LaunchConfig) -> LaunchedStack:
         if config.redis_url is None:
             stack.redis = start_redis()
         endpoints.redis_url = config.redis_url or stack.redis.url
+        shares = resource_env(config, on_cuda=_on_cuda(config.device) if config.draft_share else False)
         envs = {
-            "target": _env(config, target, TANDEM_MODEL=str(target_path)),
+            "target": _env(config, target, TANDEM_MODEL=str(target_path), **shares["target"]),
             "scheduler": _env(
                 config,
                 scheduler,
@@ -162,7 +182,9 @@ def start(config: LaunchConfig) -> LaunchedStack:
             ),
         }
         if draft is not None:
-            envs["draft"] = _env(config, draft, TANDEM_MODEL=draft_model, TANDEM_VOCAB_SIZE=_vocab_size(target_path))
+            envs["draft"] = _env(
+                config, draft, TANDEM_MODEL=draft_model, TANDEM_VOCAB_SIZE=_vocab_size(target_path), **shares["draft"]
+            )
         for role, env in envs.items():  # all at once: imports and model loading overlap
             stack.processes[role] = _spawn(role, env, log_dir)
         _wait_serving(stack, config.startup_timeout_s)
@@ -196,6 +218,44 @@ def _draft_model(settings, config: LaunchConfig) -> str | None:
     except ModelLoadError as exc:
         print(f"note: no draft ({exc}); requests decode without speculation", file=sys.stderr)
         return None
+
+
+def resource_env(config: LaunchConfig, *, on_cuda: bool, cores: int | None = None) -> dict[str, dict[str, str]]:
+    """Per model service, the variables that give it its share (FASER §4.4): TANDEM_THREADS on CPU,
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE on CUDA. Explicit thread counts win over the share's split."""
+    from shared.profiling.sm_share import mps_percentages, split_threads
+
+    out: dict[str, dict[str, str]] = {"draft": {}, "target": {}}
+    threads = {"draft": config.draft_threads, "target": config.target_threads}
+    if config.draft_share is not None:
+        if on_cuda:
+            draft_pct, target_pct = mps_percentages(config.draft_share)
+            out["draft"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(draft_pct)
+            out["target"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(target_pct)
+        else:
+            split = split_threads(config.draft_share, cores or _num_cores())
+            threads = {role: threads[role] or n for role, n in zip(("draft", "target"), split)}
+    for role, n in threads.items():
+        if n is not None:
+            out[role]["TANDEM_THREADS"] = str(n)
+    return out
+
+
+def _num_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _on_cuda(device: str) -> bool:
+    if device.startswith("cuda"):
+        return True
+    if device != "auto":
+        return False
+    import torch  # only asked when a share is configured
+
+    return torch.cuda.is_available()
 
 
 def _vocab_size(target_path: Path) -> str:
