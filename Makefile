@@ -4,7 +4,7 @@
 #   make setup    .venv with the pinned CPU torch + tandem[dev], then gRPC code
 #   make models   prepare the demo pair's models under $TANDEM_HOME (default ~/.cache/tandem)
 #   make test     setup + models, then the whole test suite
-#   make demo | trace-ui | profile | bench-engine | bench | bench-slo | bench-adaptive | clean | distclean
+#   make demo | trace-ui | profile | bench-engine | bench | bench-slo | bench-adaptive | bench-faser | clean | distclean
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -19,7 +19,7 @@ TORCH := torch==2.13.0
 PAIR ?= demo
 PYTEST_ARGS ?=
 
-.PHONY: help setup protos models test demo trace-ui profile bench-engine bench bench-serving bench-slo bench-adaptive bench-order clean distclean
+.PHONY: help setup protos models test demo trace-ui profile bench-engine bench bench-serving bench-slo bench-adaptive bench-order bench-faser clean distclean
 
 help:
 	@sed -n '4,8p' Makefile | sed 's/^# \{0,1\}//'
@@ -103,6 +103,14 @@ bench-order: setup models
 # through the SDK and services. Results: bench/results/serving-$(PAIR)/. --long for the longer sweeps.
 bench-serving: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --pair $(PAIR) --name serving-$(PAIR) $(BENCH_ARGS)
+
+# FASER's ablation (bench.harness --faser): serial SD, +frontier pipelining (TANDEM_FRONTIER=chunk=2), +token-wise
+# early exit (TANDEM_EARLY_EXIT=on), both; a chain of 4 per request, draft and target splitting the machine
+# (draft share 0.5: threads on CPU, MPS percentages on CUDA); batch 1, then Poisson at 0.5x and 4x capacity.
+# Results: bench/results/faser-$(PAIR)/.
+bench-faser: setup models
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --faser --pair $(PAIR) --name faser-$(PAIR) $(BENCH_ARGS)
 
 # The short suites; the policy comparisons (bench-slo, bench-adaptive, bench-order) run on their own.
 bench: bench-engine bench-serving

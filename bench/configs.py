@@ -6,6 +6,10 @@
                       e.g. policy:fixed:4. Each distinct policy needs a stack of its own.
     order:<queue>     Tandem, a fixed chain of 3 per request, on a stack whose scheduler orders requests
                       by the queue policy <queue> (fcfs, las, lp-sjf, laps-sd[:OPTS]); a stack each.
+    faser:<variant>   FASER's ablation (§6): a fixed chain of 4 per request on a stack whose draft and
+                      target split the machine (draft share 0.5: threads on CPU, MPS on CUDA) and whose
+                      scheduler / target run with: serial (neither), pipe (TANDEM_FRONTIER=chunk=2),
+                      ee (TANDEM_EARLY_EXIT=on), all (both); a stack each.
     hf-target         HF transformers ``generate`` of the target alone, in the harness process
     hf-assisted       HF assisted generation (``assistant_model=draft``) with the library's default
                       schedule (transformers 5: 20 tokens, "constant", confidence threshold 0.4)
@@ -34,6 +38,18 @@ class StackKey:
 
     speculation_policy: str = DEFAULT_STACK_POLICY
     queue_policy: str = "fcfs"
+    frontier: str | None = None  # the scheduler's TANDEM_FRONTIER; None = what the environment says
+    early_exit: str | None = None  # the target's TANDEM_EARLY_EXIT; None = what the environment says
+    draft_share: float | None = None  # the launcher's draft_share (FASER §4.4); None = no split
+
+
+# FASER's ablation: chain length, frontier chunk (gated by the cost models when both are profiled,
+# else always used), the draft's share of the machine, and what each variant switches on.
+FASER_K = 4
+FASER_FRONTIER = "chunk=2"
+FASER_DRAFT_SHARE = 0.5
+FASER_VARIANTS = {"serial": ("off", "off"), "pipe": (FASER_FRONTIER, "off"), "ee": ("off", "on"),
+                  "all": (FASER_FRONTIER, "on")}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -76,6 +92,13 @@ def parse(name: str, *, queue_policy: str = "fcfs") -> Config:
         return Config(name, "tandem", "auto", StackKey(name.removeprefix("policy:"), queue_policy))
     if name.startswith("order:") and len(name) > len("order:"):
         return Config(name, "tandem", ORDER_K, StackKey(DEFAULT_STACK_POLICY, name.removeprefix("order:")))
+    if name.startswith("faser:"):
+        variant = name.removeprefix("faser:")
+        if variant not in FASER_VARIANTS:
+            raise ValueError(f"{name}: the FASER variants are {', '.join(FASER_VARIANTS)}")
+        frontier, early_exit = FASER_VARIANTS[variant]
+        key = StackKey(DEFAULT_STACK_POLICY, queue_policy, frontier, early_exit, FASER_DRAFT_SHARE)
+        return Config(name, "tandem", FASER_K, key)
     if name == "hf-target":
         return Config(name, "hf", "off")
     if name == "hf-assisted":
@@ -83,7 +106,7 @@ def parse(name: str, *, queue_policy: str = "fcfs") -> Config:
     if name == "hf-assisted-heuristic":
         return Config(name, "hf", "assisted", hf_options=dict(HF_ASSISTED_HEURISTIC))
     raise ValueError(
-        f"unknown configuration {name!r}; use target-only, tandem-k<K>, policy:<name>, order:<queue>, "
+        f"unknown configuration {name!r}; use target-only, tandem-k<K>, policy:<name>, order:<queue>, faser:<variant>, "
         "hf-target, hf-assisted or hf-assisted-heuristic"
     )
 

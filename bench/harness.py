@@ -5,6 +5,7 @@
     python -m bench.harness --pair tiny --name smoke --batch1 target-only,tandem-k3 --sweep ''
     python -m bench.harness --slo                   # `make bench-slo`: AdaServe's comparison (SLO_SWEEP)
     python -m bench.harness --adaptive              # `make bench-adaptive`: fixed k vs adaptive length (ADAPTIVE_SWEEP)
+    python -m bench.harness --faser                 # `make bench-faser`: FASER's ablation (FASER_SWEEP)
 
 What one run does::
 
@@ -156,6 +157,18 @@ def order_options(**overrides) -> BenchOptions:
     """`make bench-order`: ORDER_SWEEP, closed loop at 10/20/30 concurrent requests, mixed output lengths."""
     preset = BenchOptions(name="order", batch1=[], sweep=list(ORDER_SWEEP), rate_factors=[],
                           concurrency=[10, 20, 30], sweep_max_new_tokens=(8, 128))  # fmt: skip
+    return replace(preset, **overrides)
+
+
+# FASER's ablation (§6): serial SD, + frontier pipelining, + token-wise early exit, both; each variant a stack
+# whose draft and target split the machine (bench.configs FASER_*).
+FASER_SWEEP = ("faser:serial", "faser:pipe", "faser:ee", "faser:all")
+
+
+def faser_options(**overrides) -> BenchOptions:
+    """`make bench-faser`: FASER_SWEEP one request at a time (low load: TPOT), then Poisson at 0.5x and 4x capacity."""
+    preset = BenchOptions(name="faser", batch1=list(FASER_SWEEP), sweep=list(FASER_SWEEP), sweep_requests=16,
+                          rate_factors=[0.5, 4.0])  # fmt: skip
     return replace(preset, **overrides)
 
 
@@ -541,6 +554,8 @@ def main(
                                   "ADAPTIVE_SWEEP, rates 0.5..8 x capacity, one bursty trace; options given refine it."),
     slo: bool = typer.Option(False, "--slo", help="AdaServe's comparison (make bench-slo): SLO_SWEEP configurations, "
                              "60/20/20 mix, rates 1..6 x capacity, stringent shares 0.2..1; options given refine it."),
+    faser: bool = typer.Option(False, "--faser", help="FASER's ablation (make bench-faser): serial SD, +pipelining, "
+                               "+early exit, all, threads split; batch 1, then 0.5x and 4x capacity; options refine it."),
     order: bool = typer.Option(False, "--order", help="LAPS-SD's comparison (make bench-order): ORDER_SWEEP queue "
                                "policies, closed loop at 10,20,30, 8..128 new tokens; options given refine it."),
 ) -> None:
@@ -585,11 +600,27 @@ def main(
             if fld not in given:
                 setattr(opts, fld, getattr(preset, fld))
         os.environ.setdefault("TANDEM_MAX_BATCH_SIZE", ORDER_MAX_BATCH_SIZE)  # the launched services inherit it
+    if faser:
+        apply_preset(opts, faser_options(), _given(ctx))
     results = run_bench(opts)
     if order:
         from bench import order as order_report
 
         order_report.write(results, RESULTS_ROOT / opts.name)
+
+
+FASER_PRESET = ("name", "batch1", "sweep", "sweep_requests", "rate_factors")
+
+
+def apply_preset(opts: BenchOptions, preset: BenchOptions, given: set[str], fields=FASER_PRESET) -> None:
+    """``preset``'s value for each of ``fields`` the command line did not give."""
+    for fld in fields:
+        if fld not in given:
+            setattr(opts, fld, getattr(preset, fld))
+
+
+def _given(ctx: typer.Context) -> set[str]:
+    return {k for k in ctx.params if getattr(ctx.get_parameter_source(k), "name", "") == "COMMANDLINE"}
 
 
 if __name__ == "__main__":

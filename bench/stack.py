@@ -5,7 +5,9 @@
 
 The launcher hands its own environment to the children, so the trace
 exporter and the queue policy are set in this process's environment for the
-duration of the launch (restored right after). Stopping the stack (SIGTERM)
+duration of the launch (restored right after), as are the scheduler's frontier
+pipelining and the target's early exit (TANDEM_FRONTIER, TANDEM_EARLY_EXIT);
+the draft's share of the machine goes to the launcher (``draft_share``). Stopping the stack (SIGTERM)
 makes every service flush its spans into the sink before ``spans()`` is read.
 """
 
@@ -93,8 +95,12 @@ def bench_stack(models: Models, key: StackKey, log_dir: Path, *, traces: bool = 
         device=models.device,
         dtype=models.dtype,
         log_dir=log_dir,
+        draft_share=key.draft_share,
     )
     env = {"TANDEM_QUEUE_POLICY": key.queue_policy, "TANDEM_LOG_LEVEL": "warning"}
+    for var, value in (("TANDEM_FRONTIER", key.frontier), ("TANDEM_EARLY_EXIT", key.early_exit)):
+        if value is not None:
+            env[var] = value
     env.update(sink.service_env() if sink else {"TANDEM_TRACE_EXPORTER": "none"})
     try:
         with _environ(env):
