@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from shared.engine import spec_checks
 from shared.engine.drafting import BeamDrafter, ChainDrafter
 from shared.engine.errors import ContextLengthError, DuplicateSequenceError, InvalidRequestError, WeightsOffloadedError
 from shared.engine.runner import ModelRunner, Work
@@ -95,24 +96,13 @@ class DraftEngine:
             self.runner.release(seq_id)
 
     def _validate(self, items: list[SpecItem]) -> None:
-        ids = [it.seq_id for it in items]
-        if len(ids) != len(set(ids)):
-            raise InvalidRequestError("a sequence appears twice in one speculate call")
+        spec_checks.check_distinct(items)
         for it in items:
             self.runner.get(it.seq_id)
             self.runner.check_tokens(it.new_tokens, what=f"sequence {it.seq_id!r}")
             if not (0 <= it.rollback < self.runner.get(it.seq_id).num_committed):
                 raise InvalidRequestError(f"sequence {it.seq_id!r}: cannot roll back {it.rollback} committed tokens")
-            if it.chain_len and (it.tree_depth or it.tree_width):
-                raise InvalidRequestError(f"sequence {it.seq_id!r}: ask for a chain or a tree, not both")
-            if not (0 <= it.chain_len <= self.max_chain):
-                raise InvalidRequestError(f"sequence {it.seq_id!r}: chain length must be in [0, {self.max_chain}]")
-            if not (0 <= it.tree_depth <= self.max_depth and 0 <= it.tree_width <= self.max_width):
-                raise InvalidRequestError(
-                    f"sequence {it.seq_id!r}: tree depth must be in [0, {self.max_depth}] and width in [0, {self.max_width}]"
-                )
-            if not (0.0 <= it.confidence_threshold <= 1.0):
-                raise InvalidRequestError(f"sequence {it.seq_id!r}: confidence threshold must be in [0, 1]")
+            spec_checks.check_shape(it, max_chain=self.max_chain, max_depth=self.max_depth, max_width=self.max_width)
 
     def speculate(self, items: list[SpecItem]) -> list[TokenTree]:
         self._check_resident()

@@ -30,6 +30,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from shared.engine import spec_checks
 from shared.engine.errors import DuplicateSequenceError, InvalidRequestError, UnknownSequenceError
 from shared.engine.types import ForwardCost, PrefillItem, SamplingParams, SpecItem, TokenTree
 
@@ -226,22 +227,11 @@ class NgramDraftEngine:
             self.runner.release(seq_id)
 
     def _validate(self, items: list[SpecItem]) -> None:
-        ids = [it.seq_id for it in items]
-        if len(ids) != len(set(ids)):
-            raise InvalidRequestError("a sequence appears twice in one speculate call")
+        spec_checks.check_distinct(items)
         for it in items:
             self.runner.get(it.seq_id)
             self.runner.check_tokens(it.new_tokens, what=f"sequence {it.seq_id!r}")
-            if it.chain_len and (it.tree_depth or it.tree_width):
-                raise InvalidRequestError(f"sequence {it.seq_id!r}: ask for a chain or a tree, not both")
-            if not (0 <= it.chain_len <= self.max_chain):
-                raise InvalidRequestError(f"sequence {it.seq_id!r}: chain length must be in [0, {self.max_chain}]")
-            if not (0 <= it.tree_depth <= self.max_depth and 0 <= it.tree_width <= self.max_width):
-                raise InvalidRequestError(
-                    f"sequence {it.seq_id!r}: tree depth must be in [0, {self.max_depth}] and width in [0, {self.max_width}]"
-                )
-            if not (0.0 <= it.confidence_threshold <= 1.0):
-                raise InvalidRequestError(f"sequence {it.seq_id!r}: confidence threshold must be in [0, 1]")
+            spec_checks.check_shape(it, max_chain=self.max_chain, max_depth=self.max_depth, max_width=self.max_width)
 
     def speculate(self, items: list[SpecItem]) -> list[TokenTree]:
         self._validate(items)

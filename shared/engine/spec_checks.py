@@ -1,0 +1,26 @@
+"""Checks every draft (model or n-gram) applies to a speculate call before touching any sequence."""
+
+from __future__ import annotations
+
+from shared.engine.errors import InvalidRequestError
+from shared.engine.types import SpecItem
+
+
+def check_distinct(items: list[SpecItem]) -> None:
+    ids = [it.seq_id for it in items]
+    if len(ids) != len(set(ids)):
+        raise InvalidRequestError("a sequence appears twice in one speculate call")
+
+
+def check_shape(it: SpecItem, *, max_chain: int, max_depth: int, max_width: int) -> None:
+    """One shape (chain or tree) within the draft's limits, and a confidence threshold in [0, 1]."""
+    if it.chain_len and (it.tree_depth or it.tree_width):
+        raise InvalidRequestError(f"sequence {it.seq_id!r}: ask for a chain or a tree, not both")
+    if not (0 <= it.chain_len <= max_chain):
+        raise InvalidRequestError(f"sequence {it.seq_id!r}: chain length must be in [0, {max_chain}]")
+    if not (0 <= it.tree_depth <= max_depth and 0 <= it.tree_width <= max_width):
+        raise InvalidRequestError(
+            f"sequence {it.seq_id!r}: tree depth must be in [0, {max_depth}] and width in [0, {max_width}]"
+        )
+    if not (0.0 <= it.confidence_threshold <= 1.0):
+        raise InvalidRequestError(f"sequence {it.seq_id!r}: confidence threshold must be in [0, 1]")
