@@ -18,7 +18,7 @@ import torch
 
 from shared.engine import spec_checks
 from shared.engine.drafting import BeamDrafter, ChainDrafter
-from shared.engine.errors import ContextLengthError, DuplicateSequenceError, InvalidRequestError, WeightsOffloadedError
+from shared.engine.errors import ContextLengthError, InvalidRequestError, WeightsOffloadedError
 from shared.engine.runner import ModelRunner, Work
 from shared.engine.sampling import validate_sampling
 from shared.engine.types import ForwardCost, PrefillItem, SpecItem, TokenTree
@@ -67,15 +67,9 @@ class DraftEngine:
 
     def prefill(self, items: list[PrefillItem]) -> None:
         self._check_resident()
-        ids = [p.seq_id for p in items]
-        if len(ids) != len(set(ids)):
-            raise InvalidRequestError("a sequence appears twice in one prefill")
+        spec_checks.check_distinct_prefill(items)
         for p in items:
-            if p.seq_id in self.runner.seqs:
-                raise DuplicateSequenceError(f"sequence {p.seq_id!r} is already live")
-            if not p.prompt_ids:
-                raise InvalidRequestError(f"sequence {p.seq_id!r}: empty prompt")
-            self.runner.check_tokens(p.prompt_ids, what=f"sequence {p.seq_id!r}")
+            spec_checks.check_prefill_item(self.runner, p)
             validate_sampling(p.sampling)
             # checked here, not only in add(): a later item failing must not strand the earlier ones
             if len(p.prompt_ids) > self.runner.max_context:

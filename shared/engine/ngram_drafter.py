@@ -208,15 +208,9 @@ class NgramDraftEngine:
         self.costs: list[ForwardCost] = []  # no model forwards; one entry timing the lookups of the last call
 
     def prefill(self, items: list[PrefillItem]) -> None:
-        ids = [p.seq_id for p in items]
-        if len(ids) != len(set(ids)):
-            raise InvalidRequestError("a sequence appears twice in one prefill")
+        spec_checks.check_distinct_prefill(items)
         for p in items:
-            if p.seq_id in self.runner.seqs:
-                raise DuplicateSequenceError(f"sequence {p.seq_id!r} is already live")
-            if not p.prompt_ids:
-                raise InvalidRequestError(f"sequence {p.seq_id!r}: empty prompt")
-            self.runner.check_tokens(p.prompt_ids, what=f"sequence {p.seq_id!r}")
+            spec_checks.check_prefill_item(self.runner, p)
         start = time.perf_counter()
         for p in items:
             self.runner.add(p.seq_id, p.prompt_ids, p.sampling)

@@ -1,9 +1,9 @@
-"""Checks every draft (model or n-gram) applies to a speculate call before touching any sequence."""
+"""Checks every draft (model or n-gram) applies to a prefill or speculate call before touching any sequence."""
 
 from __future__ import annotations
 
-from shared.engine.errors import InvalidRequestError
-from shared.engine.types import SpecItem
+from shared.engine.errors import DuplicateSequenceError, InvalidRequestError
+from shared.engine.types import PrefillItem, SpecItem
 
 
 def check_distinct(items: list[SpecItem]) -> None:
@@ -24,3 +24,18 @@ def check_shape(it: SpecItem, *, max_chain: int, max_depth: int, max_width: int)
         )
     if not (0.0 <= it.confidence_threshold <= 1.0):
         raise InvalidRequestError(f"sequence {it.seq_id!r}: confidence threshold must be in [0, 1]")
+
+
+def check_prefill_item(runner, p: PrefillItem) -> None:
+    """A new, non-empty sequence of in-vocabulary tokens (``runner``: a ModelRunner or the n-gram TokenStore)."""
+    if p.seq_id in runner.seqs:
+        raise DuplicateSequenceError(f"sequence {p.seq_id!r} is already live")
+    if not p.prompt_ids:
+        raise InvalidRequestError(f"sequence {p.seq_id!r}: empty prompt")
+    runner.check_tokens(p.prompt_ids, what=f"sequence {p.seq_id!r}")
+
+
+def check_distinct_prefill(items: list[PrefillItem]) -> None:
+    ids = [p.seq_id for p in items]
+    if len(ids) != len(set(ids)):
+        raise InvalidRequestError("a sequence appears twice in one prefill")
