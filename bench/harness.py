@@ -39,11 +39,12 @@ policies' budget B is what the launched scheduler reads (TANDEM_TOKEN_BUDGET,
 else the target's profile from `tandem profile`); results.json records it.
 
 ``--order`` (``order_options``, `make bench-order`) is LAPS-SD's evaluation (§5.2):
-the queue policies fcfs, las, lp-sjf and laps-sd (configurations ``order:<policy>``,
-a chain of 3 per request, one stack each) side by side, closed loop at
-10/20/30 concurrent requests over mixed prompts and mixed output lengths
-(8..128 new tokens), with the scheduler's batch capped (TANDEM_MAX_BATCH_SIZE,
-default 4 here) so that requests queue and the order matters.
+the queue policies fcfs, las, lp-sjf, laps-sd and laps-sd:est=1 (configurations
+``order:<policy>``, a chain of 3 per request, one stack each) side by side, N =
+10/30/50 requests sent at once (closed loop at N with N requests) over mixed
+prompts and heavy-tailed output bounds (8..256 new tokens, log-uniform; a stop
+token may end a request sooner), with the scheduler's batch capped
+(TANDEM_MAX_BATCH_SIZE, default 4 here) so that requests queue and the order matters.
 """
 
 from __future__ import annotations
@@ -96,11 +97,13 @@ class BenchOptions:
     repeats: int = 1  # batch-1 passes over the prompts
     max_new_tokens: int = 64
     sweep_requests: int = 8  # requests per rate (and per concurrency level)
-    sweep_max_new_tokens: int | tuple[int, int] = 32  # a (lo, hi) range draws each request's uniformly
+    sweep_max_new_tokens: int | tuple[int, int] = 32  # a (lo, hi) range draws each request's from length_dist
+    length_dist: str = "uniform"  # or "log-uniform" (bench.workload.build)
     rates: list[float] = field(default_factory=list)  # req/s; empty: rate_factors x batch-1 capacity
     rate_factors: list[float] = field(default_factory=lambda: [1.0, 2.0, 4.0])
     sweep_repeats: int = 1
     concurrency: list[int] = field(default_factory=list)  # closed-loop levels
+    closed_factor: int = 2  # closed loop at concurrency N serves max(sweep_requests, closed_factor * N) requests
     prompt_mix: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_PROMPT_MIX))
     slo_mix: dict[str, float] = field(default_factory=lambda: dict(ADASERVE_MIX))
     seed: int = 0
@@ -148,15 +151,17 @@ def share_mix(stringent: float) -> dict[str, float]:
     return {"stringent": stringent, "moderate": rest, "relaxed": rest}
 
 
-# LAPS-SD's comparison (§5.2): request order under closed-loop load.
-ORDER_SWEEP = ("order:fcfs", "order:las", "order:lp-sjf", "order:laps-sd")
+# LAPS-SD's comparison (§5.2): N requests at once (N = 10..50), more than the batch holds.
+# laps-sd:est=1 is this project's variant: non-perceptible requests ranked by eq. 6 as well (laps_sd.py).
+ORDER_SWEEP = ("order:fcfs", "order:las", "order:lp-sjf", "order:laps-sd", "order:laps-sd:est=1")
 ORDER_MAX_BATCH_SIZE = "4"  # TANDEM_MAX_BATCH_SIZE of the launched schedulers unless set
 
 
 def order_options(**overrides) -> BenchOptions:
-    """`make bench-order`: ORDER_SWEEP, closed loop at 10/20/30 concurrent requests, mixed output lengths."""
+    """`make bench-order`: ORDER_SWEEP, N = 10/30/50 requests sent at once, heavy-tailed output lengths 8..256."""
     preset = BenchOptions(name="order", batch1=[], sweep=list(ORDER_SWEEP), rate_factors=[],
-                          concurrency=[10, 20, 30], sweep_max_new_tokens=(8, 128))  # fmt: skip
+                          concurrency=[10, 30, 50], closed_factor=1, sweep_max_new_tokens=(8, 256),
+                          length_dist="log-uniform")  # fmt: skip
     return replace(preset, **overrides)
 
 
@@ -212,7 +217,7 @@ class Harness:
         if times is None and rate is not None:
             times = arrivals.poisson(rate, n, o.seed + seed_offset)
         items = build(n, arrivals=times, prompt_mix=o.prompt_mix, slo_mix=slo_mix or o.slo_mix,
-                      max_new_tokens=max_new_tokens, seed=o.seed)  # fmt: skip
+                      max_new_tokens=max_new_tokens, seed=o.seed, length_dist=o.length_dist)  # fmt: skip
         return self.encoder.encode_all(items)
 
     # ------------------------------------------------------------------ the run
@@ -384,7 +389,8 @@ class Harness:
     async def _closed(self, configs: list[Config], senders, requests) -> None:
         o = self.opts
         for ci, conc in enumerate(o.concurrency):
-            items = self._items(max(o.sweep_requests, 2 * conc), None, o.sweep_max_new_tokens, seed_offset=100 + ci)
+            items = self._items(max(o.sweep_requests, o.closed_factor * conc), None, o.sweep_max_new_tokens,
+                                seed_offset=100 + ci)  # fmt: skip
             load = f"concurrency={conc}"
             for c in rotated(configs, ci):
                 run = await self._send("closed", load, c, self._jobs(c, f"closed{ci}", 0, items), senders,
@@ -544,6 +550,8 @@ def main(
     rates: str = typer.Option("", help="Request rates (req/s), comma-separated; '' = factors x capacity."),
     rate_factors: str = typer.Option("1,2,4", help="Rates as multiples of the batch-1 request rate."),
     concurrency: str = typer.Option("", help="Closed-loop concurrency levels, comma-separated."),
+    closed_factor: int = typer.Option(2, help="Closed loop at concurrency N serves max(sweep-requests, this x N)."),
+    length_dist: str = typer.Option("uniform", help="Output-length bounds under load: uniform or log-uniform."),
     seed: int = typer.Option(0),
     threads: int = typer.Option(2, help="torch threads of the HF peers."),
     traces: bool = typer.Option(True, help="Collect spans for the overhead breakdown."),
@@ -557,7 +565,7 @@ def main(
     faser: bool = typer.Option(False, "--faser", help="FASER's ablation (make bench-faser): serial SD, +pipelining, "
                                "+early exit, all, threads split; batch 1, then 0.5x and 4x capacity; options refine it."),
     order: bool = typer.Option(False, "--order", help="LAPS-SD's comparison (make bench-order): ORDER_SWEEP queue "
-                               "policies, closed loop at 10,20,30, 8..128 new tokens; options given refine it."),
+                               "policies, 10,30,50 requests at once, 8..256 new tokens (log-uniform); options refine it."),
 ) -> None:
     opts = BenchOptions(
         name=name,
@@ -572,6 +580,8 @@ def main(
         rates=_floats(rates),
         rate_factors=_floats(rate_factors),
         concurrency=_ints(concurrency),
+        closed_factor=closed_factor,
+        length_dist=length_dist,
         seed=seed,
         threads=threads,
         traces=traces,
@@ -596,7 +606,8 @@ def main(
     if order:
         given = {k for k in ctx.params if getattr(ctx.get_parameter_source(k), "name", "") == "COMMANDLINE"}
         preset = order_options()
-        for fld in ("name", "batch1", "sweep", "rate_factors", "concurrency", "sweep_max_new_tokens"):
+        for fld in ("name", "batch1", "sweep", "rate_factors", "concurrency", "sweep_max_new_tokens", "closed_factor",
+                    "length_dist"):
             if fld not in given:
                 setattr(opts, fld, getattr(preset, fld))
         os.environ.setdefault("TANDEM_MAX_BATCH_SIZE", ORDER_MAX_BATCH_SIZE)  # the launched services inherit it

@@ -4,7 +4,9 @@
     write(results, out_dir)  order_summary.json + order_latency.png; the table on the console
 
 ``mean_vs_fcfs`` is the mean latency relative to FCFS at the same load
-(0.75 = 25 % lower, LAPS-SD's goal in issue 7).
+(0.75 = 25 % lower, LAPS-SD's goal in issue 7); ``mean_tokens`` and
+``bound_length_rank_corr`` (Spearman's ρ of max_new_tokens and the actual
+length) tell how much a length predictor could know.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ def order_summary(results: dict) -> dict:
     out: dict = {}
     for load, per_config in results.get("closed", {}).items():
         rows = {name: row["summary"]["latency_s"] for name, row in per_config.items()}
+        lengths = {name: row["summary"].get("output_lengths") or {} for name, row in per_config.items()}
         base = (rows.get(FCFS) or {}).get("mean")
         out[load] = {
             name: {"mean_s": lat["mean"], "p99_s": lat["p99"],
-                   "mean_vs_fcfs": lat["mean"] / base if base and lat["mean"] is not None else None}
+                   "mean_vs_fcfs": lat["mean"] / base if base and lat["mean"] is not None else None,
+                   "mean_tokens": lengths[name].get("mean_tokens"),
+                   "bound_length_rank_corr": lengths[name].get("rank_corr")}
             for name, lat in rows.items()
         }  # fmt: skip
     return out
@@ -35,12 +40,13 @@ def write(results: dict, out_dir: Path, console: Console | None = None) -> dict:
     summary = order_summary(results)
     (out_dir / "order_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     table = Table(title="request order: end-to-end latency (closed loop)")
-    for c in ("load", "policy", "mean s", "p99 s", "mean vs fcfs"):
+    for c in ("load", "policy", "mean s", "p99 s", "mean vs fcfs", "tokens/req", "ρ(bound, len)"):
         table.add_column(c, justify="left" if c in ("load", "policy") else "right")
     for load, rows in summary.items():
         for name, r in rows.items():
             fmt = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
-            table.add_row(load, name, fmt(r["mean_s"], ".2f"), fmt(r["p99_s"], ".2f"), fmt(r["mean_vs_fcfs"], ".2f"))
+            table.add_row(load, name, fmt(r["mean_s"], ".2f"), fmt(r["p99_s"], ".2f"), fmt(r["mean_vs_fcfs"], ".2f"),
+                          fmt(r.get("mean_tokens"), ".1f"), fmt(r.get("bound_length_rank_corr"), ".2f"))
     (console or Console()).print(table)
     _plot(summary, out_dir / "order_latency.png")
     return summary

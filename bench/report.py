@@ -43,9 +43,51 @@ def acceptance(records: Sequence[Record]) -> dict:
     }
 
 
+def output_lengths(records: Sequence[Record]) -> dict:
+    """How well ``max_new_tokens`` foretells a request's output: the length predictors' raw material.
+
+    ``stopped_early``: share that ended before their bound (stop token); ``rank_corr``: Spearman's
+    correlation of bound and actual length (1: the bound orders requests exactly as their lengths do).
+    """
+    pairs = [(r.job.encoded.item.max_new_tokens, r.trace.num_tokens) for r in records if r.trace.ok]
+    if not pairs:
+        return {"mean_tokens": None, "mean_max_new_tokens": None, "stopped_early": None, "rank_corr": None}
+    bounds, lengths = zip(*pairs)
+    return {
+        "mean_tokens": statistics.fmean(lengths),
+        "mean_max_new_tokens": statistics.fmean(bounds),
+        "stopped_early": sum(n < b for b, n in pairs) / len(pairs),
+        "rank_corr": _spearman(bounds, lengths),
+    }
+
+
+def _spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    def ranks(v: Sequence[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        out = [0.0] * len(v)
+        i = 0
+        while i < len(order):  # ties share their mean rank
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+
+    if len(xs) < 3:
+        return None
+    rx, ry = ranks(xs), ranks(ys)
+    try:
+        return statistics.correlation(rx, ry)
+    except statistics.StatisticsError:  # a constant side
+        return None
+
+
 def summarize_records(records: Sequence[Record], wall_s: float) -> dict:
     out = summarize([r.trace for r in records], wall_s).as_dict()
     out.update(acceptance(records))
+    out["output_lengths"] = output_lengths(records)
     out["errors"] = [r.error for r in records if r.error][:5]
     out["num_errors"] = sum(1 for r in records if r.error)
     return out

@@ -6,6 +6,7 @@ serves exactly the same requests.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -30,8 +31,15 @@ def build(
     slo_mix: dict[str, float],
     max_new_tokens: int | tuple[int, int],
     seed: int = 0,
+    length_dist: str = "uniform",
 ) -> list[WorkItem]:
-    """``n`` items; ``max_new_tokens`` is fixed or drawn uniformly from an inclusive range."""
+    """``n`` items; ``max_new_tokens`` is fixed or drawn from an inclusive range.
+
+    ``length_dist``: ``uniform`` over the range, or ``log-uniform`` (uniform in log: as many requests
+    in 8..16 as in 128..256, the heavy tail of chat output lengths; LAPS-SD's datasets are skewed so).
+    """
+    if length_dist not in LENGTH_DISTS:
+        raise ValueError(f"length_dist is one of {', '.join(LENGTH_DISTS)}, got {length_dist!r}")
     if arrivals is not None and len(arrivals) != n:
         raise ValueError(f"{len(arrivals)} arrival times for {n} requests")
     rng = random.Random(seed)
@@ -46,7 +54,16 @@ def build(
             arrival_s=None if arrivals is None else arrivals[i],
             prompt=texts[i],
             slo=classes[i],
-            max_new_tokens=rng.randint(lo, hi),
+            max_new_tokens=_draw(rng, lo, hi, length_dist),
         )
         for i in range(n)
     ]
+
+
+LENGTH_DISTS = ("uniform", "log-uniform")
+
+
+def _draw(rng: random.Random, lo: int, hi: int, dist: str) -> int:
+    if dist == "uniform" or lo == hi:
+        return rng.randint(lo, hi)
+    return min(hi, max(lo, round(math.exp(rng.uniform(math.log(lo), math.log(hi + 1))) - 0.5)))

@@ -11,6 +11,16 @@
             better-ranked requests (preemptive.py); perceptible ones never do,
             so their growing KV is never switched out.
 
+Requests not yet perceptible: the paper runs them FCFS within their queue
+(``unstable="fcfs"``, the default). ``unstable="estimate"`` (``laps-sd:est=1``)
+is this project's extension for batch arrivals: they are ranked by the same
+eq. 6 estimate, with the acceptance seen so far (or, before their first round,
+the prompt class's mean from the length predictor's history, else 0) and the
+depth drafted so far (else ``prior_depth``), still behind the perceptible
+ones. Why: when more requests arrive than the batch holds, the waiting ones
+never run, so never become perceptible, and FCFS among them is the whole
+order (bench-order's finding; see the README).
+
 Requests with speculation OFF have nothing to learn (each round emits one
 token): they are perceptible from the start with A_i = 0. ``priority``, when
 set, ranks before everything (as in FCFS).
@@ -20,12 +30,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from scheduler.policies.acceptance_stability import Stability
 from scheduler.policies.length_predictor import ClassHistoryPredictor, LengthPredictor
 from scheduler.policies.preemptive import ranked_admission
 from scheduler.policies.priority_queues import QueueLevels
 from scheduler.policies.queue import Admission, Capacity, QueuePolicy
+from scheduler.policies.shared_state import SharedState
 from scheduler.policies.remaining_time import SDCosts, remaining_time
 from scheduler.request import Request, SpecMode
 
@@ -35,6 +47,8 @@ class LapsConfig:
     levels: QueueLevels = field(default_factory=QueueLevels)
     stability: Stability = field(default_factory=Stability)
     costs: SDCosts = field(default_factory=SDCosts)
+    unstable: Literal["fcfs", "estimate"] = "fcfs"  # order of non-perceptible requests within a queue
+    prior_depth: float = 3.0  # n of eq. 6 for a request that has not drafted yet ("estimate")
 
 
 class LapsSD(QueuePolicy):
@@ -51,10 +65,11 @@ class LapsSD(QueuePolicy):
             return 0.0
         return self.config.stability.predicted_acceptance(req.acceptance_rates())
 
-    def estimated_remaining_s(self, req: Request, acceptance: float) -> float:
+    def estimated_remaining_s(self, req: Request, acceptance: float, default_depth: float = 0.0) -> float:
         """Eq. 6 with L_i = predicted remaining tokens and n = the request's mean drafted depth."""
         depths = req.drafted_depths
-        n = sum(depths) / len(depths) if depths and acceptance > 0 else 0.0
+        n = sum(depths) / len(depths) if depths else default_depth
+        n = n if acceptance > 0 else 0.0
         remaining = max(1.0, self.predictor.predict(req) - req.num_generated)
         costs = self.config.costs
         ctx = req.num_tokens
@@ -65,9 +80,20 @@ class LapsSD(QueuePolicy):
         level = self.config.levels.level(req.attained_service_s)
         arrival = req.arrival_time if req.arrival_time is not None else float("inf")
         a = self.perceived_acceptance(req)
-        if a is None:
+        if a is not None:
+            return (req.priority, level, 0, self.estimated_remaining_s(req, a), arrival)
+        if self.config.unstable == "fcfs":
             return (req.priority, level, 1, arrival, arrival)
-        return (req.priority, level, 0, self.estimated_remaining_s(req, a), arrival)
+        return (req.priority, level, 1, self.estimated_remaining_s(req, self.acceptance_so_far(req),
+                                                                   self.config.prior_depth), arrival)  # fmt: skip
+
+    def acceptance_so_far(self, req: Request) -> float:
+        """A for eq. 6 before the rate is stable: the request's own so far, else its class's mean, else 0."""
+        own = req.acceptance_rate
+        if own is not None:
+            return own
+        prior = getattr(self.predictor, "prior_acceptance", lambda r: None)(req)
+        return prior or 0.0
 
     # ------------------------------------------------------------------ QueuePolicy
     def order(self, waiting: Sequence[Request], now: float) -> list[Request]:
@@ -83,3 +109,6 @@ class LapsSD(QueuePolicy):
 
     def on_finish(self, req: Request) -> None:
         self.predictor.observe(req)
+
+    def shared_state(self) -> SharedState | None:
+        return getattr(self.predictor, "shared_state", lambda: None)()

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from scheduler.policies.length_predictor import ClassHistoryPredictor, LengthPredictor
 from scheduler.policies.preemptive import ranked_admission
+from scheduler.policies.shared_state import SharedState
 from scheduler.policies.queue import Admission, Capacity, QueuePolicy
 from scheduler.request import Request
 
@@ -59,3 +60,6 @@ class LPSJF(QueuePolicy):
 
     def on_finish(self, req: Request) -> None:
         self.predictor.observe(req)
+
+    def shared_state(self) -> SharedState | None:
+        return getattr(self.predictor, "shared_state", lambda: None)()

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from scheduler.policies.shared_state import SharedState
 from scheduler.request import Request
 
 
@@ -52,6 +53,10 @@ class QueuePolicy:
 
     def on_finish(self, req: Request) -> None:
         """Called once per request that ended (any state), after the step; e.g. to learn output lengths."""
+
+    def shared_state(self) -> SharedState | None:
+        """What the policy learns (e.g. output-length history), kept in Redis by the scheduler; None: nothing."""
+        return None
 
     def schedule(
         self, waiting: Sequence[Request], running: Sequence[Request], capacity: Capacity, now: float

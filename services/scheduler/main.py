@@ -42,7 +42,7 @@ import redis.asyncio
 import shared.rpc  # noqa: F401 - builds the generated code if needed
 from scheduler.engine_loop import Scheduler, SchedulerConfig
 from scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker
-from scheduler.policies.elastic_memory import ElasticDraftMemory, ElasticMemoryConfig
+from scheduler.policies.elastic_memory import ElasticDraftMemory, ElasticMemoryConfig, PoolGrowth
 from scheduler.workers import RealClock
 from services.engine_host import service_version
 from services.runtime import serve_until_stopped
@@ -143,6 +143,7 @@ async def _start(
     clock = RealClock()
     tracer = RequestTracer(provider)
     ledger = StepLedger(target, clock)
+    draft_memory = draft_memory_config(settings.draft_offload) if draft is not None else None
     scheduler = Scheduler(
         TracedTarget(ledger, tracer),
         TracedDraft(draft, tracer) if draft is not None else None,
@@ -152,7 +153,8 @@ async def _start(
             token_budget=budget.token_budget,
             cost_model=budget.cost_model,
             draft_cost_model=draft_cost,
-            draft_memory=draft_memory_config(settings.draft_offload),
+            draft_memory=draft_memory,
+            pool_growth=pool_growth(target_info) if draft_memory is not None else None,
             frontier=_frontier(settings, draft is not None, budget.cost_model, draft_cost),
         ),
         clock=clock,
@@ -165,12 +167,12 @@ async def _start(
     metrics = TandemMetrics()
     for observer in (recorder, MetricsObserver(metrics, scheduler), tracer):
         scheduler.add_observer(observer)
-    learned = spec_policy.shared_state()
-    if learned is not None:  # the policy's learned state lives in Redis, shared with other replicas
-        policy_sync = PolicyStateSync(store, learned)  # closed before the recorder closes the store
-        await policy_sync.load()
-        scheduler.add_observer(policy_sync)
-        closers.append(policy_sync.close)
+    for learned in (spec_policy.shared_state(), scheduler.queue_policy.shared_state()):
+        if learned is not None:  # what a policy learned lives in Redis, shared with other replicas
+            policy_sync = PolicyStateSync(store, learned)  # closed before the recorder closes the store
+            await policy_sync.load()
+            scheduler.add_observer(policy_sync)
+            closers.append(policy_sync.close)
 
     metrics_port = None
     if settings.metrics_port is not None:
@@ -265,11 +267,25 @@ def kv_token_budget(info: common_pb2.ServiceInfo, config: SchedulerConfig, max_s
     on top of that each running request may hold a partly filled last block and up
     to ``max_spec_k`` speculative tokens during a verify, so those are set aside.
     """
-    total = info.kv_blocks_total * info.block_size
+    # the start-up pool (draft resident): a pool still grown from an earlier offload is not counted on
+    total = (info.kv_blocks_base or info.kv_blocks_total) * info.block_size
     if total == 0:  # a target that does not report its cache: keep the configured budget
         return config.max_tokens_in_flight
     spare = config.max_batch_size * (info.block_size + max_spec_k)
     return max(1, min(config.max_tokens_in_flight, total - spare))
+
+
+def pool_growth(info: common_pb2.ServiceInfo) -> PoolGrowth | None:
+    """How far the target's KV pool may grow while the draft is offloaded (TANDEM_KV_GROW_BLOCKS); None = fixed."""
+    base = info.kv_blocks_base or info.kv_blocks_total
+    if info.kv_blocks_max <= base or info.block_size == 0:
+        return None
+    growth = PoolGrowth(base_blocks=base, extra_blocks=info.kv_blocks_max - base, block_size=info.block_size)
+    log.info(
+        "elastic memory: the target's KV pool grows %d -> %d blocks (+%d tokens of budget) while the draft is offloaded",
+        base, info.kv_blocks_max, growth.extra_tokens,
+    )  # fmt: skip
+    return growth
 
 
 _OFFLOAD_OPTIONS = {"low": "low_free", "high": "high_free", "persist": "persist_steps"}

@@ -22,7 +22,9 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                   las[:Q]          least attained service, preemptive, quantum   LAS(Q s, 0.5)
                   lp-sjf           shortest predicted output first, no preemption LPSJF
                   laps-sd[:OPTS]   LAPS-SD (also laps_sd); OPTS k=4,m=2,s1=0.5,   LapsSD
-                                   gamma=4,delta=0.05 (K queues, M, S_1 s, γ, δ)
+                                   gamma=4,delta=0.05 (K queues, M, S_1 s, γ, δ),
+                                   est=0|1 (1: non-perceptible requests ranked
+                                   by eq. 6 too, not FCFS; laps_sd.py)
 
 Queue policies get the target's profiled cost model (and the draft's, when
 profiled) for LAPS-SD's eq. 6.
@@ -135,18 +137,26 @@ def _positive(text: str, what: str) -> float:
     return value
 
 
-_LAPS_OPTIONS = {"k": "num_queues", "m": "growth", "s1": "first_threshold_s", "gamma": "rounds", "delta": "tolerance"}
+_LAPS_OPTIONS = {"k": "num_queues", "m": "growth", "s1": "first_threshold_s", "gamma": "rounds", "delta": "tolerance",
+                 "est": "unstable"}
 
 
 def _laps_config(arg: str | None, costs: SDCosts) -> LapsConfig:
-    """``k=4,m=2,s1=0.5,gamma=4,delta=0.05`` (any subset) -> LapsConfig."""
+    """``k=4,m=2,s1=0.5,gamma=4,delta=0.05,est=0`` (any subset) -> LapsConfig."""
     values: dict[str, float] = {}
+    unstable = "fcfs"
     for part in (arg or "").split(","):
         if not part.strip():
             continue
         key, eq, text = part.partition("=")
         if not eq or key.strip() not in _LAPS_OPTIONS:
             raise ValueError(f"laps-sd options are {', '.join(f'{k}=' for k in _LAPS_OPTIONS)}; got {part!r}")
+        if key.strip() == "est":
+            if text.strip() not in ("0", "1"):
+                raise ValueError(f"laps-sd est is 0 (FCFS among non-perceptible requests, the paper) or 1 "
+                                 f"(rank them by eq. 6 too); got {text!r}")  # fmt: skip
+            unstable = "estimate" if text.strip() == "1" else "fcfs"
+            continue
         values[_LAPS_OPTIONS[key.strip()]] = _positive(text, f"laps-sd {key.strip()}")
     for field in ("num_queues", "rounds"):
         if field in values:
@@ -158,4 +168,4 @@ def _laps_config(arg: str | None, costs: SDCosts) -> LapsConfig:
         stability = Stability(**{k: v for k, v in values.items() if k in ("rounds", "tolerance")})
     except ValueError as exc:
         raise ValueError(f"laps-sd: {exc}") from None
-    return LapsConfig(levels=levels, stability=stability, costs=costs)
+    return LapsConfig(levels=levels, stability=stability, costs=costs, unstable=unstable)

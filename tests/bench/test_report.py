@@ -36,3 +36,19 @@ def test_acceptance_histograms():
     assert a["accepted_per_step_hist"] == {"0": 1, "1": 1, "2": 1, "3": 1}
     assert a["request_acceptance_rates"] == pytest.approx([5 / 9, 1 / 3])
     assert a["mean_tokens_per_step"] == pytest.approx((3 + 1 + 4 + 2) / 4)
+
+
+def test_output_lengths_tell_how_well_the_bound_predicts_the_length():
+    from bench.report import output_lengths
+
+    def bounded(i, bound, n):
+        job = Job(EncodedItem(WorkItem(i, None, Prompt("chat", "q"), STRINGENT, bound), (1, 2)), None, f"c/r{i}")
+        return Record("c", job, RequestTrace(job.request_id, "stringent", None, 0.0, [0.1] * n))
+
+    exact = [bounded(0, 10, 10), bounded(1, 50, 50), bounded(2, 20, 20)]
+    assert output_lengths(exact) == {"mean_tokens": pytest.approx(80 / 3), "mean_max_new_tokens": pytest.approx(80 / 3),
+                                     "stopped_early": 0.0, "rank_corr": pytest.approx(1.0)}  # fmt: skip
+    reversed_ = [bounded(0, 10, 9), bounded(1, 50, 3), bounded(2, 20, 5)]  # stop tokens came first, longest bound soonest
+    out = output_lengths(reversed_)
+    assert out["stopped_early"] == 1.0 and out["rank_corr"] == pytest.approx(-1.0)
+    assert output_lengths([])["rank_corr"] is None

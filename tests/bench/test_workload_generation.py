@@ -88,3 +88,16 @@ def test_workload_is_deterministic_and_follows_the_mixes():
     assert code_share == pytest.approx(0.5, abs=0.08)
     with pytest.raises(ValueError):
         workload.build(3, seed=0, **kw)  # 300 arrival times for 3 requests
+
+
+def test_log_uniform_bounds_are_heavy_tailed_within_the_range():
+    items = workload.build(3000, arrivals=None, prompt_mix={"chat": 1.0}, slo_mix={"relaxed": 1.0},
+                           max_new_tokens=(8, 256), seed=3, length_dist="log-uniform")  # fmt: skip
+    bounds = [i.max_new_tokens for i in items]
+    assert min(bounds) >= 8 and max(bounds) <= 256
+    short, long_ = sum(b < 16 for b in bounds) / len(bounds), sum(b >= 128 for b in bounds) / len(bounds)
+    assert short == pytest.approx(0.2, abs=0.03) and long_ == pytest.approx(0.2, abs=0.03)  # a fifth per octave
+    assert statistics.median(bounds) < 60  # uniform would put it at 132
+    with pytest.raises(ValueError):
+        workload.build(2, arrivals=None, prompt_mix={"chat": 1.0}, slo_mix={"relaxed": 1.0}, max_new_tokens=(8, 9),
+                       length_dist="zipf")  # fmt: skip

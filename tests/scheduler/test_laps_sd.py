@@ -130,6 +130,43 @@ def test_eq6_ranks_by_acceptance_not_only_length():
     assert [r.id for r in LPSJF(MaxTokensPredictor()).order([high, low], now=0.0)] == ["low", "high"]
 
 
+def estimating(predictor=None):
+    cfg = LapsConfig(levels=QueueLevels(4, 0.5, 2.0), stability=Stability(4, 0.05), unstable="estimate")
+    return LapsSD(cfg, predictor=predictor or MaxTokensPredictor())
+
+
+def test_estimate_ranks_non_perceptible_by_eq6_still_behind_perceptible():
+    p = estimating()
+    long_old = req("long_old", arrival=0.0, max_new=120)
+    short_new = req("short_new", arrival=1.0, max_new=10)
+    perceptible = req("perceptible", arrival=2.0, accepted=STABLE, max_new=500)
+    order = [r.id for r in p.order([long_old, short_new, perceptible], now=3.0)]
+    assert order == ["perceptible", "short_new", "long_old"]  # the paper's default: perceptible, then FCFS
+    assert [r.id for r in laps().order([long_old, short_new, perceptible], now=3.0)] == [
+        "perceptible", "long_old", "short_new"]  # fmt: skip
+
+
+def test_estimate_uses_acceptance_so_far_then_the_class_prior():
+    p = estimating()
+    # same length; one has accepted everything so far (not yet stable: 2 rounds < γ)
+    keen = req("keen", arrival=1.0, accepted=[4, 4], max_new=100)
+    keen.num_accepted_tokens, keen.num_drafted_tokens = 8, 8
+    dull = req("dull", arrival=0.0, accepted=[0, 0], max_new=100)
+    dull.num_drafted_tokens = 8
+    assert [r.id for r in p.order([dull, keen], now=2.0)] == ["keen", "dull"]
+    # never run: the prompt class's mean acceptance from the predictor's history
+    history = ClassHistoryPredictor(smoothing=0.5, min_samples=1)
+    for prompt, acc in ((4, 1.0), (300, 0.0)):
+        done = finished(prompt, 100, 100)
+        done.num_accepted_tokens, done.num_drafted_tokens = int(acc * 40), 40
+        history.observe(done)
+    p = estimating(history)
+    accepting_class = req("accepting", arrival=1.0, prompt=4, max_new=100)
+    rejecting_class = req("rejecting", arrival=0.0, prompt=300, max_new=100)
+    assert p.acceptance_so_far(accepting_class) == 1.0 and p.acceptance_so_far(rejecting_class) == 0.0
+    assert [r.id for r in p.order([rejecting_class, accepting_class], now=2.0)] == ["accepting", "rejecting"]
+
+
 def test_spec_off_requests_are_perceptible_at_once():
     p = laps()
     r = req("off")
@@ -222,3 +259,21 @@ def test_class_history_predictor():
     q = ClassHistoryPredictor(smoothing=0.5, min_samples=2)
     q.load(p.state())
     assert q.predict(fresh) == pytest.approx(30)
+    assert p.prior_acceptance(fresh) is None  # none of them speculated
+
+
+def test_class_history_is_a_shared_state_of_events():
+    p = ClassHistoryPredictor(smoothing=0.5, min_samples=1)
+    done = finished(10, 100, 50)
+    done.num_accepted_tokens, done.num_drafted_tokens = 3, 4
+    p.observe(done)
+    learned = p.shared_state()
+    assert learned.name == "policy:length-predictor"
+    assert learned.take() == [{"class": "p4", "share": 0.5, "acceptance": 0.75}]
+    assert p.prior_acceptance(req("x", prompt=10)) == 0.75
+    # a replica that merges the event learns the same
+    q = ClassHistoryPredictor(smoothing=0.5, min_samples=1)
+    q.load(learned.merge(None, [{"class": "p4", "share": 0.5, "acceptance": 0.75}]))
+    assert q.history == p.history
+    assert LapsSD(predictor=q).shared_state() is q.shared_state() and LPSJF(q).shared_state() is q.shared_state()
+    assert LapsSD(predictor=MaxTokensPredictor()).shared_state() is None

@@ -74,6 +74,40 @@ def test_state_survives_a_restart_and_replicas_share_it(redis_url, make):
     asyncio.run(scenario())
 
 
+def test_length_history_survives_a_restart(redis_url):
+    """LAPS-SD / LP-SJF's per-class output-length history lives in Redis like any learned state."""
+    from scheduler.policies.laps_sd import LapsSD
+    from scheduler.policies.order_baselines import LPSJF
+    from scheduler.request import FinishReason, Request, RequestState
+
+    namespace = f"test-{uuid.uuid4().hex[:8]}"
+
+    def finished(i: int, generated: int) -> Request:
+        r = Request(f"r{i}", [1] * 10, max_new_tokens=100)
+        r.output_ids = [7] * generated
+        r.state, r.finish_reason = RequestState.FINISHED, FinishReason.STOP_TOKEN
+        return r
+
+    async def scenario():
+        a = LapsSD()
+        sync_a = PolicyStateSync(_store(redis_url, namespace), a.shared_state(), every_steps=1)
+        assert not await sync_a.load()
+        for i in range(3):
+            a.on_finish(finished(i, 20))
+        await sync_a.close()
+        fresh = Request("new", [1] * 10, max_new_tokens=100)
+        assert a.predictor.predict(fresh) == pytest.approx(20)
+
+        b = LPSJF()  # another policy over the same history, e.g. after a restart with TANDEM_QUEUE_POLICY changed
+        sync_b = PolicyStateSync(_store(redis_url, namespace), b.shared_state())
+        assert await sync_b.load()
+        assert b.predictor.predict(fresh) == pytest.approx(20)
+        for s in (sync_a.store, sync_b.store):
+            await s.close()
+
+    asyncio.run(scenario())
+
+
 def test_sync_keeps_events_while_redis_is_away():
     async def scenario():
         policy = SmartSpec()

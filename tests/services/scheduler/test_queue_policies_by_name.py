@@ -25,10 +25,12 @@ def test_laps_sd_options_and_costs():
     assert (levels.num_queues, levels.growth, levels.first_threshold_s) == (3, 4.0, 0.1)
     assert (stability.rounds, stability.tolerance) == (6, 0.02)
     assert p.config.costs.target is target and p.config.costs.draft is None
+    assert p.config.unstable == "fcfs" and queue_policy("laps-sd:est=1").config.unstable == "estimate"
 
 
 @pytest.mark.parametrize(
-    "spec", ["nope", "las:-1", "las:x", "laps-sd:k=0", "laps-sd:k=2.5", "laps-sd:m=1", "laps-sd:foo=1", "laps-sd:k"]
+    "spec", ["nope", "las:-1", "las:x", "laps-sd:k=0", "laps-sd:k=2.5", "laps-sd:m=1", "laps-sd:foo=1", "laps-sd:k",
+             "laps-sd:est=2"]
 )
 def test_bad_specs(spec):
     with pytest.raises(ValueError):
