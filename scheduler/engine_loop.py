@@ -41,6 +41,16 @@ offload, the draft drops every sequence and the loop marks them off the draft
 (speculation is then off: the policy is not asked); when it says reload, the
 draft comes back and each request is re-prefilled on it by the resync path
 the first time it speculates again. Output is unaffected either way.
+With ``SchedulerConfig.pool_growth`` (a co-located pair whose target may grow)
+the target's KV pool takes the draft's space while it is away::
+
+    offload:  draft.offload() ──▶ target.resize_kv(base + extra) ──▶ budget += extra tokens
+    reload:   target.resize_kv(base) ──▶ budget -= extra tokens ──▶ draft.reload()
+              (refused while a sequence owns an extra block: the draft stays offloaded, retried later)
+
+Both happen after commit, between admissions, so admission never sees a
+budget the pool cannot hold; requests are checked against the base budget at
+submit, so none is too large for the pool the draft leaves behind.
 
 Workers see releases only between calls (flushed right after admission and at
 the end of a step), never while one of their calls is in flight.
@@ -59,7 +69,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, Field
 
 from scheduler.frontier import FrontierConfig, FrontierPipeline
-from scheduler.policies.elastic_memory import Action, ElasticDraftMemory, ElasticMemoryConfig
+from scheduler.policies.elastic_memory import Action, ElasticDraftMemory, ElasticMemoryConfig, PoolGrowth
 from scheduler.policies.queue import FCFS, Capacity, QueuePolicy, reserved_tokens
 from scheduler.policies.selection import PassThrough, TreeSelector
 from scheduler.policies.speculation import (
@@ -119,6 +129,11 @@ class SchedulerConfig(BaseModel):
         None,
         description="Offload the draft's weights under KV pressure while nothing speculates, reload when the "
         "queue is empty (Nightjar §5.1); None = the draft stays resident.",
+    )
+    pool_growth: PoolGrowth | None = Field(
+        None,
+        description="With draft_memory: the target's KV pool grows by this while the draft is offloaded, and "
+        "max_tokens_in_flight (the budget with the draft resident) by as many tokens; None = it does not grow.",
     )
 
 
@@ -209,6 +224,7 @@ class Scheduler:
         cfg = self.config
         self.draft_memory = ElasticDraftMemory(cfg.draft_memory) if cfg.draft_memory and draft is not None else None
         self._draft_offloaded = False
+        self._kv_extra_tokens = 0  # budget the grown pool adds while the draft is offloaded (pool_growth)
         self.frontier = FrontierPipeline(cfg.frontier) if cfg.frontier is not None and draft is not None else None
 
     # ------------------------------------------------------------------ public API
@@ -263,6 +279,11 @@ class Scheduler:
     @property
     def num_steps(self) -> int:
         return self._num_steps
+
+    @property
+    def max_tokens_in_flight(self) -> int:
+        """The KV token budget now: the configured one, plus the grown pool's while the draft is offloaded."""
+        return self.config.max_tokens_in_flight + self._kv_extra_tokens
 
     def has_work(self) -> bool:
         # finished-but-unreported requests count: observers (Redis, traces) must still hear of them
@@ -385,6 +406,7 @@ class Scheduler:
         report.draft_available = self._draft_up
         report.draft_error = self._draft_error
         report.draft_offloaded = self._draft_offloaded
+        report.kv_token_budget = self.max_tokens_in_flight
         self._num_steps += 1
         await self._notify(report)
         return report
@@ -393,7 +415,8 @@ class Scheduler:
     def _admit(self, report: StepReport) -> list[Request]:
         """Apply the queue policy's admission; returns the requests that need a prefill (not resumed ones)."""
         cfg = self.config
-        capacity = Capacity(cfg.max_batch_size, cfg.max_tokens_in_flight)
+        budget = self.max_tokens_in_flight
+        capacity = Capacity(cfg.max_batch_size, budget)
         running = list(self._running.values())
         now = self.clock.now()
         adm = self.queue_policy.schedule(list(self._waiting), running, capacity, now)
@@ -409,7 +432,7 @@ class Scheduler:
         for req in adm.admit:
             if req not in self._waiting or req.id in report.preempted_ids:
                 continue
-            if num >= cfg.max_batch_size or tokens + reserved_tokens(req) > cfg.max_tokens_in_flight:
+            if num >= cfg.max_batch_size or tokens + reserved_tokens(req) > budget:
                 break
             self._waiting.remove(req)
             req.state = RequestState.RUNNING
@@ -423,7 +446,7 @@ class Scheduler:
             tokens += reserved_tokens(req)
         # KV pressure: resident requests keep their blocks only while everything fits
         resident = [r for r in self._waiting if r.resident]
-        excess = tokens + sum(reserved_tokens(r) for r in resident) - cfg.max_tokens_in_flight
+        excess = tokens + sum(reserved_tokens(r) for r in resident) - budget
         if excess > 0:
             for req in reversed(self.queue_policy.order(resident, now)):
                 if excess <= 0:
@@ -672,18 +695,25 @@ class Scheduler:
         """Nightjar §5.1: offload the draft under KV pressure while nothing speculates, reload once it eases."""
         if not self._draft_up:  # a failed draft is the failure path's business
             return
-        cap = self.config.max_tokens_in_flight
-        reserved = sum(reserved_tokens(r) for r in self._running.values())
-        reserved += sum(reserved_tokens(r) for r in self._waiting if r.resident)
+        cap = self.config.max_tokens_in_flight  # the budget with the draft resident, also while the pool is grown
         action = self.draft_memory.observe(
             speculated=any(s.speculates for s in shapes),
-            free_share=max(0.0, 1.0 - reserved / cap),
+            free_share=max(0.0, 1.0 - self._reserved_tokens() / cap),
             num_waiting=len(self._waiting),
         )
         if action is not None:
             await self._draft_memory_call(action, report)
 
+    def _reserved_tokens(self) -> int:
+        """Tokens reserved by running and resident (preempted, KV kept) requests."""
+        reserved = sum(reserved_tokens(r) for r in self._running.values())
+        return reserved + sum(reserved_tokens(r) for r in self._waiting if r.resident)
+
     async def _draft_memory_call(self, action: Action, report: StepReport) -> None:
+        # the target gives the draft's space back before the draft loads into it
+        if action == "reload" and not await self._resize_pool(grow=False, report=report):
+            self.draft_memory.failed(action)  # stays offloaded; tried again after retry_steps
+            return
         call = getattr(self.draft, action, None)
         try:
             if call is None:
@@ -693,6 +723,8 @@ class Scheduler:
             permanent = isinstance(exc, NotImplementedError) or getattr(exc, "grpc_code", "") == "UNIMPLEMENTED"
             log.warning("draft %s failed (%s)%s", action, exc, "; elastic memory off" if permanent else "")
             self.draft_memory.failed(action, permanent=permanent)
+            if action == "reload":  # still offloaded: its space is the target's again
+                await self._resize_pool(grow=True, report=report)
             return
         self.draft_memory.done(action)
         report.draft_memory_event = action
@@ -702,9 +734,39 @@ class Scheduler:
                 req.on_draft = False  # the draft dropped it; the resync prefill brings it back
             self._draft_stale.clear()
             log.info("draft offloaded (KV pressure, no speculation)")
+            await self._resize_pool(grow=True, report=report)
         else:
             self._draft_offloaded = False
             log.info("draft reloaded (queue empty, KV budget free)")
+
+    async def _resize_pool(self, *, grow: bool, report: StepReport) -> bool:
+        """Grow the target's KV pool into the offloaded draft's space, or shrink it back; False when refused.
+
+        The pool changes first, then the budget: a grown budget never precedes its blocks, and a shrink the
+        target refuses (a live sequence owns an extra block) leaves both as they were.
+        """
+        growth = self.config.pool_growth
+        if growth is None or (self._kv_extra_tokens > 0) == grow:
+            return True
+        event = "grow" if grow else "shrink"
+        if not grow and self._reserved_tokens() > self.config.max_tokens_in_flight:
+            log.info("KV pool not shrunk: reservations exceed the budget without the grown blocks")
+            report.kv_pool_event = "shrink-refused"
+            return False
+        resize = getattr(self.target, "resize_kv", None)
+        num_blocks = growth.base_blocks + (growth.extra_blocks if grow else 0)
+        try:
+            if resize is None:
+                raise NotImplementedError("the target worker has no resize_kv()")
+            await resize(num_blocks)
+        except Exception as exc:  # noqa: BLE001 - the pool stays as it was; requests go on either way
+            (log.warning if grow else log.info)("KV pool %s failed (%s)", event, exc)
+            report.kv_pool_event = "grow-failed" if grow else "shrink-refused"
+            return False
+        self._kv_extra_tokens = growth.extra_tokens if grow else 0
+        report.kv_pool_event = event
+        log.info("KV pool %s: token budget %d", event, self.max_tokens_in_flight)
+        return True
 
     def _mark_on_draft(self, req: Request, num_seen: int) -> None:
         if req.state is RequestState.RUNNING:

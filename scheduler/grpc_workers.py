@@ -129,6 +129,10 @@ class GrpcTargetWorker(_GrpcWorker):
         self._check_ids("Verify", [i.seq_id for i in items], [seq_id for seq_id, _ in answered])
         return [result for _, result in answered]
 
+    async def resize_kv(self, num_blocks: int) -> int:
+        """Set the KV pool to ``num_blocks`` (elastic memory, Nightjar §5.1); returns the blocks it now has."""
+        return (await self._call("ResizeKV", target_pb2.ResizeKVRequest(num_blocks=num_blocks))).kv_blocks_total
+
 
 class GrpcDraftWorker(_GrpcWorker):
     """``DraftWorker`` over a DraftService."""

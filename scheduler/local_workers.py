@@ -36,12 +36,9 @@ class LocalTargetWorker:
     async def release(self, seq_ids: list[str]) -> None:
         await asyncio.to_thread(_release_live, self.engine, seq_ids)
 
-    async def offload(self) -> int:
-        moved, _ = await asyncio.to_thread(self.engine.offload)
-        return moved
-
-    async def reload(self) -> int:
-        return await asyncio.to_thread(self.engine.reload)
+    async def resize_kv(self, num_blocks: int) -> int:
+        await asyncio.to_thread(self.engine.resize_kv, num_blocks)
+        return self.engine.runner.cache.num_blocks
 
 
 class LocalDraftWorker:
@@ -56,3 +53,10 @@ class LocalDraftWorker:
 
     async def release(self, seq_ids: list[str]) -> None:
         await asyncio.to_thread(_release_live, self.engine, seq_ids)
+
+    async def offload(self) -> int:
+        moved, _ = await asyncio.to_thread(self.engine.offload)
+        return moved
+
+    async def reload(self) -> int:
+        return await asyncio.to_thread(self.engine.reload)

@@ -47,6 +47,8 @@ class StepReport:
     draft_error: str | None = None  # the draft failure this step, if any
     draft_offloaded: bool = False  # at the end of the step: the draft's weights are in host memory (Nightjar §5)
     draft_memory_event: str | None = None  # "offload" or "reload" when the loop did one this step
+    kv_pool_event: str | None = None  # "grow", "shrink", "grow-failed" or "shrink-refused" (pool_growth)
+    kv_token_budget: int = 0  # at the end of the step: max_tokens_in_flight, grown while the draft is away
     outcomes: list[RequestOutcome] = field(default_factory=list)
 
     @property

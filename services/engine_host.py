@@ -86,12 +86,15 @@ class EngineHost:
             engine = build_ngram_draft_engine(*ngram, vocab_size=settings.vocab_size)
             return cls(engine, None, role, model_name=ngram_name(*ngram))
         build = build_target_engine if role == "target" else build_draft_engine
+        engine_config = settings.engine_config()
+        if role == "draft":  # only the target's pool grows into the draft's space (TANDEM_KV_GROW_BLOCKS)
+            engine_config = engine_config.model_copy(update={"kv_grow_blocks": 0})
         engine, loaded = await asyncio.to_thread(
             build,
             settings.model_path(role),
             device=settings.device,
             dtype=settings.dtype,
-            engine_config=settings.engine_config(),
+            engine_config=engine_config,
             with_tokenizer=False,  # the services see token ids only
         )
         if role == "target":
@@ -155,6 +158,7 @@ class EngineHost:
         info.dtype = str(runner.dtype).removeprefix("torch.")
         info.device = str(runner.device)
         info.kv_blocks_total = cache.num_blocks
+        info.kv_blocks_base, info.kv_blocks_max = runner.base_blocks, runner.max_blocks
         info.kv_blocks_free = cache.num_free_blocks  # 0 while offloaded: the pool's memory is given back
         info.block_size = cache.block_size
         return info

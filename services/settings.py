@@ -10,8 +10,9 @@ TANDEM_PORT, TANDEM_SERVICE_NAME, TANDEM_TRACE_EXPORTER, TANDEM_OTLP_ENDPOINT,
 TANDEM_HOME, TANDEM_PAIR, TANDEM_MODEL, TANDEM_DEVICE, TANDEM_DTYPE, TANDEM_VOCAB_SIZE, and for
 the scheduler TANDEM_TARGET_ADDR, TANDEM_DRAFT_ADDR, TANDEM_REDIS_URL,
 TANDEM_METRICS_PORT, TANDEM_QUEUE_POLICY, TANDEM_SPECULATION_POLICY,
-TANDEM_TOKEN_BUDGET, TANDEM_PROFILE, TANDEM_FRONTIER; for the target TANDEM_EARLY_EXIT; for the
-model services TANDEM_THREADS).
+TANDEM_TOKEN_BUDGET, TANDEM_PROFILE, TANDEM_FRONTIER, TANDEM_DRAFT_OFFLOAD; for the target
+TANDEM_EARLY_EXIT, TANDEM_KV_GROW_BLOCKS; for the model services TANDEM_THREADS, TANDEM_NUM_BLOCKS,
+TANDEM_BLOCK_SIZE, TANDEM_KV_CACHE_BYTES).
 The environment is read when ``from_env`` is called, never at import.
 An empty variable counts as unset, because compose writes
 ``TANDEM_MODEL: ${TANDEM_TARGET_MODEL:-}`` to mean "the pair's model".
@@ -156,6 +157,13 @@ class ServiceSettings(BaseModel):
     kv_cache_bytes: int | None = Field(
         None, ge=1, description="KV cache memory when num_blocks is unset; unset = the engine default."
     )
+    kv_grow_blocks: int = Field(
+        0,
+        ge=0,
+        description="Target: KV blocks the pool may add while the co-located draft is offloaded (Nightjar elastic "
+        "memory, TANDEM_DRAFT_OFFLOAD on the scheduler): what the draft's weights and KV pool are worth in target "
+        "blocks; 0 = the pool keeps its start-up size.",
+    )
 
     # --- scheduler ----------------------------------------------------------------------------
     target_addr: str = Field("127.0.0.1:50052", description="host:port of the target service.")
@@ -269,7 +277,7 @@ class ServiceSettings(BaseModel):
     def engine_config(self) -> EngineConfig:
         """EngineConfig with the KV cache fields that are set here; the engine's defaults for the rest."""
         fields = {"block_size": self.block_size, "num_blocks": self.num_blocks, "kv_cache_bytes": self.kv_cache_bytes}
-        return EngineConfig(**{k: v for k, v in fields.items() if v is not None})
+        return EngineConfig(kv_grow_blocks=self.kv_grow_blocks, **{k: v for k, v in fields.items() if v is not None})
 
     def ngram(self, role: Literal["target", "draft"]) -> tuple[int, int] | None:
         """(min_ngram, max_ngram) when ``model`` selects the model-free n-gram draft, else None.

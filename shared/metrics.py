@@ -103,6 +103,14 @@ class TandemMetrics:
         self.draft_offloaded = Gauge(
             "draft_offloaded", "1 while the draft's weights are offloaded to host memory.", namespace=ns, registry=reg
         )
+        self.kv_pool_events_total = Counter(
+            "kv_pool_events_total", "Target KV pool resizes around draft offloads: grow, shrink, grow-failed, "
+            "shrink-refused (Nightjar elastic memory).", ["event"], namespace=ns, registry=reg,
+        )  # fmt: skip
+        self.kv_token_budget = Gauge(
+            "kv_token_budget", "The scheduler's KV token budget (max_tokens_in_flight), grown while the draft is "
+            "offloaded.", namespace=ns, registry=reg,
+        )  # fmt: skip
         self.queue_depth = Gauge(
             "queue_depth", "Requests waiting for admission.", ["queue"], namespace=ns, registry=reg
         )
@@ -168,11 +176,17 @@ class TandemMetrics:
         if ks:
             self.step_speculation_length.set(sum(ks) / len(ks))
 
-    def observe_draft_memory(self, *, event: str | None, offloaded: bool) -> None:
-        """One step's draft memory state; ``event`` is "offload" or "reload" when one happened."""
+    def observe_draft_memory(
+        self, *, event: str | None, offloaded: bool, pool_event: str | None = None, kv_token_budget: int | None = None
+    ) -> None:
+        """One step's draft memory state; ``event`` is "offload" or "reload", ``pool_event`` a KV pool resize."""
         if event is not None:
             self.draft_memory_events_total.labels(event).inc()
+        if pool_event is not None:
+            self.kv_pool_events_total.labels(pool_event).inc()
         self.draft_offloaded.set(1.0 if offloaded else 0.0)
+        if kv_token_budget:
+            self.kv_token_budget.set(kv_token_budget)
 
     def set_load(self, *, waiting: int, running: int, queue: str = "all") -> None:
         self.queue_depth.labels(queue).set(waiting)

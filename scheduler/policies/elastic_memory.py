@@ -7,18 +7,23 @@
 τ_low (the draft's footprint comes out of the pool again), so speculation
 stays off through a high-load phase instead of thrashing.
 
-"free" is the share of the scheduler's KV token budget (``max_tokens_in_flight``,
-sized from the target's KV pool) that no running or resident request has
-reserved: admission reserves prompt + max_new_tokens per request, so this is
-the pressure admission actually feels (the paper's N_free in blocks, as a
-fraction; its best threshold was 10 % free).
+"free" is the share of the scheduler's KV token budget that no running or
+resident request has reserved: admission reserves prompt + max_new_tokens per
+request, so this is the pressure admission actually feels (the paper's N_free
+in blocks, as a fraction; its best threshold was 10 % free). It is always
+measured against the budget *with the draft resident* (the pool's start-up
+size), also while the pool is grown: so "reload above τ_high" is the paper's
+N_free > S_draft + τ, free space left after the draft takes its share back.
 
-Where the freed memory goes: when draft and target share one accelerator, the
-draft's weights and KV pool leave the device and the target can grow into
-them; the target's pool is sized at start-up here, so the space is
-released to the device (``torch.cuda.empty_cache``) but not yet added to the
-target's pool. On CPU there is no device memory to give: offload frees the
-draft's KV tensors and stops its forwards, nothing more.
+Where the freed memory goes (``PoolGrowth``, a co-located pair): after an
+offload the loop asks the target to grow its KV pool by ``extra_blocks`` (what
+the draft's weights and KV pool are worth, TANDEM_KV_GROW_BLOCKS on the
+target) and raises its token budget by as many tokens; before a reload it
+shrinks the pool back and lowers the budget, and the target refuses while a
+live sequence still owns one of the extra blocks (the draft then stays
+offloaded and the loop retries after ``retry_steps``). Without it, offload
+only frees the draft's memory: on a GPU it returns to the device
+(``torch.cuda.empty_cache``), on CPU there is nothing to give.
 
 Pure: the loop (engine_loop.py) feeds it one observation per step and
 carries out what it answers.
@@ -40,6 +45,18 @@ class ElasticMemoryConfig(BaseModel):
     )
     persist_steps: int = Field(8, ge=1, description="T_persist: consecutive scarce steps without speculation.")
     retry_steps: int = Field(32, ge=1, description="Steps to wait after a failed reload before the next try.")
+
+
+class PoolGrowth(BaseModel):
+    """How far the target's KV pool grows while the draft is offloaded (its Info: kv_blocks_base / kv_blocks_max)."""
+
+    base_blocks: int = Field(ge=1, description="Pool size with the draft resident (start-up size).")
+    extra_blocks: int = Field(ge=1, description="Blocks added while the draft is offloaded.")
+    block_size: int = Field(ge=1, description="Tokens per block.")
+
+    @property
+    def extra_tokens(self) -> int:
+        return self.extra_blocks * self.block_size
 
 
 class ElasticDraftMemory:

@@ -6,6 +6,10 @@ hold no try/except: malformed messages raise InvalidRequestError in
 shared.rpc.convert, bad requests raise typed EngineErrors in the engine
 (which validates everything before it mutates anything), and the error
 interceptor turns both into status codes.
+
+ResizeKV (Nightjar §5.1, elastic memory) grows the KV pool into the space
+of an offloaded co-located draft and shrinks it back before the draft
+reloads; the scheduler calls it around the draft's Offload and Reload.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import grpc.aio
 
 from services.engine_host import EngineHost
-from services.spans import annotate
+from services.spans import annotate, event
 from shared.engine.target_engine import TargetEngine, TargetStepOutput
 from shared.engine.types import PrefillItem, VerifyItem
 from shared.rpc.convert import (
@@ -71,6 +75,23 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
 
     async def Info(self, request: common_pb2.InfoRequest, context: grpc.aio.ServicerContext) -> common_pb2.ServiceInfo:
         return self.host.info()
+
+    async def ResizeKV(
+        self, request: target_pb2.ResizeKVRequest, context: grpc.aio.ServicerContext
+    ) -> target_pb2.ResizeKVResponse:
+        timer = CallTimer()
+        cache = self.host.kv_cache
+        before = cache.num_blocks
+        ran = await self.host.run(self.engine.resize_kv, request.num_blocks)
+        attrs = dict(kv_blocks_before=before, kv_blocks_total=cache.num_blocks, kv_blocks_free=cache.num_free_blocks)
+        annotate(kv_bytes=ran.result, **attrs)
+        event("kv.resize", **attrs)
+        return target_pb2.ResizeKVResponse(
+            kv_blocks_total=cache.num_blocks,
+            kv_blocks_free=cache.num_free_blocks,
+            kv_bytes=ran.result,
+            timing=ran.timing(timer),
+        )
 
     async def _step(
         self, prefills: list[PrefillItem], verifies: list[VerifyItem], timer: CallTimer

@@ -13,6 +13,12 @@ class EngineConfig(BaseModel):
     kv_cache_bytes: int = Field(
         256 * 1024**2, ge=1, description="Memory for the KV pool when num_blocks is None."
     )
+    kv_grow_blocks: int = Field(
+        0,
+        ge=0,
+        description="KV blocks the pool may add while a co-located draft is offloaded (Nightjar §5.1: the draft's "
+        "weights and KV pool are worth this many target blocks); 0 = the pool keeps its start-up size.",
+    )
     max_context: int | None = Field(
         None, ge=1, description="Longest sequence (committed + speculative); None = the model's max_position_embeddings."
     )

@@ -47,6 +47,18 @@ class OutOfBlocksError(EngineError):
     grpc_code = "RESOURCE_EXHAUSTED"
 
 
+class KVBlocksInUseError(EngineError):
+    """Shrinking the KV pool would drop blocks that live sequences own; the pool is unchanged."""
+
+    grpc_code = "FAILED_PRECONDITION"
+
+
+class KVPoolSizeError(InvalidRequestError):
+    """A KV pool size outside what the service may hold: [kv_blocks_base, kv_blocks_max] (ResizeKV)."""
+
+    grpc_code = "OUT_OF_RANGE"
+
+
 class WeightsOffloadedError(EngineError):
     """The draft's weights are in host memory (Offload, Nightjar §5): Reload before Prefill or Speculate."""
 

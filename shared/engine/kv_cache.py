@@ -11,21 +11,36 @@ Sequences of any length share the pool with at most ``block_size - 1``
 unused slots each, so a batch never pads its storage. Per layer,
 ``kv[l, 0].view(num_blocks, block_size, H, D)`` is the NHD paged layout that
 flashinfer expects, so both attention backends read the same memory.
+
+Resizing (Nightjar §5.1, elastic memory: the target takes the space of an
+offloaded draft)::
+
+    ids   0 ........ base-1 | base ...... base+grow-1
+          always there      | only while grown: handed out last (lowest id first),
+                            | so they are the first to fall free again
+
+``resize`` grows by copying into a larger tensor: a slot's address depends on
+the block id only, so every block id handed out stays valid. It shrinks only
+when every block past the new end is free (``KVBlocksInUseError`` otherwise,
+nothing changed). Peak memory on a GPU: old and new tensors coexist during
+the copy, so growing from N to N + G blocks briefly needs 2N + G blocks' worth.
 """
 
 from __future__ import annotations
 
+import heapq
+
 import torch
 
-from shared.engine.errors import OutOfBlocksError
+from shared.engine.errors import KVBlocksInUseError, OutOfBlocksError
 
 
 class BlockAllocator:
-    """Hands out block ids; knows exactly who owns each one."""
+    """Hands out block ids, lowest free id first; knows exactly who owns each one."""
 
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
-        self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # stack: low ids first
+        self._free: list[int] = list(range(num_blocks))  # min-heap: low ids first, so the top ones stay free
         self._owner: dict[int, str] = {}
 
     @property
@@ -41,7 +56,7 @@ class BlockAllocator:
                 f"KV cache needs {num_blocks} more blocks for {owner!r} but only {len(self._free)} "
                 f"of {self.num_blocks} are free"
             )
-        block_ids = [self._free.pop() for _ in range(num_blocks)]
+        block_ids = [heapq.heappop(self._free) for _ in range(num_blocks)]
         for block_id in block_ids:
             self._owner[block_id] = owner
         return block_ids
@@ -50,10 +65,32 @@ class BlockAllocator:
         for block_id in block_ids:
             if self._owner.pop(block_id, None) is None:
                 raise RuntimeError(f"double free of KV block {block_id}")
-            self._free.append(block_id)
+            heapq.heappush(self._free, block_id)
 
     def owners(self) -> dict[int, str]:
         return dict(self._owner)
+
+    def resize(self, num_blocks: int) -> None:
+        """Add ids at the top, or drop the top ones, which must all be free (``KVBlocksInUseError``)."""
+        self.check_shrink(num_blocks)
+        if num_blocks >= self.num_blocks:
+            for block_id in range(self.num_blocks, num_blocks):
+                heapq.heappush(self._free, block_id)
+        else:
+            self._free = [b for b in self._free if b < num_blocks]
+            heapq.heapify(self._free)
+        self.num_blocks = num_blocks
+
+    def check_shrink(self, num_blocks: int) -> None:
+        """Raise ``KVBlocksInUseError`` when a block at or past ``num_blocks`` is owned."""
+        owned = sorted(b for b in self._owner if b >= num_blocks)
+        if owned:
+            owners = sorted({self._owner[b] for b in owned})
+            raise KVBlocksInUseError(
+                f"cannot shrink the KV pool to {num_blocks} blocks: {len(owned)} of blocks {num_blocks}.."
+                f"{self.num_blocks - 1} are owned by live sequences ({', '.join(owners[:4])}"
+                f"{', ...' if len(owners) > 4 else ''}); retry once they finish"
+            )
 
 
 class PagedKVCache:
@@ -76,14 +113,14 @@ class PagedKVCache:
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype, self.device = dtype, device
-        self.kv = self._zeros()
+        self.kv = self._zeros(num_blocks)
         self.allocator = BlockAllocator(num_blocks)
         self.released = False  # True between release_memory() and reallocate()
 
-    def _zeros(self) -> torch.Tensor:
+    def _zeros(self, num_blocks: int) -> torch.Tensor:
         # [num_layers, 2, num_slots, num_kv_heads, head_dim]
         return torch.zeros(
-            self.num_layers, 2, self.num_blocks * self.block_size, self.num_kv_heads, self.head_dim,
+            self.num_layers, 2, num_blocks * self.block_size, self.num_kv_heads, self.head_dim,
             dtype=self.dtype, device=self.device,
         )  # fmt: skip
 
@@ -103,9 +140,24 @@ class PagedKVCache:
     def reallocate(self) -> None:
         """A fresh pool of ``num_blocks`` after ``release_memory`` (zeroed, all free)."""
         if self.released:
-            self.kv = self._zeros()
+            self.kv = self._zeros(self.num_blocks)
             self.allocator = BlockAllocator(self.num_blocks)
             self.released = False
+
+    def resize(self, num_blocks: int) -> int:
+        """Grow or shrink the pool to ``num_blocks`` (see the module docstring); returns the pool's bytes after."""
+        if self.released:
+            raise RuntimeError("the KV pool is released; reallocate() it before resizing")
+        if num_blocks < 1:
+            raise ValueError(f"a KV pool needs at least one block, got {num_blocks}")
+        if num_blocks != self.num_blocks:
+            self.allocator.check_shrink(num_blocks)  # before anything changes
+            keep = min(num_blocks, self.num_blocks) * self.block_size
+            kv = self._zeros(num_blocks)  # [num_layers, 2, num_blocks * block_size, num_kv_heads, head_dim]
+            kv[:, :, :keep] = self.kv[:, :, :keep]  # block b keeps slots b*block_size.. in both tensors
+            self.allocator.resize(num_blocks)
+            self.kv, self.num_blocks = kv, num_blocks
+        return self.kv.numel() * self.kv.element_size()
 
     @property
     def num_free_blocks(self) -> int:

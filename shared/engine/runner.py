@@ -96,6 +96,8 @@ class ModelRunner:
             dtype=self.dtype,
             device=self.device,
         )
+        self.base_blocks = num_blocks  # the pool's start-up size; it may grow by kv_grow_blocks (resize_kv)
+        self.max_blocks = num_blocks + self.config.kv_grow_blocks
         self.backend = select_backend(self.config.attention_backend, self.cache, self.device)
         self.seqs: dict[str, Sequence] = {}
 

@@ -8,6 +8,10 @@ With ``early_exit`` enabled the forward may stop tree nodes at an
 intermediate layer (FASER §4.2, ``early_exit.py``); acceptance treats them as
 rejected, so the output is unchanged.
 
+``resize_kv`` grows the KV pool into the space of an offloaded co-located
+draft and shrinks it back before the draft reloads (Nightjar §5.1), between
+``runner.base_blocks`` and ``runner.max_blocks`` (EngineConfig.kv_grow_blocks).
+
 Nothing is mutated before every item has been validated, and a failed
 forward releases the sequences it had just added, so a bad request costs
 the caller an error and nothing else.
@@ -18,9 +22,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from shared.engine.acceptance import _validate_child_dists, accept_tree
 from shared.engine.early_exit import EarlyExitConfig, EarlyExitController
-from shared.engine.errors import ContextLengthError, DuplicateSequenceError, InvalidRequestError
+from shared.engine.errors import ContextLengthError, DuplicateSequenceError, InvalidRequestError, KVPoolSizeError
 from shared.engine.runner import ModelRunner, Work
 from shared.engine.sampling import make_generator, probs_from_logits, sample, validate_sampling
 from shared.engine.tree import children_of, validate_tree
@@ -68,6 +74,22 @@ class TargetEngine:
             self.runner.release(seq_id)
             if self.early_exit is not None:
                 self.early_exit.forget(seq_id)
+
+    def resize_kv(self, num_blocks: int) -> int:
+        """Set the KV pool to ``num_blocks`` in [base_blocks, max_blocks]; returns its bytes after.
+
+        Shrinking raises KVBlocksInUseError, pool unchanged, while a live sequence owns a block past the new end.
+        """
+        runner = self.runner
+        if not runner.base_blocks <= num_blocks <= runner.max_blocks:
+            raise KVPoolSizeError(
+                f"KV pool size {num_blocks} is outside [{runner.base_blocks}, {runner.max_blocks}] blocks "
+                f"(start-up size, + kv_grow_blocks {runner.max_blocks - runner.base_blocks})"
+            )
+        pool_bytes = runner.cache.resize(num_blocks)
+        if runner.device.type == "cuda":
+            torch.cuda.empty_cache()  # a shrink's freed space goes back to the device, for the draft to take
+        return pool_bytes
 
     def _validate(self, prefills: list[PrefillItem], verifies: list[VerifyItem]) -> None:
         ids = [p.seq_id for p in prefills] + [v.seq_id for v in verifies]

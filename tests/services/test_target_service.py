@@ -183,3 +183,44 @@ def test_bad_input_gets_a_status_and_leaves_the_engine_untouched(tiny_model_dir)
             target.engine_host.engine.runner.check_accounting()
 
     asyncio.run(main())
+
+
+def test_resize_kv_grows_and_shrinks_the_pool_with_status_errors(tiny_model_dir):
+    """ResizeKV (elastic memory): Info reports the range; a live sequence keeps decoding across a grow; bad sizes
+    are OUT_OF_RANGE and a shrink over owned blocks FAILED_PRECONDITION, the pool unchanged."""
+    prompt = [3, 14, 15, 92, 65, 35, 89, 79, 32]
+    expected = greedy_reference(tiny_model_dir, tuple(prompt), 12)
+
+    async def main():
+        async with serving(tiny_model_dir, num_blocks=4, kv_grow_blocks=6) as (target, _), aio_channel(
+            target.address
+        ) as channel:
+            stub = target_pb2_grpc.TargetServiceStub(channel)
+            info = await stub.Info(common_pb2.InfoRequest())
+            assert (info.kv_blocks_total, info.kv_blocks_base, info.kv_blocks_max) == (4, 4, 10)
+            prefilled = await stub.Prefill(target_pb2.TargetPrefillRequest(items=[prefill_item("a", prompt)]))
+            out = [prefilled.outputs[0].first_token]
+            verify = target_pb2.VerifyRequest(items=[target_pb2.VerifyItem(seq_id="a")])
+            with pytest.raises(grpc.aio.AioRpcError) as err:  # 9 + 8 tokens do not fit 4 blocks of 4
+                for _ in range(11):
+                    out += (await stub.Verify(verify)).outputs[0].tokens
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            grown = await stub.ResizeKV(target_pb2.ResizeKVRequest(num_blocks=10))
+            assert (grown.kv_blocks_total, grown.timing.total_ns > 0) == (10, True)
+            while len(out) < 12:
+                out += (await stub.Verify(verify)).outputs[0].tokens
+            assert out[:12] == expected
+
+            for size, code in ((0, "OUT_OF_RANGE"), (3, "OUT_OF_RANGE"), (11, "OUT_OF_RANGE"), (4, "FAILED_PRECONDITION")):
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await stub.ResizeKV(target_pb2.ResizeKVRequest(num_blocks=size))
+                assert err.value.code().name == code, size
+            assert "owned by live sequences (a)" in err.value.details()
+            info = await stub.Info(common_pb2.InfoRequest())
+            assert info.kv_blocks_total == 10 and info.num_live_seqs == 1
+            await stub.Release(common_pb2.ReleaseRequest(seq_ids=["a"]))
+            shrunk = await stub.ResizeKV(target_pb2.ResizeKVRequest(num_blocks=4))
+            assert (shrunk.kv_blocks_total, shrunk.kv_blocks_free) == (4, 4)
+            assert shrunk.kv_bytes * 10 == grown.kv_bytes * 4 > 0
+
+    asyncio.run(main())

@@ -2,7 +2,8 @@
 
     on_submit   queue depth
     on_step     per request: draft tokens proposed/accepted, accepted length, per-position acceptance,
-                the chosen k (histogram; the step's mean k as a gauge); draft offloads/reloads;
+                the chosen k (histogram; the step's mean k as a gauge); draft offloads/reloads,
+                KV pool resizes and the KV token budget;
                 moving averages of acceptance rate and accepted length; queue depth, running requests
     on_finish   TTFT, TPOT, SLO attainment, goodput tokens, finish reason
 
@@ -54,7 +55,12 @@ class MetricsObserver:
                 ema_accepted_length=self._ema_length,
             )
         self.metrics.observe_speculation([o.shape.max_depth for o in report.outcomes])
-        self.metrics.observe_draft_memory(event=report.draft_memory_event, offloaded=report.draft_offloaded)
+        self.metrics.observe_draft_memory(
+            event=report.draft_memory_event,
+            offloaded=report.draft_offloaded,
+            pool_event=report.kv_pool_event,
+            kv_token_budget=report.kv_token_budget,
+        )
         self._set_load()
 
     def on_finish(self, request: Request) -> None:

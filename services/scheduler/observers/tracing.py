@@ -223,6 +223,14 @@ class TracedTarget:
     async def release(self, seq_ids: list[str]) -> None:
         await self.target.release(seq_ids)
 
+    async def resize_kv(self, num_blocks: int) -> int:
+        """A span of its own, like draft.offload: the target's ResizeKV server span hangs under it."""
+        with self.tracer.tracer.start_as_current_span("kv.resize") as span:
+            span.set_attribute("tandem.kv_blocks_asked", num_blocks)
+            total = await self.target.resize_kv(num_blocks)
+            span.set_attribute("tandem.kv_blocks_total", total)
+            return total
+
 
 class TracedDraft:
     """A ``DraftWorker`` whose prefill / speculate calls run inside the requests' phase spans."""
