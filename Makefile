@@ -4,7 +4,8 @@
 #   make setup    .venv with the pinned CPU torch + tandem[dev], then gRPC code
 #   make models   prepare the demo pair's models under $TANDEM_HOME (default ~/.cache/tandem)
 #   make test     setup + models, then the whole test suite
-#   make demo | trace-ui | profile | bench-engine | bench | bench-slo | bench-adaptive | bench-faser | clean | distclean
+#   make demo | trace-ui | profile | bench-engine | bench | bench-slo | bench-adaptive | bench-faser | bench-offload
+#   make clean | distclean
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -19,7 +20,7 @@ TORCH := torch==2.13.0
 PAIR ?= demo
 PYTEST_ARGS ?=
 
-.PHONY: help setup protos models test demo trace-ui profile bench-engine bench bench-serving bench-slo bench-adaptive bench-order bench-faser clean distclean
+.PHONY: help setup protos models test demo trace-ui profile bench-engine bench bench-serving bench-slo bench-adaptive bench-order bench-faser bench-offload clean distclean
 
 help:
 	@sed -n '4,8p' Makefile | sed 's/^# \{0,1\}//'
@@ -111,6 +112,14 @@ bench-serving: setup models
 bench-faser: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --faser --pair $(PAIR) --name faser-$(PAIR) $(BENCH_ARGS)
+
+# Nightjar's elastic draft memory (bench.harness --offload): two stacks under a deliberately small KV pool
+# (bench.offload.pool_env: TANDEM_NUM_BLOCKS, TANDEM_KV_GROW_BLOCKS = the draft's footprint in target blocks),
+# identical but for TANDEM_DRAFT_OFFLOAD, SmartSpec deciding k; closed loop at 4 and 12 concurrent requests:
+# throughput, mean latency, offloads/reloads and the KV budget over time. Results: bench/results/offload-$(PAIR)/.
+bench-offload: setup models
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --offload --pair $(PAIR) --name offload-$(PAIR) $(BENCH_ARGS)
 
 # The short suites; the policy comparisons (bench-slo, bench-adaptive, bench-order) run on their own.
 bench: bench-engine bench-serving

@@ -10,6 +10,10 @@
                       target split the machine (draft share 0.5: threads on CPU, MPS on CUDA) and whose
                       scheduler / target run with: serial (neither), pipe (TANDEM_FRONTIER=chunk=2),
                       ee (TANDEM_EARLY_EXIT=on), all (both); a stack each.
+    offload:on|off[:<policy>]   Nightjar's elastic draft memory (§5.1): requests in AUTO under the speculation
+                      policy <policy> (default smartspec, which stops drafting under load), on a stack whose
+                      scheduler has TANDEM_DRAFT_OFFLOAD set to OFFLOAD_SPEC (on) or off; a stack each. The small
+                      KV pool both share comes from the environment (bench.offload.pool_env).
     hf-target         HF transformers ``generate`` of the target alone, in the harness process
     hf-assisted       HF assisted generation (``assistant_model=draft``) with the library's default
                       schedule (transformers 5: 20 tokens, "constant", confidence threshold 0.4)
@@ -41,6 +45,7 @@ class StackKey:
     frontier: str | None = None  # the scheduler's TANDEM_FRONTIER; None = what the environment says
     early_exit: str | None = None  # the target's TANDEM_EARLY_EXIT; None = what the environment says
     draft_share: float | None = None  # the launcher's draft_share (FASER §4.4); None = no split
+    draft_offload: str | None = None  # the scheduler's TANDEM_DRAFT_OFFLOAD; None = what the environment says
 
 
 # FASER's ablation: chain length, frontier chunk (gated by the cost models when both are profiled,
@@ -50,6 +55,12 @@ FASER_FRONTIER = "chunk=2"
 FASER_DRAFT_SHARE = 0.5
 FASER_VARIANTS = {"serial": ("off", "off"), "pipe": (FASER_FRONTIER, "off"), "ee": ("off", "on"),
                   "all": (FASER_FRONTIER, "on")}  # fmt: skip
+
+
+# Elastic draft memory (Nightjar §5.1): the policy that turns speculation off under load, and the trigger. The
+# small pool holds only a few requests, so "scarce" is 25 % free rather than the paper's 10 %.
+OFFLOAD_POLICY = "smartspec"
+OFFLOAD_SPEC = "low=0.25,high=0.5,persist=4"
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,12 @@ def parse(name: str, *, queue_policy: str = "fcfs") -> Config:
         frontier, early_exit = FASER_VARIANTS[variant]
         key = StackKey(DEFAULT_STACK_POLICY, queue_policy, frontier, early_exit, FASER_DRAFT_SHARE)
         return Config(name, "tandem", FASER_K, key)
+    if name.startswith("offload:"):
+        _, switch, policy = (name + ":").split(":")[:3]
+        if switch not in ("on", "off"):
+            raise ValueError(f"{name}: use offload:on or offload:off, optionally :<policy>")
+        key = StackKey(policy or OFFLOAD_POLICY, queue_policy, draft_offload=OFFLOAD_SPEC if switch == "on" else "off")
+        return Config(name, "tandem", "auto", key)
     if name == "hf-target":
         return Config(name, "hf", "off")
     if name == "hf-assisted":
@@ -107,7 +124,7 @@ def parse(name: str, *, queue_policy: str = "fcfs") -> Config:
         return Config(name, "hf", "assisted", hf_options=dict(HF_ASSISTED_HEURISTIC))
     raise ValueError(
         f"unknown configuration {name!r}; use target-only, tandem-k<K>, policy:<name>, order:<queue>, faser:<variant>, "
-        "hf-target, hf-assisted or hf-assisted-heuristic"
+        "offload:on|off, hf-target, hf-assisted or hf-assisted-heuristic"
     )
 
 

@@ -6,6 +6,7 @@
     python -m bench.harness --slo                   # `make bench-slo`: AdaServe's comparison (SLO_SWEEP)
     python -m bench.harness --adaptive              # `make bench-adaptive`: fixed k vs adaptive length (ADAPTIVE_SWEEP)
     python -m bench.harness --faser                 # `make bench-faser`: FASER's ablation (FASER_SWEEP)
+    python -m bench.harness --offload               # `make bench-offload`: draft offload under a small KV pool
 
 What one run does::
 
@@ -63,7 +64,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from bench import arrivals, overhead, plots, prom, report
+from bench import arrivals, offload, overhead, plots, prom, report
 from bench.configs import BATCH1_PEERS, SWEEP_PEERS, Config, StackKey, parse, parse_list, rotated
 from bench.drivers import Job, RealTimer, Record, Run, closed_loop, open_loop
 from bench.hf_peer import HFPeer
@@ -116,6 +117,7 @@ class BenchOptions:
     share_rate_factor: float = 2.0  # mix phase rate, x batch-1 capacity (or share_rate req/s when set)
     share_rate: float | None = None
     bursty: bool = False  # one on/off trace after the sweep (phase "bursty")
+    timeline: bool = False  # sample the scheduler's KV budget, offload state and load during each run (bench.offload)
 
 
 def slo_options(**overrides) -> BenchOptions:
@@ -177,6 +179,18 @@ def faser_options(**overrides) -> BenchOptions:
     return replace(preset, **overrides)
 
 
+# Nightjar's elastic draft memory (§5.1) under a deliberately small KV pool: two stacks, offload on and off.
+OFFLOAD_SWEEP = ("offload:on", "offload:off")
+
+
+def offload_options(**overrides) -> BenchOptions:
+    """`make bench-offload`: OFFLOAD_SWEEP closed loop at 4 and 12 concurrent requests, the KV budget sampled."""
+    preset = BenchOptions(name="offload", batch1=[], sweep=list(OFFLOAD_SWEEP), rate_factors=[], concurrency=[4, 12],
+                          sweep_requests=24, sweep_max_new_tokens=offload.MAX_NEW_TOKENS,
+                          max_prompt_tokens=offload.MAX_PROMPT_TOKENS, timeline=True)  # fmt: skip
+    return replace(preset, **overrides)
+
+
 # --- one run --------------------------------------------------------------------------------------
 
 
@@ -191,6 +205,7 @@ class Harness:
         self.records: dict[str, dict[str, dict[str, list[Record]]]] = defaultdict(lambda: defaultdict(dict))
         self.prom: dict[tuple[str, str, str], prom.Scrape] = defaultdict(prom.Scrape)
         self.overheads: dict[tuple[str, str, str], dict | None] = {}
+        self.timelines: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
         self.baseline_tpot_ms: float | None = None
         self.baseline_latency_s: float | None = None
 
@@ -284,10 +299,12 @@ class Harness:
                     mode: str, concurrency: int = 1) -> Run:  # fmt: skip
         before = prom.scrape(self.metrics_url) if config.is_tandem else None
         send = senders[config.name]
-        if mode == "open":
-            run = await open_loop(config.name, jobs, send, self.timer)
-        else:
-            run = await closed_loop(config.name, jobs, send, self.timer, concurrency)
+        async with offload.Timeline(self.metrics_url if self.opts.timeline and config.is_tandem else None) as tl:
+            if mode == "open":
+                run = await open_loop(config.name, jobs, send, self.timer)
+            else:
+                run = await closed_loop(config.name, jobs, send, self.timer, concurrency)
+        self.timelines[(phase, load, config.name)] += tl.samples
         if before is not None:
             self.prom[(phase, load, config.name)] += prom.scrape(self.metrics_url) - before
         for j in jobs:
@@ -459,6 +476,10 @@ class Harness:
         delta = self.prom.get((phase, load, name))
         if delta:
             extra["per_position_acceptance"] = prom.per_position_acceptance(delta)
+            if events := prom.memory_events(delta):
+                extra["memory_events"] = events
+        if timeline := self.timelines.get((phase, load, name)):
+            extra["timeline"] = timeline
         return extra
 
 
@@ -566,6 +587,8 @@ def main(
                                "+early exit, all, threads split; batch 1, then 0.5x and 4x capacity; options refine it."),
     order: bool = typer.Option(False, "--order", help="LAPS-SD's comparison (make bench-order): ORDER_SWEEP queue "
                                "policies, 10,30,50 requests at once, 8..256 new tokens (log-uniform); options refine it."),
+    elastic: bool = typer.Option(False, "--offload", help="Draft offload under a small KV pool (make bench-offload): "
+                                 "offload:on vs offload:off, closed loop at 4 and 12; options refine it."),
 ) -> None:
     opts = BenchOptions(
         name=name,
@@ -613,7 +636,14 @@ def main(
         os.environ.setdefault("TANDEM_MAX_BATCH_SIZE", ORDER_MAX_BATCH_SIZE)  # the launched services inherit it
     if faser:
         apply_preset(opts, faser_options(), _given(ctx))
+    if elastic:
+        apply_preset(opts, offload_options(), _given(ctx), OFFLOAD_PRESET)
+        pool = offload.pool_env(opts.models.target_dir(), opts.models.draft_dir(), opts.models.dtype)
+        for var, value in pool.items():
+            os.environ.setdefault(var, value)  # both stacks launch with them; set one to override it
     results = run_bench(opts)
+    if elastic:
+        offload.write(results, RESULTS_ROOT / opts.name, pool={var: os.environ[var] for var in pool})
     if order:
         from bench import order as order_report
 
@@ -621,6 +651,8 @@ def main(
 
 
 FASER_PRESET = ("name", "batch1", "sweep", "sweep_requests", "rate_factors")
+OFFLOAD_PRESET = ("name", "batch1", "sweep", "rate_factors", "concurrency", "sweep_requests", "sweep_max_new_tokens",
+                  "max_prompt_tokens", "timeline")  # fmt: skip
 
 
 def apply_preset(opts: BenchOptions, preset: BenchOptions, given: set[str], fields=FASER_PRESET) -> None:

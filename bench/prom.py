@@ -48,6 +48,13 @@ def scrape(url: str | None, timeout_s: float = 5.0) -> Scrape:
         return parse(resp.read().decode())
 
 
+def memory_events(delta: Scrape, namespace: str = "tandem") -> dict[str, int]:
+    """Draft offloads / reloads and target KV pool resizes (grow, shrink, ...) in the delta; nonzero only."""
+    events = delta.by_label(f"{namespace}_draft_memory_events_total", "event")
+    events.update(delta.by_label(f"{namespace}_kv_pool_events_total", "event"))
+    return {k: int(v) for k, v in events.items() if v > 0}
+
+
 def per_position_acceptance(delta: Scrape, namespace: str = "tandem") -> list[dict]:
     """Per draft position: how often it was proposed and accepted (shared.metrics position_* counters)."""
     proposed = delta.by_label(f"{namespace}_position_proposed_total", "position")

@@ -6,7 +6,8 @@
 The launcher hands its own environment to the children, so the trace
 exporter and the queue policy are set in this process's environment for the
 duration of the launch (restored right after), as are the scheduler's frontier
-pipelining and the target's early exit (TANDEM_FRONTIER, TANDEM_EARLY_EXIT);
+pipelining, the target's early exit and the scheduler's draft offload (TANDEM_FRONTIER, TANDEM_EARLY_EXIT,
+TANDEM_DRAFT_OFFLOAD);
 the draft's share of the machine goes to the launcher (``draft_share``). Stopping the stack (SIGTERM)
 makes every service flush its spans into the sink before ``spans()`` is read.
 """
@@ -98,7 +99,8 @@ def bench_stack(models: Models, key: StackKey, log_dir: Path, *, traces: bool = 
         draft_share=key.draft_share,
     )
     env = {"TANDEM_QUEUE_POLICY": key.queue_policy, "TANDEM_LOG_LEVEL": "warning"}
-    for var, value in (("TANDEM_FRONTIER", key.frontier), ("TANDEM_EARLY_EXIT", key.early_exit)):
+    for var, value in (("TANDEM_FRONTIER", key.frontier), ("TANDEM_EARLY_EXIT", key.early_exit),
+                       ("TANDEM_DRAFT_OFFLOAD", key.draft_offload)):  # fmt: skip
         if value is not None:
             env[var] = value
     env.update(sink.service_env() if sink else {"TANDEM_TRACE_EXPORTER": "none"})
