@@ -142,10 +142,10 @@ _LAPS_OPTIONS = {"k": "num_queues", "m": "growth", "s1": "first_threshold_s", "g
 
 
 def _laps_config(arg: str | None, costs: SDCosts) -> LapsConfig:
-    """``k=4,m=2,s1=0.5,gamma=4,delta=0.05,est=0`` (any subset) -> LapsConfig."""
+    """``k=4,m=2,s1=0.5,gamma=4,delta=0.05,est=0`` (any subset; ``+`` may join them too) -> LapsConfig."""
     values: dict[str, float] = {}
     unstable = "fcfs"
-    for part in (arg or "").split(","):
+    for part in (arg or "").replace("+", ",").split(","):
         if not part.strip():
             continue
         key, eq, text = part.partition("=")

@@ -26,6 +26,8 @@ def test_laps_sd_options_and_costs():
     assert (stability.rounds, stability.tolerance) == (6, 0.02)
     assert p.config.costs.target is target and p.config.costs.draft is None
     assert p.config.unstable == "fcfs" and queue_policy("laps-sd:est=1").config.unstable == "estimate"
+    joined = queue_policy("laps-sd:est=1+s1=2").config  # "+" joins options where "," separates list items
+    assert joined.unstable == "estimate" and joined.levels.first_threshold_s == 2.0
 
 
 @pytest.mark.parametrize(
