@@ -4,9 +4,12 @@
     tandem profile --pair tiny --quick    a fast smoke run
     tandem profile --if-missing           only when this model has no profile for this hardware yet
     tandem profile --model PATH --redis-url redis://...   also publish it to Redis (blob profile:<model>)
+    tandem profile --shares               draft and target latency at several shares of the machine (FASER §4.4)
+                                          -> <home>/profiles/<model>/shares/<hardware>.json, one per model
 
-The scheduler reads it back (``services.scheduler.budget``) unless
-TANDEM_TOKEN_BUDGET overrides B.
+The scheduler reads the verify profile back (``services.scheduler.budget``)
+unless TANDEM_TOKEN_BUDGET overrides B; the launcher reads the share profiles
+when ``draft_share`` is ``auto`` (``sm_share.auto_share``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import typer
 from rich.console import Console
 
 QUICK_GRID = (1, 4, 8, 16, 32)  # --quick: one repeat of a coarse grid
+QUICK_SHARES = {"batches": (1, 4), "tokens": (1, 3), "context": 16, "repeats": 1, "percentages": (25, 50, 100)}
 
 
 def profile(
@@ -27,7 +31,10 @@ def profile(
     home: Annotated[Path | None, typer.Option(help="Tandem home (default $TANDEM_HOME or ~/.cache/tandem).")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")] = "auto",
-    threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
+    threads: Annotated[
+        int | None,
+        typer.Option(help="torch CPU threads (default: torch's choice); with --shares the cores to split (default: all)."),
+    ] = None,
     repeats: Annotated[int, typer.Option(min=1, help="Repeats per size (medians are used).")] = 3,
     quick: Annotated[bool, typer.Option(help="Small grid, one repeat: a smoke run, not a measurement.")] = False,
     redis_url: Annotated[str | None, typer.Option(help="Also store the profile in this Redis.")] = None,
@@ -35,8 +42,22 @@ def profile(
     if_missing: Annotated[
         bool, typer.Option("--if-missing", help="Do nothing when this model already has a profile for this hardware.")
     ] = False,
+    shares: Annotated[
+        bool,
+        typer.Option(
+            "--shares",
+            help="Profile the pair's draft and target at several shares of the machine (CPU threads, CUDA MPS) "
+            "and fit FASER eq. 11-12, for `tandem up --draft-share auto`.",
+        ),
+    ] = False,
 ) -> None:
     """Measure verify latency vs batched tokens and context; store budget B and the cost model."""
+    if shares:
+        if model is not None or redis_url is not None or out is not None:
+            Console().print("[red]--shares profiles a pair (--pair); --model, --redis-url and --out do not apply[/]")
+            raise typer.Exit(2)
+        profile_shares_command(pair, home, device, dtype, threads, repeats, quick, if_missing)
+        return
     import torch
 
     from services.settings import ServiceSettings
@@ -83,3 +104,48 @@ def profile(
         f"{cm.delta_s * 1e3:.2f} ms  (R^2 {cm.r2 if cm.r2 is None else round(cm.r2, 3)})\n"
         f"stored at {stored} ({result.settings['seconds']} s)"
     )
+
+
+def profile_shares_command(
+    pair: str, home: Path | None, device: str, dtype: str, cores: int | None, repeats: int, quick: bool,
+    if_missing: bool,
+) -> None:
+    """`tandem profile --shares`: both models of ``pair``, one worker process per share (measure_shares.py)."""
+    import torch
+
+    from services.settings import ServiceSettings
+    from shared.engine.errors import ModelLoadError
+    from shared.models.paths import Paths
+    from shared.profiling.measure_shares import available_cores, profile_shares
+    from shared.profiling.sm_share import model_name, save_share_profile, share_hardware, share_profile_path
+
+    console = Console()
+    settings = ServiceSettings(pair=pair, home=home)
+    try:
+        models = {role: settings.model_path(role) for role in ("draft", "target")}
+    except ModelLoadError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    stored_home = Paths.resolve(home).home
+    cores = None if device.startswith("cuda") else (cores or available_cores())
+    if if_missing and cores is not None:  # on CUDA the hardware name is known only after a worker ran
+        existing = [share_profile_path(stored_home, model_name(p), share_hardware(cores=cores)) for p in models.values()]
+        if all(p.is_file() for p in existing):
+            console.print(f"{pair} is already share-profiled on this hardware: {', '.join(map(str, existing))}")
+            return
+    console.print(f"profiling {pair}'s draft and target at several shares of {device} ...")
+    kwargs = {"repeats": repeats} | (QUICK_SHARES if quick else {})
+    profiles = profile_shares(models, device=device, dtype=dtype, cores=cores, log=console.print, **kwargs)
+    for role, prof in profiles.items():
+        path = save_share_profile(prof, stored_home)
+        fit = prof.draft if role == "draft" else prof.target
+        curve = fit.curve
+        console.print(
+            f"[bold]{role}[/] {prof.model}: {fit.model_dump(exclude={'curve'})}, share factor "
+            f"{curve.a1:.3g} - {curve.g1:.3g}*x up to x = {curve.knee:.2f}"
+            + (f", {curve.a2:.3g} - {curve.g2:.3g}*x after" if curve.knee < 1.0 else "")
+            + f" (R^2 {prof.r2 if prof.r2 is None else round(prof.r2, 3)})\n  stored at {path}"
+        )
+    console.print(f"{profiles['target'].settings['seconds']} s on {profiles['target'].hardware}")

@@ -210,13 +210,17 @@ def profile_path(home: Path, model: str, hardware: str) -> Path:
     return home / "profiles" / slug(model) / f"{slug(hardware)}.json"
 
 
-def save_profile(profile: Profile, home: Path) -> Path:
-    path = profile_path(home, profile.model, profile.hardware)
+def write_model(path: Path, model: BaseModel) -> Path:
+    """``model`` as JSON at ``path``, written aside and renamed: readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(profile.model_dump_json(indent=2) + "\n")
-    tmp.replace(path)  # readers never see half a file
+    tmp.write_text(model.model_dump_json(indent=2) + "\n")
+    tmp.replace(path)
     return path
+
+
+def save_profile(profile: Profile, home: Path) -> Path:
+    return write_model(profile_path(home, profile.model, profile.hardware), profile)
 
 
 def load_profile(path: Path) -> Profile:

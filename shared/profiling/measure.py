@@ -20,7 +20,6 @@ model is fitted on both sweeps (context varies only in the second).
 from __future__ import annotations
 
 import os
-import platform
 import time
 from collections.abc import Callable, Sequence
 
@@ -28,6 +27,7 @@ import torch
 
 from shared.engine.runner import ModelRunner, Work
 from shared.profiling.cost_model import Profile, Sample, find_budget, fit_cost_model, median_sweep
+from shared.profiling.sm_share import cpu_model
 
 DEFAULT_GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 DEFAULT_CONTEXT_GRID = (4, 16, 32)
@@ -38,13 +38,7 @@ def hardware_name(device: torch.device | str) -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return f"cpu {cpu} ({torch.get_num_threads()} threads)"
+    return f"cpu {cpu_model()} ({torch.get_num_threads()} threads)"
 
 
 def _split(total: int, parts: int) -> list[int]:
