@@ -81,27 +81,39 @@ def up(
     device: Annotated[str, typer.Option(help="Device of the model services.")] = "auto",
     log_dir: Annotated[Path | None, typer.Option(help="Directory for the services' logs.")] = None,
     draft_share: Annotated[
-        float | None,
+        str | None,
         typer.Option(help="Draft's share r of the machine (FASER §4.4): CPU threads split r : 1-r; on CUDA MPS "
-                     "active-thread percentages (needs the MPS daemon)."),
+                     "active-thread percentages (needs the MPS daemon). 'auto': from `tandem profile --shares`."),
     ] = None,
+    share_batch: Annotated[int, typer.Option(help="--draft-share auto: the batch size r is chosen for.")] = 1,
+    share_chunk: Annotated[int, typer.Option(help="--draft-share auto: the frontier chunk r is chosen for.")] = 2,
     draft_threads: Annotated[int | None, typer.Option(help="torch threads of the draft process.")] = None,
     target_threads: Annotated[int | None, typer.Option(help="torch threads of the target process.")] = None,
 ) -> None:
     """Start Redis (unless REDIS_URL is set), target, draft and scheduler on loopback; Ctrl-C stops all."""
     from services.launcher import LaunchConfig, LaunchError, launch
 
+    from pydantic import ValidationError
+
     console = Console()
-    config = LaunchConfig(
-        pair=pair, port=port, metrics_port=metrics_port, redis_url=redis_url, speculation_policy=speculation_policy,
-        draft=draft, draft_model=draft_model, home=home, device=device, log_dir=log_dir,
-        draft_share=draft_share, draft_threads=draft_threads, target_threads=target_threads,
-    )  # fmt: skip
+    try:
+        config = LaunchConfig(
+            pair=pair, port=port, metrics_port=metrics_port, redis_url=redis_url,
+            speculation_policy=speculation_policy, draft=draft, draft_model=draft_model, home=home, device=device,
+            log_dir=log_dir, draft_share=draft_share, share_batch=share_batch, share_chunk=share_chunk,
+            draft_threads=draft_threads, target_threads=target_threads,
+        )  # fmt: skip
+    except ValidationError as exc:
+        console.print(f"[red]invalid option:[/] {exc}")
+        raise typer.Exit(2) from None
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the stack as cleanly as Ctrl-C
     console.print(f"starting Tandem ({pair} pair) ...")
     try:
         with launch(config) as stack:
             _print_endpoints(console, stack.endpoints)
+            if stack.share is not None:
+                console.print(f"draft share r = {stack.share['draft_share']:.3f} ({stack.share['source']}): "
+                              f"{stack.share['env']}")  # fmt: skip
             while (died := stack.poll()) is None:
                 time.sleep(0.5)
             console.print(f"[red]{died} exited[/]; stopping (logs in {stack.endpoints.log_dir})")

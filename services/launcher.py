@@ -22,7 +22,11 @@ vocabulary size (read from the target's config.json) to check token ids.
 the draft gets round(r * cores) torch threads and the target the rest
 (TANDEM_THREADS; ``draft_threads`` / ``target_threads`` set them directly); on
 CUDA the two processes get CUDA_MPS_ACTIVE_THREAD_PERCENTAGE r*100 and
-(1-r)*100, which only an MPS daemon started beforehand enforces. Each child writes its log to ``log_dir/{role}.log``; a child that
+(1-r)*100, which only an MPS daemon started beforehand enforces. ``draft_share="auto"`` chooses r from
+both models' share profiles (`tandem profile --shares`; ``sm_share.auto_share``, for a batch of
+``share_batch`` and chunks of ``share_chunk``) among the shares the machine can give (n / cores on CPU);
+without the profiles it warns and splits nothing. The r used, and where it came from, is
+``LaunchedStack.share`` and ``log_dir/share.json``. Each child writes its log to ``log_dir/{role}.log``; a child that
 dies while starting fails the launch with the tail of its log. Children run in
 their own session, so a Ctrl-C at the terminal reaches the launcher only,
 which then stops them in order (SIGTERM, SIGKILL after a grace period).
@@ -31,6 +35,7 @@ which then stops them in order (SIGTERM, SIGKILL after a grace period).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -42,6 +47,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
@@ -49,6 +55,7 @@ from shared.rpc.health_probe import check
 from shared.rpc.server import DRAFT_SERVICE, TANDEM_SERVICE, TARGET_SERVICE
 from shared.state.redis_server import RedisServer, start_redis
 
+log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HEALTH = {"target": TARGET_SERVICE, "draft": DRAFT_SERVICE, "scheduler": TANDEM_SERVICE}
 
@@ -81,14 +88,15 @@ class LaunchConfig(BaseModel):
     target_threads: int | None = Field(
         None, ge=1, description="torch threads of the target process; unset = from draft_share, else torch's default."
     )
-    draft_share: float | None = Field(
+    draft_share: Annotated[float, Field(gt=0.0, lt=1.0)] | Literal["auto"] | None = Field(
         None,
-        gt=0.0,
-        lt=1.0,
         description="FASER §4.4: the draft's share r of the machine, the target's 1 - r. On CPU the cores are split "
         "(threads); on CUDA the processes get CUDA_MPS_ACTIVE_THREAD_PERCENTAGE r*100 and (1-r)*100, which acts "
-        "only under a running MPS daemon (unmeasured). Unset = no split.",
+        "only under a running MPS daemon. 'auto' = chosen from the stored share profiles (tandem profile --shares), "
+        "no split when there are none. Unset = no split.",
     )
+    share_batch: int = Field(1, ge=1, description="draft_share=auto: the batch size b r is chosen for.")
+    share_chunk: int = Field(2, ge=1, description="draft_share=auto: the frontier chunk s_c r is chosen for.")
     log_dir: Path | None = Field(None, description="Where the children's logs go; unset = a new temp dir.")
     startup_timeout_s: float = Field(600.0, gt=0, description="How long model loading may take.")
     stop_timeout_s: float = Field(15.0, gt=0, description="How long a child may take to stop before SIGKILL.")
@@ -110,6 +118,7 @@ class LaunchedStack:
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     redis: RedisServer | None = None
     stop_timeout_s: float = 15.0
+    share: dict | None = None  # the draft share used, as written to log_dir/share.json; None = no split
 
     def poll(self) -> str | None:
         """The role of a child that has exited, if any."""
@@ -167,7 +176,12 @@ def start(config: LaunchConfig) -> LaunchedStack:
         if config.redis_url is None:
             stack.redis = start_redis()
         endpoints.redis_url = config.redis_url or stack.redis.url
-        shares = resource_env(config, on_cuda=_on_cuda(config.device) if config.draft_share else False)
+        on_cuda = _on_cuda(config.device) if config.draft_share else False
+        share, choice = resolve_share(config, target_path, draft_model, on_cuda=on_cuda)
+        config = config.model_copy(update={"draft_share": share})
+        shares = resource_env(config, on_cuda=on_cuda)
+        if share is not None:
+            stack.share = _record_share(log_dir, share, choice, shares)
         envs = {
             "target": _env(config, target, TANDEM_MODEL=str(target_path), **shares["target"]),
             "scheduler": _env(
@@ -220,6 +234,55 @@ def _draft_model(settings, config: LaunchConfig) -> str | None:
         return None
 
 
+def resolve_share(
+    config: LaunchConfig, target_path: Path, draft_model: str | None, *, on_cuda: bool, cores: int | None = None
+):
+    """(r, ShareChoice | None): a configured number as is; "auto" chosen from the stored share profiles
+    (``sm_share.auto_share``), or (None, None) with a warning when they are missing."""
+    if config.draft_share != "auto":
+        return config.draft_share, None
+    from services.settings import parse_ngram_spec
+    from shared.models.paths import Paths
+    from shared.profiling.sm_share import auto_share, model_name, realisable_grid, share_hardware
+
+    if draft_model is None or parse_ngram_spec(draft_model) is not None:
+        log.warning("draft_share=auto: no draft model to give a share to; no split")
+        return None, None
+    cores = cores or _num_cores()
+    if on_cuda:
+        import torch
+
+        index = int(config.device.split(":")[1]) if ":" in config.device else 0
+        hardware = share_hardware(gpu=torch.cuda.get_device_name(index))
+    else:
+        hardware = share_hardware(cores=cores)
+    try:
+        choice = auto_share(
+            Paths.resolve(config.home).home, model_name(draft_model), model_name(target_path), hardware,
+            grid=realisable_grid(on_cuda, cores), b=config.share_batch, s_c=config.share_chunk,
+        )  # fmt: skip
+    except (OSError, ValueError) as exc:  # missing or unreadable profiles (a ValidationError is a ValueError)
+        log.warning("draft_share=auto: %s; falling back to no split (the default)", exc)
+        return None, None
+    log.info(
+        "draft_share=auto: r = %.3f for b = %d, s_c = %d (predicted round %.2f ms) from %s and %s",
+        choice.share, choice.b, choice.s_c, choice.round_s * 1e3, choice.draft_profile, choice.target_profile,
+    )  # fmt: skip
+    return choice.share, choice
+
+
+def _record_share(log_dir: Path, share: float, choice, env: dict[str, dict[str, str]]) -> dict:
+    """What the split is and where it came from, in log_dir/share.json (and on the stack)."""
+    record = {
+        "draft_share": share,
+        "source": "auto" if choice is not None else "setting",
+        "env": env,
+        "choice": choice.model_dump() if choice is not None else None,
+    }
+    (log_dir / "share.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
 def resource_env(config: LaunchConfig, *, on_cuda: bool, cores: int | None = None) -> dict[str, dict[str, str]]:
     """Per model service, the variables that give it its share (FASER §4.4): TANDEM_THREADS on CPU,
     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE on CUDA. Explicit thread counts win over the share's split."""
@@ -227,6 +290,8 @@ def resource_env(config: LaunchConfig, *, on_cuda: bool, cores: int | None = Non
 
     out: dict[str, dict[str, str]] = {"draft": {}, "target": {}}
     threads = {"draft": config.draft_threads, "target": config.target_threads}
+    if config.draft_share == "auto":
+        raise ValueError("resolve draft_share='auto' first (resolve_share)")
     if config.draft_share is not None:
         if on_cuda:
             draft_pct, target_pct = mps_percentages(config.draft_share)

@@ -33,7 +33,7 @@ def profile(
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")] = "auto",
     threads: Annotated[
         int | None,
-        typer.Option(help="torch CPU threads (default: torch's choice); with --shares the cores to split (default: all)."),
+        typer.Option(help="torch CPU threads (default: torch's choice); --shares: the cores to split (default: all)."),
     ] = None,
     repeats: Annotated[int, typer.Option(min=1, help="Repeats per size (medians are used).")] = 3,
     quick: Annotated[bool, typer.Option(help="Small grid, one repeat: a smoke run, not a measurement.")] = False,
@@ -131,7 +131,8 @@ def profile_shares_command(
     stored_home = Paths.resolve(home).home
     cores = None if device.startswith("cuda") else (cores or available_cores())
     if if_missing and cores is not None:  # on CUDA the hardware name is known only after a worker ran
-        existing = [share_profile_path(stored_home, model_name(p), share_hardware(cores=cores)) for p in models.values()]
+        hardware = share_hardware(cores=cores)
+        existing = [share_profile_path(stored_home, model_name(p), hardware) for p in models.values()]
         if all(p.is_file() for p in existing):
             console.print(f"{pair} is already share-profiled on this hardware: {', '.join(map(str, existing))}")
             return

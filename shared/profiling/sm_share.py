@@ -201,7 +201,8 @@ def fit_latency(samples: Sequence[ShareSample], role: Role) -> tuple[DraftLatenc
     for _ in range(100):
         coef = _nonneg_lstsq(feats * f[at][:, None], y)
         lin = feats @ coef  # [num_samples] L(b, s)
-        new = np.array([y[at == i] @ lin[at == i] / max(lin[at == i] @ lin[at == i], 1e-300) for i in range(len(shares))])
+        # the best scale per share given L: sum(T * L) / sum(L^2) over that share's samples
+        new = np.array([y[m] @ lin[m] / max(lin[m] @ lin[m], 1e-300) for m in (at == i for i in range(len(shares)))])
         new = new / new[-1]
         done = float(np.abs(new - f).max()) < 1e-12
         f = new

@@ -62,3 +62,32 @@ def test_malformed_ngram_draft_fails_the_launch_before_anything_starts(tiny_pair
         with launch(config):
             pass
     assert not list((tmp_path / "logs").glob("*.log"))
+
+
+def test_launch_with_draft_share_auto_reads_the_share_profiles(tiny_pair, tmp_path):
+    """`tandem up --draft-share auto`: r from both models' stored share profiles, threads set, share.json written."""
+    import json
+
+    from services.launcher import _num_cores
+    from shared.profiling.sm_share import DraftLatency, ShareProfile, TargetLatency, save_share_profile, share_hardware
+
+    cores = _num_cores()
+    if cores < 2:
+        pytest.skip("one core: nothing to split")
+    target_dir, draft_dir = tiny_pair
+    home = tmp_path / "home"
+    fits = {"draft": DraftLatency(beta=1e-3), "target": TargetLatency(lam=1e-3)}
+    for path, role in ((draft_dir, "draft"), (target_dir, "target")):
+        profile = ShareProfile(model=path.name, role=role, hardware=share_hardware(cores=cores), device="cpu",
+                               dtype="float32", unit="threads", total=cores, **{role: fits[role]})  # fmt: skip
+        save_share_profile(profile, home)
+    config = LaunchConfig(
+        target_model=str(target_dir), draft_model=str(draft_dir), home=home, draft_share="auto", port=0,
+        metrics_port=None, device="cpu", log_dir=tmp_path / "logs", startup_timeout_s=120,
+    )  # fmt: skip
+    with launch(config) as stack:
+        share = stack.share
+    assert share is not None and share["source"] == "auto" and 0 < share["draft_share"] < 1
+    assert json.loads((tmp_path / "logs" / "share.json").read_text()) == share
+    threads = int(share["env"]["draft"]["TANDEM_THREADS"])
+    assert f"torch uses {threads} threads" in (tmp_path / "logs" / "draft.log").read_text()

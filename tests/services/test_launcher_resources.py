@@ -52,3 +52,57 @@ def test_the_service_applies_its_threads(tmp_path):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+# ----------------------------------------------------------------------------- draft_share="auto"
+
+
+def test_auto_without_profiles_warns_and_splits_nothing(tmp_path, caplog):
+    from services.launcher import resolve_share
+
+    config = LaunchConfig(home=tmp_path, draft_share="auto")
+    with caplog.at_level("WARNING", logger="services.launcher"):
+        assert resolve_share(config, tmp_path / "t", str(tmp_path / "d"), on_cuda=False, cores=4) == (None, None)
+    assert "no share profile" in caplog.text and "no split" in caplog.text
+
+
+def test_auto_without_a_model_draft_splits_nothing(tmp_path, caplog):
+    from services.launcher import resolve_share
+
+    config = LaunchConfig(home=tmp_path, draft_share="auto")
+    with caplog.at_level("WARNING", logger="services.launcher"):
+        assert resolve_share(config, tmp_path / "t", "ngram:1-4", on_cuda=False) == (None, None)
+        assert resolve_share(config, tmp_path / "t", None, on_cuda=False) == (None, None)
+
+
+def test_auto_picks_r_from_the_stored_profiles_and_records_it(tmp_path):
+    from services.launcher import _record_share, resolve_share
+    from shared.profiling.sm_share import (
+        DraftLatency, ShareCurve, ShareProfile, TargetLatency, choose_share, save_share_profile, share_hardware,
+    )  # fmt: skip
+
+    hardware = share_hardware(cores=4)
+    linear = ShareCurve(a1=2.0, g1=1.0, a2=2.0, g2=1.0)  # twice as slow on nothing, 1 on the whole machine
+    draft = DraftLatency(beta=1e-3, curve=linear)
+    target = TargetLatency(lam=4e-3, c=2e-3, curve=linear)  # much more work: it should get most of the cores
+    for model, role, fit in (("d", "draft", draft), ("t", "target", target)):
+        save_share_profile(ShareProfile(model=model, role=role, hardware=hardware, device="cpu", dtype="float32",
+                                        unit="threads", total=4, **{role: fit}), tmp_path)  # fmt: skip
+    config = LaunchConfig(home=tmp_path, draft_share="auto", share_batch=2, share_chunk=3)
+    share, choice = resolve_share(config, tmp_path / "models" / "t", str(tmp_path / "models" / "d"), on_cuda=False,
+                                  cores=4)  # fmt: skip
+    assert share == choose_share(draft, target, 2, 3, [0.25, 0.5, 0.75]) == 0.25
+    assert (choice.b, choice.s_c) == (2, 3)
+    env = resource_env(config.model_copy(update={"draft_share": share}), on_cuda=False, cores=4)
+    assert env == {"draft": {"TANDEM_THREADS": "1"}, "target": {"TANDEM_THREADS": "3"}}
+
+    record = _record_share(tmp_path, share, choice, env)
+    import json
+
+    assert json.loads((tmp_path / "share.json").read_text()) == record
+    assert record["source"] == "auto" and record["choice"]["share"] == 0.25
+
+
+def test_auto_must_be_resolved_before_the_env():
+    with pytest.raises(ValueError, match="resolve"):
+        resource_env(LaunchConfig(draft_share="auto"), on_cuda=False)
