@@ -7,6 +7,7 @@
     tandem status                         the scheduler's Info and health
     tandem models list|prepare|check      model pairs (shared.models.cli)
     tandem profile [--pair tiny --quick]  verify cost of the target: budget B, cost model (shared.profiling.cli)
+    tandem profile --shares               draft and target latency per share of the machine (FASER §4.4)
 
 Heavy imports (torch, the services) happen inside the commands, so
 `tandem generate` and `tandem status` start fast.
