@@ -9,13 +9,23 @@ E is a request's attained service: the seconds of the iterations it ran in
 (speculation + verification, ``Request.attained_service_s``, kept by the loop).
 A new request has E = 0 and enters Q1; the loop adds each round's time to E,
 so after every round the request is *demoted* to the queue its E falls in.
-E never decreases, so a request only ever moves down. Exponentially wider
+E never decreases, so a request only ever moves down.
+
+S_1 is in seconds, so it depends on the hardware: the paper gives no value.
+Unless configured, the scheduler sets it to ``Q1_ROUNDS`` profiled rounds of
+a full batch (``q1_threshold``; services/scheduler/policies.py), so that a
+request of a few dozen tokens finishes in Q1 on any machine; 0.5 s without a
+profile. Too small an S_1 turns LAPS-SD into round robin (every request
+preempted after a few rounds), which on bench-order's CPU runs made it 19-30 %
+slower than FCFS; 30-100 rounds made it faster (README, issue 7). Exponentially wider
 queues hold the long requests, whose KV is large, and so preempt them less often.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+Q1_ROUNDS = 48  # S_1 in rounds of a full batch, when profiled round costs give S_1 in seconds
 
 
 @dataclass(frozen=True)
@@ -38,3 +48,8 @@ class QueueLevels:
             if attained_s < self.threshold(j):
                 return j
         return self.num_queues
+
+
+def q1_threshold(round_s: float | None, rounds: int = Q1_ROUNDS, default_s: float = 0.5) -> float:
+    """S_1 = ``rounds`` speculative rounds of ``round_s`` seconds (``default_s`` when the round cost is unknown)."""
+    return rounds * round_s if round_s and round_s > 0 else default_s

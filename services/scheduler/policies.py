@@ -21,7 +21,7 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
     queue         fcfs             first come first served, priority first      FCFS
                   las[:Q]          least attained service, preemptive, quantum   LAS(Q s, 0.5)
                   lp-sjf           shortest predicted output first, no preemption LPSJF
-                  laps-sd[:OPTS]   LAPS-SD (also laps_sd); OPTS k=4,m=2,s1=0.5,   LapsSD
+                  laps-sd[:OPTS]   LAPS-SD (also laps_sd); OPTS k=4,m=2,s1=auto,  LapsSD
                                    gamma=4,delta=0.05 (K queues, M, S_1 s, γ, δ),
                                    est=0|1 (1: non-perceptible requests ranked
                                    by eq. 6 too, not FCFS; laps_sd.py)
@@ -42,7 +42,7 @@ from scheduler.policies.smartspec import SmartSpec, SmartSpecConfidence, SmartSp
 from scheduler.policies.acceptance_stability import Stability
 from scheduler.policies.laps_sd import LapsConfig, LapsSD
 from scheduler.policies.order_baselines import LAS, LPSJF
-from scheduler.policies.priority_queues import QueueLevels
+from scheduler.policies.priority_queues import QueueLevels, q1_threshold
 from scheduler.policies.queue import FCFS, QueuePolicy
 from scheduler.policies.remaining_time import SDCosts
 from scheduler.policies.speculation import FixedChain, NoSpeculation, SpeculationPolicy
@@ -118,13 +118,14 @@ def _expansion(arg: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
-def queue_policy(spec: str, *, cost_model=None, draft_cost_model=None) -> QueuePolicy:
-    """The queue policy ``spec`` names (``NAME`` or ``NAME:ARG``); the cost models feed LAPS-SD's eq. 6."""
+def queue_policy(spec: str, *, cost_model=None, draft_cost_model=None, max_batch_size: int | None = None) -> QueuePolicy:
+    """The queue policy ``spec`` names (``NAME`` or ``NAME:ARG``); the cost models feed LAPS-SD's eq. 6, and,
+    with the batch cap, its S_1 when not given (``Q1_ROUNDS`` rounds of a full batch, priority_queues.py)."""
     name, _, arg = spec.strip().lower().partition(":")
     factory = QUEUE_POLICIES.get(name)
     if factory is None:
         raise ValueError(f"unknown queue policy {spec!r}; available: {', '.join(QUEUE_POLICIES)}")
-    return factory(arg or None, SDCosts(target=cost_model, draft=draft_cost_model))
+    return factory(arg or None, SDCosts(target=cost_model, draft=draft_cost_model, batch=max_batch_size))
 
 
 def _positive(text: str, what: str) -> float:
@@ -137,6 +138,7 @@ def _positive(text: str, what: str) -> float:
     return value
 
 
+ROUND_BATCH, ROUND_CONTEXT, ROUND_DEPTH = 16, 256, 3  # the "full batch" round S_1 is counted in (at most 16 requests)
 _LAPS_OPTIONS = {"k": "num_queues", "m": "growth", "s1": "first_threshold_s", "gamma": "rounds", "delta": "tolerance",
                  "est": "unstable"}
 
@@ -163,6 +165,9 @@ def _laps_config(arg: str | None, costs: SDCosts) -> LapsConfig:
             if values[field] != int(values[field]):
                 raise ValueError(f"laps-sd {field} must be an integer")
             values[field] = int(values[field])
+    if "first_threshold_s" not in values:  # S_1 from the profiled round of a full batch, else 0.5 s
+        batch = min(costs.batch or ROUND_BATCH, ROUND_BATCH)
+        values["first_threshold_s"] = q1_threshold(costs.batch_round_s(batch, ROUND_CONTEXT, ROUND_DEPTH))
     try:
         levels = QueueLevels(**{k: v for k, v in values.items() if k in ("num_queues", "growth", "first_threshold_s")})
         stability = Stability(**{k: v for k, v in values.items() if k in ("rounds", "tolerance")})

@@ -30,6 +30,22 @@ def test_laps_sd_options_and_costs():
     assert joined.unstable == "estimate" and joined.levels.first_threshold_s == 2.0
 
 
+def test_laps_sd_first_threshold_from_the_profiled_round():
+    from scheduler.policies.priority_queues import Q1_ROUNDS
+
+    target = CostModel(alpha_s=1e-5, gamma_s=2e-3, delta_s=0.06)
+    draft = CostModel(alpha_s=1e-6, gamma_s=1e-4, delta_s=0.005)
+    p = queue_policy("laps-sd", cost_model=target, draft_cost_model=draft, max_batch_size=4)
+    round_s = target.predict(4 * 256, 4 * 4) + 3 * draft.predict(4 * 256, 4)  # 4 requests, 256 context, depth 3
+    assert p.config.levels.first_threshold_s == pytest.approx(Q1_ROUNDS * round_s)
+    big = queue_policy("laps-sd", cost_model=target, draft_cost_model=draft, max_batch_size=256)  # capped at 16
+    assert big.config.levels.first_threshold_s == pytest.approx(
+        Q1_ROUNDS * (target.predict(16 * 256, 16 * 4) + 3 * draft.predict(16 * 256, 16)))
+    assert queue_policy("laps-sd").config.levels.first_threshold_s == 0.5  # no profile: the fixed default
+    given = queue_policy("laps-sd:s1=2", cost_model=target, max_batch_size=4)
+    assert given.config.levels.first_threshold_s == 2.0  # a configured S_1 wins
+
+
 @pytest.mark.parametrize(
     "spec", ["nope", "las:-1", "las:x", "laps-sd:k=0", "laps-sd:k=2.5", "laps-sd:m=1", "laps-sd:foo=1", "laps-sd:k",
              "laps-sd:est=2"]
