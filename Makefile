@@ -92,9 +92,9 @@ bench-adaptive: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --adaptive --pair $(PAIR) --name adaptive-$(PAIR) $(BENCH_ARGS)
 
-# LAPS-SD's comparison (bench.harness --order): queue policies fcfs, las, lp-sjf, laps-sd side by side, mean and
-# p99 latency vs concurrent requests (closed loop 10,20,30) on mixed prompts and output lengths, the scheduler's
-# batch capped at TANDEM_MAX_BATCH_SIZE (4) so requests queue. Results: bench/results/order-$(PAIR)/.
+# LAPS-SD's comparison (bench.harness --order): queue policies fcfs, las, lp-sjf, laps-sd, laps-sd:est=1 side by
+# side, mean and p99 latency for N = 10,30,50 requests sent at once (mixed prompts, log-uniform 8..256 new tokens),
+# the scheduler's batch capped at TANDEM_MAX_BATCH_SIZE (4) so requests queue. Results: bench/results/order-$(PAIR)/.
 bench-order: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --order --pair $(PAIR) --name order-$(PAIR) $(BENCH_ARGS)
