@@ -21,7 +21,10 @@ Two granularities (§4.4):
   m wins.
 
 Alpha is a moving average (Alg. 1 line 3) over the last ``alpha_window``
-steps. What a chain of k tells about alpha: each accepted token is an
+steps, those that drafted nothing included: after that many steps without
+speculation the estimate is back at the prior, so the policy tries again
+(a low streak early on, or a past burst of load, cannot switch speculation
+off for good). What a chain of k tells about alpha: each accepted token is an
 acceptance, and a chain that stopped short adds one rejection; so alpha =
 accepted / (accepted + rejections) summed over the window (the maximum
 likelihood estimate for a geometric acceptance, which a plain
@@ -30,7 +33,9 @@ a decay, shrunk toward the global alpha while the request is young.
 
 Prefill disabling (§5): at admission, when more than
 ``prefill_disable_threshold`` of the recent per-request decisions were k = 0,
-the request is not prefilled on the draft and never speculates.
+the request is not prefilled on the draft and never speculates. Requests
+kept off the draft still count in the decisions with the k they would get,
+so the rule lifts when the load drops.
 
 Confidence variant (App. A, Algorithm 3): the draft drafts up to K_max and
 stops a chain once its confidence (draft probability) drops below the
@@ -168,6 +173,7 @@ class SmartSpec(SpeculationPolicy):
         self._request_alpha: dict[str, list[float]] = {}  # id -> [acceptances, trials], decayed
         self._no_draft: dict[str, None] = {}  # ids the prefill rule took off the draft (ordered: oldest first)
         self._last: tuple[int, dict[str, tuple[int, int, bool]]] | None = None  # step, id -> (k, context, free)
+        self._last_decisions: list[int] = []  # the last step's k per AUTO request (kept off the draft: would-be k)
         self.last_goodput: float | None = None  # the estimate behind the last decision (traces, tests)
 
     # ------------------------------------------------------------------ learned state
@@ -233,15 +239,25 @@ class SmartSpec(SpeculationPolicy):
         caps = np.array([min(cfg.max_k, max(0, r.num_remaining - 1)) for r in batch])
         cost = self.step_cost(ctx)
         alpha = self.alpha()
-        if cfg.granularity == "request":
-            alphas = np.array([self.request_alpha(r.id, alpha) for r in batch])
-            gains = alphas[:, None] ** np.arange(1, cfg.max_k + 1)[None, :]  # token j adds alpha^j (eq. 8)
-            ks, g = best_request_ks(gains, free, caps, fixed, contexts, cost, cfg.max_k)
-        else:
-            ks, g = best_uniform_k(np.full(n, alpha), free, caps, fixed, contexts, cost, cfg.max_k)
+        alphas = np.array([self.request_alpha(r.id, alpha) for r in batch]) if cfg.granularity == "request" else None
+        ks, g = self._optimise(alpha, alphas, free, caps, fixed, contexts, cost)
         self.last_goodput = g
+        # the prefill rule's decisions count requests kept off the draft too, by what they *would* get:
+        # otherwise, once the rule fires, no decision is recorded again and it can never lift (§5)
+        off = np.array([r.speculation.mode is SpecMode.AUTO and r.id in self._no_draft for r in batch])
+        would = self._optimise(alpha, alphas, free | off, caps, fixed, contexts, cost)[0] if off.any() else ks
         self._last = (ctx.step, {r.id: (int(k), int(c), bool(f)) for r, k, c, f in zip(batch, ks, contexts, free)})
+        self._last_decisions = [int(k) for k, counted in zip(would, free | off) if counted]
         return [self._shape(int(k), r, caps[i]) if free[i] else SpecShape.none() for i, (r, k) in enumerate(zip(batch, ks))]
+
+    def _optimise(self, alpha: float, alphas: np.ndarray | None, free: np.ndarray, caps: np.ndarray,
+                  fixed: np.ndarray, contexts: np.ndarray, cost: StepCost) -> tuple[np.ndarray, float]:  # fmt: skip
+        """k per request maximising the step's goodput: Algorithm 2 (one k), or per request (§4.4)."""
+        max_k = self.config.max_k
+        if alphas is None:
+            return best_uniform_k(np.full(len(free), alpha), free, caps, fixed, contexts, cost, max_k)
+        gains = alphas[:, None] ** np.arange(1, max_k + 1)[None, :]  # token j adds alpha^j (eq. 8)
+        return best_request_ks(gains, free, caps, fixed, contexts, cost, max_k)
 
     def _shape(self, k: int, req: Request, cap: int) -> SpecShape:
         return SpecShape.chain(k)
@@ -265,10 +281,12 @@ class SmartSpec(SpeculationPolicy):
                 self._forget(o.request_id)
         for request_id in report.failed_ids + report.preempted_ids:
             self._forget(request_id)
-        free = [k for k, _, f in planned.values() if f]
+        decisions = self._last_decisions if planned else []
         event: dict[str, Any] = {
-            "alpha": [acc, trials] if trials else None,
-            "decisions": [sum(1 for k in free if k == 0), len(free)] if free else None,
+            # every step enters the window, observed or not: after alpha_window steps without speculation
+            # the estimate is the prior again, so a low streak cannot switch speculation off for good
+            "alpha": [acc, trials] if planned or trials else None,
+            "decisions": [sum(1 for k in decisions if k == 0), len(decisions)] if decisions else None,
         }
         if ks and report.times.verify > 0:
             spec_s = report.times.speculate if any(ks) else None

@@ -107,6 +107,29 @@ def test_prefill_disabling_rule():
     assert not shapes[0].speculates  # classified non-speculative for good, even alone in the batch
 
 
+def test_prefill_rule_lifts_when_the_load_drops():
+    policy = SmartSpec(SmartSpecConfig(prefill_min_decisions=8))
+    run_steps(policy, requests(48), [0.6] * 48, EXPENSIVE_VERIFY, steps=5)  # high load: the rule fires
+    late = requests(2, prefix="late")
+    assert not any(policy.wants_draft(r) for r in late)
+    # low load now: the late requests cannot speculate, but what they *would* get is recorded
+    chosen = run_steps(policy, late, [0.6, 0.6], EXPENSIVE_VERIFY, steps=70, start_step=5)
+    assert all(k == 0 for ks in chosen for k in ks)
+    assert policy.wants_draft(Request("next", [1] * 5))  # the window moved on: new requests draft again
+
+
+def test_alpha_falls_back_to_the_prior_after_a_window_without_speculation():
+    cfg = SmartSpecConfig(alpha_window=8)
+    policy = SmartSpec(cfg)
+    run_steps(policy, requests(4), [0.0] * 4, EXPENSIVE_VERIFY, steps=6)  # nothing accepted: alpha collapses
+    assert policy.alpha() < 0.35
+    chosen = run_steps(policy, requests(4), [0.6] * 4, EXPENSIVE_VERIFY, steps=40, start_step=6)
+    first_off = next(i for i, ks in enumerate(chosen) if not any(ks))
+    probe = next((i for i, ks in enumerate(chosen) if i > first_off and any(ks)), None)
+    assert probe is not None and probe <= first_off + cfg.alpha_window + 1  # tries again within a window
+    assert policy.alpha() > 0.4  # and learns the real acceptance
+
+
 def test_confidence_variant_drafts_with_threshold_and_verifies_the_goodput_prefix():
     policy = SmartSpecConfidence(SmartSpecConfig(confidence_threshold=0.4, max_k=6))
     batch = requests(2)
