@@ -98,8 +98,13 @@ class _GrpcWorker:
         if seq_ids:
             await self._call("Release", common_pb2.ReleaseRequest(seq_ids=seq_ids))
 
-    async def info(self) -> common_pb2.ServiceInfo:
-        return await self._call("Info", common_pb2.InfoRequest())
+    async def info(self, wait_s: float = 2.0) -> common_pb2.ServiceInfo:
+        """Info waits up to ``wait_s`` for the channel to be ready: a service that just came up may still sit
+        in the channel's reconnect backoff (up to 2 s), where a fail-fast call would report it down."""
+        try:
+            return await self._stub.Info(common_pb2.InfoRequest(), timeout=wait_s, wait_for_ready=True)
+        except grpc.aio.AioRpcError as err:
+            raise WorkerRpcError(self.role, "Info", err) from None
 
     async def close(self) -> None:
         """Close the channel if this worker made it."""

@@ -258,7 +258,7 @@ async def _target_info(target: GrpcTargetWorker, wait_s: float) -> common_pb2.Se
 async def _draft_cost_model(settings: ServiceSettings, draft: GrpcDraftWorker):
     """The draft's profiled T_fwd, when it answers Info now and a profile of it is stored; else None."""
     try:
-        info = await asyncio.wait_for(draft.info(), 5.0)
+        info = await draft.info(wait_s=10.0)  # started together (tandem up): give it time to come up
     except Exception as exc:  # noqa: BLE001 - the draft may come later; the policies then learn its cost online
         log.info("no draft cost model (draft Info: %s); policies measure the draft online", exc)
         return None
