@@ -49,7 +49,7 @@ from scheduler.policies.step_cost import StepCost, StepCostConfig, StepCostModel
 from scheduler.report import StepReport
 from scheduler.request import Request, SpecMode
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the target fit has a verify-mode term (step_cost.py c_t)
 
 
 class FaserConfig(BaseModel):

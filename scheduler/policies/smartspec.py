@@ -65,7 +65,7 @@ from scheduler.report import StepReport
 from scheduler.request import Request, SpecMode
 from shared.engine.types import TokenTree
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the target fit has a verify-mode term (step_cost.py c_t)
 
 
 class SmartSpecConfig(BaseModel):
@@ -138,8 +138,8 @@ def best_request_ks(
     def goodput(ks: np.ndarray) -> float:
         k_max = int(ks.max()) if n else 0
         t = base + float((ks * u).sum())
-        if draft_terms and k_max > 0:
-            t += cost.call_d + k_max * cost.delta_d
+        if k_max > 0:
+            t += cost.call_t + (cost.call_d + k_max * cost.delta_d if draft_terms else 0.0)
         return float((1.0 + cum[np.arange(n), ks]).sum()) / t
 
     fixed_max = int(fixed[~free].max()) if (~free).any() else 0

@@ -7,13 +7,17 @@ Every forward costs (eq. 7)::
 For a step where request i (context c_i tokens) drafts a chain of k_i tokens:
 
     T_target = alpha_t * sum(c_i) + gamma_t * sum(k_i + 1) + delta_t              (eq. 6)
+               + [max k > 0] * c_t
     T_draft  = sum_{j=1..max k} T_fwd(draft; requests still drafting at j)      (eq. 5)
              = [max k > 0] * c_d + max_k * delta_d + sum_i k_i * (gamma_d + alpha_d * c_i)
 
-(c_d: the speculate call's own overhead, an RPC here). Regrouped, the step is
-separable except for the max::
+(c_d: the speculate call's own overhead, an RPC here; c_t: what a verify pass
+costs beyond a plain decode of as many tokens, the tree mask and acceptance:
+on this project's CPU a verify of 5 tokens takes 1.28x a decode step where
+the per-token slope predicts 1.13x, engine_cpu.json, so c_t is about 10 ms and
+decides whether k = 1 pays). Regrouped, the step is separable except for the max::
 
-    T(k) = T0 + sum_i k_i * u_i + max_k * delta_d + [max_k > 0] * c_d
+    T(k) = T0 + sum_i k_i * u_i + max_k * delta_d + [max_k > 0] * (c_d + c_t)
     T0   = delta_t + gamma_t * n + alpha_t * sum(c_i)        u_i = gamma_t + gamma_d + alpha_d * c_i
 
 which is what lets the policies optimise goodput exactly (smartspec.py).
@@ -41,7 +45,7 @@ from pydantic import BaseModel, Field
 from shared.profiling.cost_model import CostModel
 
 # Feature scales: coefficients are fitted on features divided by these, so one ridge prior fits all.
-TARGET_SCALES = (1.0, 16.0, 4096.0)  # 1, N_batched, N_context
+TARGET_SCALES = (1.0, 16.0, 4096.0, 1.0)  # 1, N_batched, N_context, [verifying drafted tokens]
 DRAFT_SCALES = (1.0, 4.0, 32.0, 16384.0)  # [speculating], max k, sum k, sum k * context
 
 DEFAULT_TARGET = CostModel(alpha_s=0.0, gamma_s=1e-3, delta_s=20e-3)
@@ -68,6 +72,11 @@ class StepCost:
     delta_d: float
     gamma_d: float
     alpha_d: float
+    call_t: float = 0.0  # c_t: a verify pass's cost beyond a plain decode step
+
+    def spec_overhead(self) -> float:
+        """What speculating at all adds to a step, whatever k: the draft call and the verify mode."""
+        return self.call_d + self.call_t
 
     def base(self, contexts: np.ndarray) -> float:
         """T0: the step without speculation (plain decoding of the batch)."""
@@ -82,7 +91,7 @@ class StepCost:
         ks = np.asarray(ks, dtype=float)
         ctx = np.asarray(contexts, dtype=float)
         k_max = float(ks.max()) if len(ks) else 0.0
-        draft = (self.call_d + k_max * self.delta_d) if k_max > 0 else 0.0
+        draft = (self.spec_overhead() + k_max * self.delta_d) if k_max > 0 else 0.0
         return self.base(ctx) + float((ks * self.per_token(ctx)).sum()) + draft
 
     def uniform(self, k: float, batch_size: int, context_sum: float) -> float:
@@ -91,7 +100,7 @@ class StepCost:
             return 0.0
         t = self.delta_t + self.gamma_t * batch_size * (k + 1) + self.alpha_t * context_sum
         if k > 0:
-            t += self.call_d + k * self.delta_d + k * (self.gamma_d * batch_size + self.alpha_d * context_sum)
+            t += self.spec_overhead() + k * self.delta_d + k * (self.gamma_d * batch_size + self.alpha_d * context_sum)
         return t
 
 
@@ -136,7 +145,7 @@ class StepCostModel:
         cfg = self.config = config or StepCostConfig()
         t, d = target or DEFAULT_TARGET, draft or DEFAULT_DRAFT
         self.target = OnlineFit(
-            TARGET_SCALES, (t.delta_s, t.gamma_s, t.alpha_s),
+            TARGET_SCALES, (t.delta_s, t.gamma_s, t.alpha_s, 0.0),
             cfg.profiled_prior_steps if target else cfg.prior_steps, cfg.forgetting,
         )  # fmt: skip
         self.draft = OnlineFit(
@@ -157,9 +166,9 @@ class StepCostModel:
         return state
 
     def current(self, state: dict[str, Any]) -> StepCost:
-        dt, gt, at = self.target.solve(state["target"])
+        dt, gt, at, ct = self.target.solve(state["target"])
         cd, dd, gd, ad = self.draft.solve(state["draft"])
-        return StepCost(dt, gt, at, cd, dd, gd, ad)
+        return StepCost(dt, gt, at, cd, dd, gd, ad, ct)
 
     @staticmethod
     def measurement(
@@ -168,7 +177,8 @@ class StepCostModel:
         """The event of one step: chain lengths and contexts verified, and the times the loop measured."""
         ks = [int(k) for k in ks]
         n_batched = sum(k + 1 for k in ks)
-        event: dict[str, Any] = {"verify_s": verify_s, "x_target": [1.0, n_batched, float(sum(contexts))]}
+        x_target = [1.0, n_batched, float(sum(contexts)), 1.0 if any(ks) else 0.0]
+        event: dict[str, Any] = {"verify_s": verify_s, "x_target": x_target}
         if speculate_s is not None and any(ks):
             event["speculate_s"] = speculate_s
             event["x_draft"] = [1.0, max(ks), sum(ks), float(sum(k * c for k, c in zip(ks, contexts)))]

@@ -43,7 +43,8 @@ def run_steps(
         chosen.append(ks)
         report = StepReport(step=step, started_at=float(step))
         contexts = [r.num_tokens for r in batch]
-        times = PhaseTimes(verify=truth.step([0] * len(ks), contexts) + sum(k * truth.gamma_t for k in ks))
+        verify = truth.step([0] * len(ks), contexts) + sum(k * truth.gamma_t for k in ks)
+        times = PhaseTimes(verify=verify + (truth.call_t if any(ks) else 0.0))  # the verify mode's own cost
         times.speculate = truth.step(ks, contexts) - times.verify
         report.times = times
         for r, shape, k, a in zip(batch, shapes, ks, alphas):

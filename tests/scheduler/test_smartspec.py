@@ -150,7 +150,7 @@ def test_learned_state_merges_like_applying_locally():
     b.state.adopt(stored)
     assert b.alpha() == pytest.approx(a.alpha())
     assert b.state.state["costs"] == a.state.state["costs"]
-    other = SharedState("x", 2, dict, lambda s, e: s)
+    other = SharedState("x", 99, dict, lambda s, e: s)
     other.adopt(stored)  # another version: ignored
     assert other.num_adopted == 0
 
@@ -163,4 +163,20 @@ def test_online_fit_recovers_a_linear_cost():
         x = [1.0, float(rng.integers(1, 64)), float(rng.integers(10, 5000))]
         state = fit.update(state, x, 0.01 + 0.002 * x[1] + 1e-6 * x[2])
     assert fit.solve(state) == pytest.approx([0.01, 0.002, 1e-6], rel=0.05)
-    assert StepCostModel.measurement([0, 0], [10, 20], 0.05, None) == {"verify_s": 0.05, "x_target": [1.0, 2, 30.0]}
+    assert StepCostModel.measurement([0, 0], [10, 20], 0.05, None) == {"verify_s": 0.05,
+                                                                       "x_target": [1.0, 2, 30.0, 0.0]}  # fmt: skip
+    assert StepCostModel.measurement([1, 0], [10, 20], 0.06, 0.01)["x_target"] == [1.0, 3, 30.0, 1.0]
+
+
+def test_learns_the_verify_mode_overhead_and_stops_speculating_where_it_eats_the_gain():
+    import dataclasses
+
+    truth = dataclasses.replace(CHEAP_DRAFT, call_t=0.02)  # a verify pass costs 20 ms more than a decode
+    policy = SmartSpec(SmartSpecConfig(alpha_window=16))
+    chosen = run_steps(policy, requests(1), [0.3], truth, steps=300)
+    learned = policy.step_cost(SpecContext(0.0, 0, True))
+    assert 0.01 < learned.call_t < 0.03  # seen only on the probing steps, against a prior of 0
+    assert np.mean([ks[0] > 0 for ks in chosen[-100:]]) < 0.25  # k = 1 would gain 0.3 tokens for +70 % time
+    plain = SmartSpec(SmartSpecConfig(alpha_window=16))  # without the overhead the same acceptance pays
+    chosen = run_steps(plain, requests(1, prefix="p"), [0.3], CHEAP_DRAFT, steps=300)
+    assert np.mean([ks[0] > 0 for ks in chosen[-100:]]) > 0.75
