@@ -243,12 +243,12 @@ def resolve_share(
         return config.draft_share, None
     from services.settings import parse_ngram_spec
     from shared.models.paths import Paths
-    from shared.profiling.sm_share import auto_share, model_name, realisable_grid, share_hardware
+    from shared.profiling.sm_share import auto_share, available_cores, model_name, realisable_grid, share_hardware
 
     if draft_model is None or parse_ngram_spec(draft_model) is not None:
         log.warning("draft_share=auto: no draft model to give a share to; no split")
         return None, None
-    cores = cores or _num_cores()
+    cores = cores or available_cores()
     if on_cuda:
         import torch
 
@@ -286,7 +286,7 @@ def _record_share(log_dir: Path, share: float, choice, env: dict[str, dict[str, 
 def resource_env(config: LaunchConfig, *, on_cuda: bool, cores: int | None = None) -> dict[str, dict[str, str]]:
     """Per model service, the variables that give it its share (FASER §4.4): TANDEM_THREADS on CPU,
     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE on CUDA. Explicit thread counts win over the share's split."""
-    from shared.profiling.sm_share import mps_percentages, split_threads
+    from shared.profiling.sm_share import available_cores, mps_percentages, split_threads
 
     out: dict[str, dict[str, str]] = {"draft": {}, "target": {}}
     threads = {"draft": config.draft_threads, "target": config.target_threads}
@@ -298,19 +298,12 @@ def resource_env(config: LaunchConfig, *, on_cuda: bool, cores: int | None = Non
             out["draft"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(draft_pct)
             out["target"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(target_pct)
         else:
-            split = split_threads(config.draft_share, cores or _num_cores())
+            split = split_threads(config.draft_share, cores or available_cores())
             threads = {role: threads[role] or n for role, n in zip(("draft", "target"), split)}
     for role, n in threads.items():
         if n is not None:
             out[role]["TANDEM_THREADS"] = str(n)
     return out
-
-
-def _num_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _on_cuda(device: str) -> bool:

@@ -116,8 +116,8 @@ def profile_shares_command(
     from services.settings import ServiceSettings
     from shared.engine.errors import ModelLoadError
     from shared.models.paths import Paths
-    from shared.profiling.measure_shares import available_cores, profile_shares
-    from shared.profiling.sm_share import model_name, save_share_profile, share_hardware, share_profile_path
+    from shared.profiling.measure_shares import profile_shares
+    from shared.profiling.sm_share import available_cores, model_name, save_share_profile, share_hardware, share_profile_path
 
     console = Console()
     settings = ServiceSettings(pair=pair, home=home)

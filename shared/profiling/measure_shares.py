@@ -37,7 +37,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from shared.profiling.sm_share import Role, ShareProfile, ShareSample, fit_latency, share_hardware
+from shared.profiling.sm_share import (
+    Role,
+    ShareProfile,
+    ShareSample,
+    available_cores,
+    fit_latency,
+    share_hardware,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BATCHES = (1, 2, 4, 8)
@@ -138,13 +145,6 @@ def profile_shares(
             unit=unit, total=total, r2=r2, samples=samples[role], settings=settings, **{role: fitted},
         )  # fmt: skip
     return out
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _run_worker(spec: WorkerSpec, share_env: dict[str, str], tmp: Path) -> WorkerResult:

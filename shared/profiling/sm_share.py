@@ -36,6 +36,7 @@ stored share profiles and chooses r on the shares the machine can realise.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -104,6 +105,14 @@ def choose_share(
     """The r of ``grid`` (default steps of 0.05) with the shortest pipelined round; ties: the smaller r."""
     grid = grid or share_grid()
     return min(grid, key=lambda r: (round_time(draft, target, b, s_c, r), r))
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask on Linux)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def split_threads(share: float, cores: int) -> tuple[int, int]:

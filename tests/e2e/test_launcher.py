@@ -68,10 +68,9 @@ def test_launch_with_draft_share_auto_reads_the_share_profiles(tiny_pair, tmp_pa
     """`tandem up --draft-share auto`: r from both models' stored share profiles, threads set, share.json written."""
     import json
 
-    from services.launcher import _num_cores
-    from shared.profiling.sm_share import DraftLatency, ShareProfile, TargetLatency, save_share_profile, share_hardware
+    from shared.profiling.sm_share import DraftLatency, available_cores, ShareProfile, TargetLatency, save_share_profile, share_hardware
 
-    cores = _num_cores()
+    cores = available_cores()
     if cores < 2:
         pytest.skip("one core: nothing to split")
     target_dir, draft_dir = tiny_pair
