@@ -299,8 +299,10 @@ class Scheduler:
         self.observers.append(observer)
 
     async def run(self) -> None:
-        """Step while there is work, sleep on new submissions otherwise, until ``stop``."""
-        self._stopping = False
+        """Step while there is work, sleep on new submissions otherwise, until ``stop``.
+
+        ``stop`` before the task first runs (a start-up that fails right after creating it)
+        stops it too: nothing here clears the flag."""
         while not self._stopping:
             if not self.has_work():
                 self._wakeup.clear()

@@ -158,24 +158,29 @@ def start(config: LaunchConfig) -> LaunchedStack:
     log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="tandem-up-"))
     log_dir.mkdir(parents=True, exist_ok=True)
 
+    # Redis first, so that it is listening before the services' free ports are chosen
+    redis = start_redis() if config.redis_url is None else None
     host = config.host
-    target = f"{_dial(host)}:{_free_port(host)}"
-    draft = f"{_dial(host)}:{_free_port(host)}" if draft_model is not None else None
-    scheduler = f"{_dial(host)}:{config.port or _free_port(host)}"
-    metrics_port = None if config.metrics_port is None else (config.metrics_port or _free_port(host))
+    try:
+        free = iter(_free_ports(host, 4))
+    except BaseException:
+        if redis is not None:
+            redis.stop()
+        raise
+    target = f"{_dial(host)}:{next(free)}"
+    draft = f"{_dial(host)}:{next(free)}" if draft_model is not None else None
+    scheduler = f"{_dial(host)}:{config.port or next(free)}"
+    metrics_port = None if config.metrics_port is None else (config.metrics_port or next(free))
     endpoints = Endpoints(
         scheduler=scheduler,
         target=target,
         draft=draft,
-        redis_url="",
+        redis_url=config.redis_url or redis.url,
         metrics_url=None if metrics_port is None else f"http://{_dial(host)}:{metrics_port}/metrics",
         log_dir=log_dir,
     )
-    stack = LaunchedStack(endpoints, stop_timeout_s=config.stop_timeout_s)
+    stack = LaunchedStack(endpoints, redis=redis, stop_timeout_s=config.stop_timeout_s)
     try:
-        if config.redis_url is None:
-            stack.redis = start_redis()
-        endpoints.redis_url = config.redis_url or stack.redis.url
         on_cuda = _on_cuda(config.device) if config.draft_share else False
         share, choice = resolve_share(config, target_path, draft_model, on_cuda=on_cuda)
         config = config.model_copy(update={"draft_share": share})
@@ -386,10 +391,19 @@ def _wait_or_kill(proc: subprocess.Popen, timeout_s: float) -> None:
         proc.wait(timeout=5)
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+def _free_ports(host: str, count: int) -> list[int]:
+    """``count`` distinct free ports: every socket stays bound until all are chosen, since
+    the kernel may hand a port that was just released to the next bind (two services on one
+    port left a launch waiting for a scheduler that could not listen)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    socks = [socket.socket(family, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def _dial(host: str) -> str:

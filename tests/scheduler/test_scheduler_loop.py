@@ -588,3 +588,15 @@ def test_run_fails_requests_instead_of_hanging_on_a_scheduler_bug():
     events = asyncio.run(main())
     assert events[-1].state is RequestState.FAILED and "queue bug" in events[-1].error
     assert events[-1].error_code == "INTERNAL"
+
+
+def test_stop_before_the_loop_task_first_runs_still_stops_it():
+    """What a start-up that fails right after creating the loop task does (a port in use)."""
+    sched, _, _, _ = make()
+
+    async def main():
+        task = asyncio.create_task(sched.run())
+        sched.stop()  # before the task has run at all
+        await asyncio.wait_for(task, timeout=5)
+
+    asyncio.run(main())

@@ -106,3 +106,12 @@ def test_auto_picks_r_from_the_stored_profiles_and_records_it(tmp_path):
 def test_auto_must_be_resolved_before_the_env():
     with pytest.raises(ValueError, match="resolve"):
         resource_env(LaunchConfig(draft_share="auto"), on_cuda=False)
+
+
+def test_free_ports_are_distinct():
+    """The kernel may give a just-released port to the next bind: chosen together, they never repeat."""
+    from services.launcher import _free_ports
+
+    for _ in range(50):
+        ports = _free_ports("127.0.0.1", 4)
+        assert len(set(ports)) == 4 and all(p > 0 for p in ports)
