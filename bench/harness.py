@@ -58,6 +58,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from contextlib import AsyncExitStack, ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -116,7 +117,8 @@ class BenchOptions:
     stringent_shares: list[float] = field(default_factory=list)  # mix phase: shares of stringent requests
     share_rate_factor: float = 2.0  # mix phase rate, x batch-1 capacity (or share_rate req/s when set)
     share_rate: float | None = None
-    bursty: bool = False  # one on/off trace after the sweep (phase "bursty")
+    bursty: bool = False  # one on/off trace after the sweep (phase "bursty"), sent sweep_repeats times
+    interleave: bool = False  # all stacks up at once, configurations alternating (see Harness.run)
     timeline: bool = False  # sample the scheduler's KV budget, offload state and load during each run (bench.offload)
 
 
@@ -141,7 +143,7 @@ def adaptive_options(**overrides) -> BenchOptions:
 
     sweep = list(ADAPTIVE_SWEEP) + [c for c in ("policy:nightjar",) if c.split(":")[1] in SPECULATION_POLICIES]
     preset = BenchOptions(name="adaptive", batch1=[], sweep=sweep, sweep_requests=24,
-                          rate_factors=[0.5, 1.0, 2.0, 4.0, 8.0], bursty=True)  # fmt: skip
+                          rate_factors=[0.5, 1.0, 2.0, 4.0, 8.0], bursty=True, interleave=True)  # fmt: skip
     return replace(preset, **overrides)
 
 
@@ -208,6 +210,8 @@ class Harness:
         self.timelines: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
         self.baseline_tpot_ms: float | None = None
         self.baseline_latency_s: float | None = None
+        self.metrics_url: str | None = None  # the stack being measured (one stack at a time)
+        self.metrics_urls: dict[str, str | None] = {}  # config -> its stack's, when interleaved
 
     def log(self, msg: str) -> None:
         self.console.log(msg)
@@ -253,11 +257,57 @@ class Harness:
 
         keys = list(dict.fromkeys([c.stack for c in b1 + sw if c.is_tandem] or [StackKey(queue_policy=o.queue_policy)]))
         self.t_start = time.time()
-        for n, key in enumerate(keys):
-            here_b1 = [c for c in b1 if (c.stack == key) or (not c.is_tandem and n == 0)]
-            here_sw = [c for c in sw if c.stack == key]
-            await self._on_stack(key, n, here_b1, here_sw)
+        if o.interleave and len(keys) > 1:
+            await self._interleaved(keys, b1, sw)
+        else:
+            for n, key in enumerate(keys):
+                here_b1 = [c for c in b1 if (c.stack == key) or (not c.is_tandem and n == 0)]
+                here_sw = [c for c in sw if c.stack == key]
+                await self._on_stack(key, n, here_b1, here_sw)
         return self._results(b1, sw)
+
+    async def _interleaved(self, keys: list[StackKey], b1: list[Config], sw: list[Config]) -> None:
+        """Every stack up at once, and every phase alternating over all configurations.
+
+        One stack after the other, configurations of different stacks are measured minutes
+        apart, and on a shared machine its speed drifts by more than the differences looked
+        for (5-25 % between two runs an hour apart here). Interleaved, each load point sends
+        its configurations one after the other, in an order rotated per load and per repeat,
+        so drift falls on all of them alike. Idle stacks cost memory, not time (their
+        services wait on sockets; OMP_WAIT_POLICY=PASSIVE)."""
+        o = self.opts
+        requests: dict[str, tuple[str, str, str]] = {}
+        senders: dict[str, object] = {}
+        self.metrics_urls = {}
+        stacks = []
+        with ExitStack() as on_exit:
+            async with AsyncExitStack() as clients:
+                for n, key in enumerate(keys):
+                    log_dir = self.out_dir / "logs" / f"stack{n}"
+                    self.log(f"starting stack {n} ({key.speculation_policy}, {key.queue_policy}); logs in {log_dir}")
+                    stack = on_exit.enter_context(bench_stack(o.models, key, log_dir, traces=o.traces))
+                    stacks.append(stack)
+                    client = await clients.enter_async_context(AsyncClient(stack.endpoints.scheduler, timeout=1800))
+                    here = [c for c in b1 + sw if c.is_tandem and c.stack == key]
+                    if n == 0:
+                        here.append(parse("target-only"))  # the baseline, on the first stack
+                    for c in here:
+                        if c.name not in senders:
+                            senders[c.name] = tandem_sender(client, c, self.eos)
+                            self.metrics_urls[c.name] = stack.endpoints.metrics_url
+                for c in b1:
+                    if not c.is_tandem:
+                        senders[c.name] = self.hf.sender(c, self.eos)
+                await self._phases(b1, sw, senders, requests)
+        per_request = {rid: "|".join(g) for rid, g in requests.items()}
+        for n, stack in enumerate(stacks):
+            if stack.sink is None:
+                continue
+            spans = stack.sink.spans()
+            for group_key, result in overhead.by_config(spans, per_request).items():
+                if result is not None or tuple(group_key.split("|")) not in self.overheads:
+                    self.overheads[tuple(group_key.split("|"))] = result
+            self.log(f"stack {n}: {len(spans)} spans received")
 
     async def _on_stack(self, key: StackKey, n: int, b1: list[Config], sw: list[Config]) -> None:
         o = self.opts
@@ -273,19 +323,7 @@ class Harness:
                         senders[c.name] = tandem_sender(client, c, self.eos)
                     else:
                         senders[c.name] = self.hf.sender(c, self.eos)
-                await self._warmup(b1 + [c for c in sw if c not in b1], senders)
-                if b1:
-                    await self._batch1(b1, senders, requests)
-                if self.baseline_tpot_ms is None:
-                    await self._measure_baseline(senders["target-only"], requests)
-                if sw:
-                    await self._sweep(sw, senders, requests)
-                    if o.bursty:
-                        await self._bursty(sw, senders, requests)
-                    if o.concurrency:
-                        await self._closed(sw, senders, requests)
-                    if o.stringent_shares:
-                        await self._shares(sw, senders, requests)
+                await self._phases(b1, sw, senders, requests)
         if stack.sink is not None:
             spans = stack.sink.spans()
             groups: dict[tuple[str, str, str], str] = {}
@@ -295,18 +333,38 @@ class Harness:
             self.overheads.update(groups)
             self.log(f"stack {n}: {len(spans)} spans received")
 
+    async def _phases(self, b1: list[Config], sw: list[Config], senders, requests) -> None:
+        o = self.opts
+        await self._warmup(b1 + [c for c in sw if c not in b1], senders)
+        if b1:
+            await self._batch1(b1, senders, requests)
+        if self.baseline_tpot_ms is None:
+            await self._measure_baseline(senders["target-only"], requests)
+        if sw:
+            await self._sweep(sw, senders, requests)
+            if o.bursty:
+                await self._bursty(sw, senders, requests)
+            if o.concurrency:
+                await self._closed(sw, senders, requests)
+            if o.stringent_shares:
+                await self._shares(sw, senders, requests)
+
+    def _metrics_url(self, config: Config) -> str | None:
+        return self.metrics_urls.get(config.name) if self.metrics_urls else self.metrics_url
+
     async def _send(self, phase: str, load: str, config: Config, jobs: list[Job], senders, requests,
                     mode: str, concurrency: int = 1) -> Run:  # fmt: skip
-        before = prom.scrape(self.metrics_url) if config.is_tandem else None
+        metrics_url = self._metrics_url(config)
+        before = prom.scrape(metrics_url) if config.is_tandem else None
         send = senders[config.name]
-        async with offload.Timeline(self.metrics_url if self.opts.timeline and config.is_tandem else None) as tl:
+        async with offload.Timeline(metrics_url if self.opts.timeline and config.is_tandem else None) as tl:
             if mode == "open":
                 run = await open_loop(config.name, jobs, send, self.timer)
             else:
                 run = await closed_loop(config.name, jobs, send, self.timer, concurrency)
         self.timelines[(phase, load, config.name)] += tl.samples
         if before is not None:
-            self.prom[(phase, load, config.name)] += prom.scrape(self.metrics_url) - before
+            self.prom[(phase, load, config.name)] += prom.scrape(metrics_url) - before
         for j in jobs:
             requests[j.request_id] = (phase, load, config.name)
         self.records[phase][load].setdefault(config.name, []).extend(run.records)
@@ -381,9 +439,11 @@ class Harness:
         times = arrivals.on_off(hi, lo / 4, period, 0.5, o.sweep_requests, o.seed + 300)
         items = self._items(o.sweep_requests, None, o.sweep_max_new_tokens, seed_offset=300, times=times)
         load = f"on={hi:.3g},off={lo / 4:.3g},period={period:.3g}s"
-        for c in rotated(configs, 0):
-            run = await self._send("bursty", load, c, self._jobs(c, "bursty", 0, items), senders, requests, "open")
-            self.log(f"bursty {load} {c.name}: {run.wall_s:.1f} s")
+        for rep in range(o.sweep_repeats):  # the same trace each time: repeats average out the machine's drift
+            for c in rotated(configs, rep):
+                run = await self._send("bursty", load, c, self._jobs(c, "bursty", rep, items), senders, requests,
+                                       "open")  # fmt: skip
+                self.log(f"bursty {load} {c.name}: {run.wall_s:.1f} s")
 
     def _share_rate(self) -> float:
         o = self.opts
@@ -465,7 +525,7 @@ class Harness:
             for load, per_config in self.records.get(phase, {}).items():
                 out[phase][load] = {}
                 for name, recs in per_config.items():
-                    run_wall = max((r.trace.latency_s or 0) + r.trace.sent_s for r in recs)
+                    run_wall = _run_wall_s(recs)
                     row = {"summary": report.summarize_records(recs, run_wall)}
                     row.update(self._extras(phase, load, name))
                     out[phase][load][name] = row
@@ -572,6 +632,9 @@ def main(
     rate_factors: str = typer.Option("1,2,4", help="Rates as multiples of the batch-1 request rate."),
     concurrency: str = typer.Option("", help="Closed-loop concurrency levels, comma-separated."),
     closed_factor: int = typer.Option(2, help="Closed loop at concurrency N serves max(sweep-requests, this x N)."),
+    sweep_repeats: int = typer.Option(1, help="Passes over the load points (and the bursty trace)."),
+    interleave: bool = typer.Option(False, help="All stacks up at once, configurations alternating at every load "
+                                    "point (on for --adaptive)."),
     length_dist: str = typer.Option("uniform", help="Output-length bounds under load: uniform or log-uniform."),
     seed: int = typer.Option(0),
     threads: int = typer.Option(2, help="torch threads of the HF peers."),
@@ -604,6 +667,8 @@ def main(
         rate_factors=_floats(rate_factors),
         concurrency=_ints(concurrency),
         closed_factor=closed_factor,
+        sweep_repeats=sweep_repeats,
+        interleave=interleave,
         length_dist=length_dist,
         seed=seed,
         threads=threads,
@@ -626,6 +691,8 @@ def main(
                 setattr(opts, fld, getattr(preset, fld))
         opts.slo_mix = dict(preset.slo_mix)
         opts.bursty = preset.bursty
+        if "interleave" not in given:
+            opts.interleave = preset.interleave
     if order:
         given = {k for k in ctx.params if getattr(ctx.get_parameter_source(k), "name", "") == "COMMANDLINE"}
         preset = order_options()
@@ -648,6 +715,16 @@ def main(
         from bench import order as order_report
 
         order_report.write(results, RESULTS_ROOT / opts.name)
+
+
+def _run_wall_s(records: list[Record]) -> float:
+    """Wall time of the runs behind ``records``: per repeat (the ``-r<rep>-`` in request ids), from the
+    first send to the last answer, summed over repeats."""
+    runs: dict[str, float] = defaultdict(float)
+    for r in records:
+        rep = r.job.request_id.rsplit("-r", 1)[-1].split("-", 1)[0] if "-r" in r.job.request_id else "0"
+        runs[rep] = max(runs[rep], (r.trace.latency_s or 0) + r.trace.sent_s)
+    return sum(runs.values())
 
 
 FASER_PRESET = ("name", "batch1", "sweep", "sweep_requests", "rate_factors")

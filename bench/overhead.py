@@ -13,6 +13,11 @@ thread's time, ``tandem.engine_work_ms``)::
 
     overhead share = 1 − model / step total
 
+Also summed over the steps: the scheduler's phase times (``phase_s``: prefill, speculate,
+select, verify, commit, overhead) and the engine work per model service
+(``model_s_by_service``), which show where a policy that speculates little still spends
+time (draft prefills and catch-up next to the target's work).
+
 Only steps that verified something have a commit span, so a step that only
 prefilled is not counted; target and draft prefill run concurrently, so their
 sum can exceed the prefill phase (parts are clamped at zero). Approximate at
@@ -64,6 +69,8 @@ def breakdown(spans: list[Span], trace_ids: set[str]) -> dict[str, float | int] 
         return None
     calls = sorted((s for s in spans if "tandem.engine_work_ms" in s.attributes), key=lambda s: s.start_ns)
     parts = {"model": 0.0, "service": 0.0, "rpc": 0.0, "scheduler": 0.0}
+    phases: dict[str, float] = {}  # the scheduler's phase times summed over the steps (what a step spends where)
+    model_by_service: dict[str, float] = {}  # engine work per model service (target, draft)
     total = 0.0
     i = 0
     for step in steps:
@@ -72,8 +79,10 @@ def breakdown(spans: list[Span], trace_ids: set[str]) -> dict[str, float | int] 
         j = i
         model = served = 0.0
         while j < len(calls) and calls[j].start_ns <= step.end_ns:
-            model += float(calls[j].attributes["tandem.engine_work_ms"]) / 1e3
+            work = float(calls[j].attributes["tandem.engine_work_ms"]) / 1e3
+            model += work
             served += calls[j].duration_s
+            model_by_service[calls[j].service] = model_by_service.get(calls[j].service, 0.0) + work
             j += 1
         i = j
         in_calls = sum(step.phases_ms.get(p, 0.0) for p in _CALL_PHASES) / 1e3
@@ -83,11 +92,16 @@ def breakdown(spans: list[Span], trace_ids: set[str]) -> dict[str, float | int] 
         parts["rpc"] += max(0.0, in_calls - served)
         parts["scheduler"] += max(0.0, step.total_s - in_calls)
         total += step.total_s
+        for name, ms in step.phases_ms.items():
+            if name != "total":
+                phases[name] = phases.get(name, 0.0) + ms / 1e3
     out: dict[str, float | int] = {"num_steps": len(steps), "step_s": total, "mean_step_ms": total / len(steps) * 1e3}
     for name, seconds in parts.items():
         out[f"{name}_s"] = seconds
         out[f"{name}_share"] = seconds / total if total else 0.0
     out["overhead_share"] = 1.0 - parts["model"] / total if total else 0.0
+    out["phase_s"] = dict(sorted(phases.items()))
+    out["model_s_by_service"] = dict(sorted(model_by_service.items()))
     return out
 
 

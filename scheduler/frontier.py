@@ -89,7 +89,7 @@ def expected_tokens(alpha: float, n: int) -> float:
 
 def serial_time(s: int, b: int, context: float, target: CostModel, draft: CostModel, alpha: float) -> float:
     """Serial SD, seconds per emitted token: (T_q(s) + T_p(s)) / l(alpha, s)."""
-    t = s * draft.predict(context, b) + target.predict(context, b * (s + 1))
+    t = s * draft.predict(context, b) + target.predict(context, b * (s + 1), verify=s > 0)
     return t / expected_tokens(alpha, s)
 
 
@@ -103,7 +103,7 @@ def pipelined_time(s_c: int, b: int, context: float, target: CostModel, draft: C
     T_q term, charged per reset).
     """
     t_q = lambda n: n * draft.predict(context, b)  # noqa: E731
-    t_p = target.predict(context, b * (s_c + 1))
+    t_p = target.predict(context, b * (s_c + 1), verify=s_c > 0)
     round_s = max(t_p, t_q(s_c + 1)) + (1.0 - alpha ** (s_c + 1)) * t_q(s_c)
     return round_s / expected_tokens(alpha, s_c)
 

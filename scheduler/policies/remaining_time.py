@@ -40,7 +40,7 @@ class SDCosts:
         """T_LLM: one verification forward of ``depth`` drafted tokens + the bonus position."""
         if self.target is None:
             return 1.0
-        return max(self.target.predict(context, depth + 1), 1e-9)
+        return max(self.target.predict(context, depth + 1, verify=depth > 0), 1e-9)
 
     def draft_token_s(self, context: int) -> float:
         """T_SSM: one draft forward (one drafted token)."""
@@ -54,7 +54,7 @@ class SDCosts:
         batch's draft forwards + one verification), from the profiles; None without a target profile."""
         if self.target is None:
             return None
-        verify = self.target.predict(batch * context, batch * (depth + 1))
+        verify = self.target.predict(batch * context, batch * (depth + 1), verify=depth > 0)
         if self.draft is not None:
             draft = self.draft.predict(batch * context, batch)
         else:

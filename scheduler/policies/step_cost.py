@@ -24,7 +24,8 @@ which is what lets the policies optimise goodput exactly (smartspec.py).
 
 Where the coefficients come from: the profiler's fit of the target
 (``SpecContext.cost_model``) and of the draft where one was profiled
-(``SpecContext.draft_cost_model``) are the prior; every step then refines
+(``SpecContext.draft_cost_model``) are the prior (c_t too: the profiler times
+plain decodes beside verifies of the same sequences); every step then refines
 them by least squares with forgetting (``OnlineFit``) on the measured verify
 and speculate times, so RPC overhead and whatever the profile missed are
 learned. Without a profile the prior is a weak generic one. The fits are
@@ -145,7 +146,7 @@ class StepCostModel:
         cfg = self.config = config or StepCostConfig()
         t, d = target or DEFAULT_TARGET, draft or DEFAULT_DRAFT
         self.target = OnlineFit(
-            TARGET_SCALES, (t.delta_s, t.gamma_s, t.alpha_s, 0.0),
+            TARGET_SCALES, (t.delta_s, t.gamma_s, t.alpha_s, t.verify_s),  # c_t: the profile's, else 0
             cfg.profiled_prior_steps if target else cfg.prior_steps, cfg.forgetting,
         )  # fmt: skip
         self.draft = OnlineFit(

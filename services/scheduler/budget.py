@@ -50,6 +50,7 @@ class Budget:
             text += (
                 f"; cost model from {self.profile_source}: T_fwd = {cm.alpha_s * 1e6:.3g} us*N_context + "
                 f"{cm.gamma_s * 1e3:.3g} ms*N_batched + {cm.delta_s * 1e3:.3g} ms"
+                f" (+ c_t {cm.verify_s * 1e3:.3g} ms per verify)"
             )
         return text
 

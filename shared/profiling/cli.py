@@ -101,7 +101,8 @@ def profile(
         f"[bold]B = {result.token_budget}[/] tokens ({knee.method}; T(1) = {knee.latency_at_one_s * 1e3:.1f} ms, "
         f"T(B) = {knee.latency_at_budget_s * 1e3:.1f} ms) on {result.hardware}\n"
         f"T_fwd = {cm.alpha_s * 1e6:.3f} us * N_context + {cm.gamma_s * 1e3:.3f} ms * N_batched + "
-        f"{cm.delta_s * 1e3:.2f} ms  (R^2 {cm.r2 if cm.r2 is None else round(cm.r2, 3)})\n"
+        f"{cm.delta_s * 1e3:.2f} ms (+ {cm.verify_s * 1e3:.2f} ms when verifying drafted tokens)  "
+        f"(R^2 {cm.r2 if cm.r2 is None else round(cm.r2, 3)})\n"
         f"stored at {stored} ({result.settings['seconds']} s)"
     )
 

@@ -62,10 +62,17 @@ class CostModel(BaseModel):
     alpha_s: float = Field(0.0, description="Seconds per context token (KV entry attended to).")
     gamma_s: float = Field(0.0, description="Seconds per batched token (run through the model).")
     delta_s: float = Field(0.0, description="Seconds per forward (weights, launch, host overhead).")
+    verify_s: float = Field(
+        0.0,
+        description="c_t: what a forward with drafted tokens (a verify) costs beyond a plain decode of as many "
+        "tokens: the tree mask, the drafted rows' logits (0 when the profile had no plain decodes to compare).",
+    )
     r2: float | None = Field(None, description="Coefficient of determination of the fit.")
 
-    def predict(self, num_context_tokens: float, num_batched_tokens: float) -> float:
-        return self.alpha_s * num_context_tokens + self.gamma_s * num_batched_tokens + self.delta_s
+    def predict(self, num_context_tokens: float, num_batched_tokens: float, verify: bool = False) -> float:
+        """T_fwd; ``verify``: the forward carries drafted tokens (adds c_t)."""
+        t = self.alpha_s * num_context_tokens + self.gamma_s * num_batched_tokens + self.delta_s
+        return t + self.verify_s if verify else t
 
 
 class Knee(BaseModel):
@@ -99,8 +106,14 @@ class Profile(BaseModel):
 # ----------------------------------------------------------------------------- fitting
 
 
+def is_verify(sample: Sample) -> bool:
+    """Did the forward carry drafted tokens (more tokens than sequences), or was it a plain decode?"""
+    return sample.num_batched_tokens > sample.num_seqs
+
+
 def fit_cost_model(samples: Sequence[Sample]) -> CostModel:
-    """Least squares T = alpha*C + gamma*N + delta, dropping a coefficient that comes out negative."""
+    """Least squares T = alpha*C + gamma*N + delta [+ c_t * verify], dropping a coefficient that
+    comes out negative; c_t is fitted only when the samples hold plain decodes and verifies both."""
     if len(samples) < 3:
         raise ValueError(f"need at least 3 samples to fit the cost model, got {len(samples)}")
     y = np.array([s.duration_s for s in samples])
@@ -109,6 +122,9 @@ def fit_cost_model(samples: Sequence[Sample]) -> CostModel:
         "gamma_s": np.array([s.num_batched_tokens for s in samples], dtype=float),
         "delta_s": np.ones(len(samples)),
     }
+    verify = np.array([is_verify(s) for s in samples], dtype=float)
+    if 0.0 < verify.mean() < 1.0:
+        columns["verify_s"] = verify
     active = list(columns)
     while True:
         x = np.stack([columns[k] for k in active], axis=1)  # [num_samples, num_active]

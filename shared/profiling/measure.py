@@ -81,9 +81,13 @@ def measure(
         _verify_forward(runner, seqs, num_seqs)  # warm-up (allocator, kernels)
 
         budget_samples: list[Sample] = []
+        mode_samples: list[Sample] = []  # the same sequences as a plain decode and as a verify of one drafted token each
         for r in range(repeats):
             for n in grid:
                 budget_samples.append(_verify_forward(runner, seqs, n))
+            for n in range(1, num_seqs + 1):
+                mode_samples.append(_verify_forward(runner, seqs[:n], n))
+                mode_samples.append(_verify_forward(runner, seqs[:n], 2 * n))
             log(f"budget sweep {r + 1}/{repeats} done ({time.perf_counter() - start:.1f} s)")
 
         context_samples: list[Sample] = []
@@ -109,9 +113,9 @@ def measure(
         dtype=str(runner.dtype).removeprefix("torch."),
         token_budget=knee.budget,
         knee=knee,
-        cost_model=fit_cost_model(budget_samples + context_samples),
+        cost_model=fit_cost_model(budget_samples + mode_samples + context_samples),
         sweep=sweep,
-        samples=budget_samples + context_samples,
+        samples=budget_samples + mode_samples + context_samples,
         settings={
             "grid": list(grid),
             "context_grid": list(context_grid),

@@ -43,6 +43,8 @@ def test_breakdown_of_two_steps():
     assert b["scheduler_s"] == pytest.approx(0.004)  # 10 - 8 ms per step
     assert b["overhead_share"] == pytest.approx(0.4)
     assert sum(b[f"{p}_share"] for p in ("model", "service", "rpc", "scheduler")) == pytest.approx(1.0)
+    assert b["phase_s"]["speculate"] == pytest.approx(0.006) and b["phase_s"]["verify"] == pytest.approx(0.010)
+    assert b["model_s_by_service"] == {"target": pytest.approx(0.012)}  # call() spans are all the target's
 
 
 def test_steps_are_counted_once_whatever_the_batch():

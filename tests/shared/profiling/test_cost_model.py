@@ -117,6 +117,24 @@ def test_a_negative_coefficient_is_dropped_and_the_rest_refitted():
     assert fit.predict(4096, 8) >= fit.predict(64, 8)
 
 
+def test_the_verify_mode_cost_is_fitted_from_decodes_beside_verifies():
+    """c_t: a forward with drafted tokens costs more than a plain decode of as many tokens (measure.py's pairs)."""
+    truth = CostModel(alpha_s=2e-6, gamma_s=3e-4, delta_s=0.012, verify_s=0.008)
+    samples = []
+    for ctx in (64, 512):
+        for seqs in (1, 2, 3, 4):
+            for n in (seqs, 2 * seqs, 8 * seqs):  # a plain decode, then verifies of 1 and 7 drafted tokens each
+                t = truth.predict(ctx * seqs, n, verify=n > seqs)
+                samples.append(Sample(duration_s=t, num_seqs=seqs, num_batched_tokens=n, num_context_tokens=ctx * seqs))
+    fit = fit_cost_model(samples)
+    assert fit.verify_s == pytest.approx(0.008, rel=1e-6)
+    assert fit.gamma_s == pytest.approx(3e-4, rel=1e-6) and fit.delta_s == pytest.approx(0.012, rel=1e-6)
+    assert fit.predict(64, 2, verify=True) - fit.predict(64, 2) == pytest.approx(0.008)
+    # only verifies (or only decodes): nothing to tell c_t from delta, so it stays 0
+    only_verifies = [x for x in samples if x.num_batched_tokens > x.num_seqs]
+    assert fit_cost_model(only_verifies).verify_s == 0.0
+
+
 def test_cost_model_needs_three_samples():
     with pytest.raises(ValueError, match="3 samples"):
         fit_cost_model([Sample(duration_s=0.1, num_seqs=1, num_batched_tokens=1, num_context_tokens=1)] * 2)

@@ -67,10 +67,13 @@ def test_measure_leaves_the_runner_as_it_found_it(home):
     free = runner.cache.num_free_blocks
     profile = measure(runner, model=loaded.name, grid=(1, 2, 8), context_grid=(2,), num_seqs=2, short_context=8,
                       long_context=24, repeats=2)  # fmt: skip
-    # 2 repeats x 3 sizes + 2 repeats x 1 size; the batch split never exceeds the sequences
-    assert len(profile.samples) == 8
+    # 2 repeats x 3 sizes, 2 repeats x 2 x (decode, verify) pairs, 2 repeats x 1 size; the batch split
+    # never exceeds the sequences
+    assert len(profile.samples) == 6 + 8 + 2
     assert [s.num_batched_tokens for s in profile.samples[:3]] == [1, 2, 8]
     assert [s.num_seqs for s in profile.samples[:3]] == [1, 2, 2]
-    assert {s.num_context_tokens for s in profile.samples[6:]} != {s.num_context_tokens for s in profile.samples[:6]}
+    pairs = [(s.num_seqs, s.num_batched_tokens) for s in profile.samples[6:14]]
+    assert pairs == [(1, 1), (1, 2), (2, 2), (2, 4)] * 2  # plain decode, then one drafted token per sequence
+    assert {s.num_context_tokens for s in profile.samples[14:]} != {s.num_context_tokens for s in profile.samples[:6]}
     assert not runner.seqs and runner.cache.num_free_blocks == free  # every sequence released, no block leaked
     runner.check_accounting()
