@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, Field
 
+from scheduler.policies.draft_admission import DraftAdmission
 from scheduler.policies.gp import ExactGP
 from scheduler.policies.shared_state import SharedState, push_window
 from scheduler.policies.speculation import SpecContext, SpecShape, SpeculationPolicy
@@ -82,6 +83,11 @@ class Faser(SpeculationPolicy):
         self.last_decide_s: float | None = None  # wall time of the last decide (the GP's per-iteration cost)
         self.last_lcb: np.ndarray | None = None  # LCB of T^(s; b) per s at the last decision
         self.last_observed_cost: dict[str, float] = {}  # eq. 4 per request of the last observed step
+        self._admission = DraftAdmission()
+
+    def wants_draft(self, req: Request) -> bool:
+        """Defer the draft's prefill while most recent choices were s = 0 (draft_admission.py)."""
+        return self._admission.wants_draft()
 
     # ------------------------------------------------------------------ learned state
     def shared_state(self) -> SharedState:
@@ -171,6 +177,7 @@ class Faser(SpeculationPolicy):
             cap = min(cfg.max_k, max(0, r.num_remaining - 1))
             j = lcb[: cap + 1] / (self.expected_accepted(r, rates)[: cap + 1] + 1.0 + cfg.epsilon)  # eq. 1
             shapes.append(SpecShape.chain(int(np.argmin(j))))  # eq. 2 (ties: the shortest)
+        self._admission.record([s.k for s, r in zip(shapes, batch) if r.speculation.mode is SpecMode.AUTO])
         self._last = (ctx.step, dict(zip((r.id for r in batch), contexts)))
         self.last_lcb = lcb
         self.last_decide_s = time.perf_counter() - t0

@@ -53,6 +53,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from scheduler.policies.draft_admission import DraftAdmission
 from scheduler.policies.shared_state import SharedState
 from scheduler.policies.speculation import SpecContext, SpecShape, SpeculationPolicy
 from scheduler.report import StepReport
@@ -139,6 +140,11 @@ class Nightjar(SpeculationPolicy):
         self._prev_k = 0  # γ_{t-1}: what the last step played (0 also when the draft was away)
         self._last: tuple[int, int, int, bool] | None = None  # step, bucket, γ, bin type of that round
         self.last_c_prefill = 0.0  # of the last exploitation (traces, tests)
+        self._admission = DraftAdmission()
+
+    def wants_draft(self, req: Request) -> bool:
+        """Defer the draft's prefill while the bandit mostly plays γ = 0 (draft_admission.py)."""
+        return self._admission.wants_draft()
 
     # ------------------------------------------------------------------ learned state
     def shared_state(self) -> SharedState:
@@ -200,6 +206,7 @@ class Nightjar(SpeculationPolicy):
             k = exploit(_fit(list(st["g"]), self.num_arms, 0.0), _fit(list(st["n"]), self.num_arms, 0), self._prev_k,
                         c_prefill)  # fmt: skip
         self._last = (ctx.step, b, k, explore)
+        self._admission.record([k] * len(auto))
         shape = SpecShape.chain(k)
         return [shape if r.speculation.mode is SpecMode.AUTO else SpecShape.none() for r in batch]
 
