@@ -71,6 +71,7 @@ def breakdown(spans: list[Span], trace_ids: set[str]) -> dict[str, float | int] 
     parts = {"model": 0.0, "service": 0.0, "rpc": 0.0, "scheduler": 0.0}
     phases: dict[str, float] = {}  # the scheduler's phase times summed over the steps (what a step spends where)
     model_by_service: dict[str, float] = {}  # engine work per model service (target, draft)
+    model_by_call: dict[str, float] = {}  # ... and per service and method ("draft:Prefill")
     total = 0.0
     i = 0
     for step in steps:
@@ -83,6 +84,8 @@ def breakdown(spans: list[Span], trace_ids: set[str]) -> dict[str, float | int] 
             model += work
             served += calls[j].duration_s
             model_by_service[calls[j].service] = model_by_service.get(calls[j].service, 0.0) + work
+            call = f"{calls[j].service}:{calls[j].name.rsplit('/', 1)[-1]}"
+            model_by_call[call] = model_by_call.get(call, 0.0) + work
             j += 1
         i = j
         in_calls = sum(step.phases_ms.get(p, 0.0) for p in _CALL_PHASES) / 1e3
@@ -102,6 +105,7 @@ def breakdown(spans: list[Span], trace_ids: set[str]) -> dict[str, float | int] 
     out["overhead_share"] = 1.0 - parts["model"] / total if total else 0.0
     out["phase_s"] = dict(sorted(phases.items()))
     out["model_s_by_service"] = dict(sorted(model_by_service.items()))
+    out["model_s_by_call"] = dict(sorted(model_by_call.items()))
     return out
 
 

@@ -57,6 +57,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
+from scheduler.policies.draft_admission import DraftAdmission
 from scheduler.policies.selection import subtree
 from scheduler.policies.shared_state import SharedState, push_window
 from scheduler.policies.speculation import SpecContext, SpecShape, SpeculationPolicy
@@ -173,6 +174,7 @@ class SmartSpec(SpeculationPolicy):
         self._request_alpha: dict[str, list[float]] = {}  # id -> [acceptances, trials], decayed
         self._no_draft: dict[str, None] = {}  # ids the prefill rule took off the draft (ordered: oldest first)
         self._last: tuple[int, dict[str, tuple[int, int, bool]]] | None = None  # step, id -> (k, context, free)
+        self._admission = DraftAdmission()
         self._last_decisions: list[int] = []  # the last step's k per AUTO request (kept off the draft: would-be k)
         self.last_goodput: float | None = None  # the estimate behind the last decision (traces, tests)
 
@@ -216,7 +218,9 @@ class SmartSpec(SpeculationPolicy):
 
     # ------------------------------------------------------------------ decisions
     def wants_draft(self, req: Request) -> bool:
-        """§5 prefill disabling: skip the draft when most recent decisions were k = 0."""
+        """§5 prefill disabling: skip the draft when most recent decisions were k = 0 (the request
+        never speculates); else defer its draft prefill while the last few steps decided k = 0
+        (draft_admission.py: the first step that speculates for it prefills it on the draft)."""
         cfg = self.config
         zero = sum(z for z, _ in self.state.state["decisions"])
         total = sum(n for _, n in self.state.state["decisions"])
@@ -225,7 +229,7 @@ class SmartSpec(SpeculationPolicy):
             while len(self._no_draft) > 100_000:
                 del self._no_draft[next(iter(self._no_draft))]
             return False
-        return True
+        return self._admission.wants_draft()
 
     def decide(self, batch: Sequence[Request], ctx: SpecContext) -> list[SpecShape]:
         cfg = self.config
@@ -248,6 +252,7 @@ class SmartSpec(SpeculationPolicy):
         would = self._optimise(alpha, alphas, free | off, caps, fixed, contexts, cost)[0] if off.any() else ks
         self._last = (ctx.step, {r.id: (int(k), int(c), bool(f)) for r, k, c, f in zip(batch, ks, contexts, free)})
         self._last_decisions = [int(k) for k, counted in zip(would, free | off) if counted]
+        self._admission.record(self._last_decisions)  # would-be k too: the deferral lifts with the load
         return [self._shape(int(k), r, caps[i]) if free[i] else SpecShape.none() for i, (r, k) in enumerate(zip(batch, ks))]
 
     def _optimise(self, alpha: float, alphas: np.ndarray | None, free: np.ndarray, caps: np.ndarray,

@@ -45,6 +45,7 @@ def test_breakdown_of_two_steps():
     assert sum(b[f"{p}_share"] for p in ("model", "service", "rpc", "scheduler")) == pytest.approx(1.0)
     assert b["phase_s"]["speculate"] == pytest.approx(0.006) and b["phase_s"]["verify"] == pytest.approx(0.010)
     assert b["model_s_by_service"] == {"target": pytest.approx(0.012)}  # call() spans are all the target's
+    assert b["model_s_by_call"] == {"target:Speculate": pytest.approx(0.004), "target:Verify": pytest.approx(0.008)}
 
 
 def test_steps_are_counted_once_whatever_the_batch():

@@ -14,6 +14,7 @@ from scheduler.request import Request
 
 
 def test_defers_once_most_recent_decisions_were_zero_and_lifts_when_they_are_not():
+    assert DraftAdmission().threshold == 0.5
     a = DraftAdmission(window=4, threshold=0.7, min_decisions=6)
     assert a.wants_draft() and a.zero_share() is None  # too few decisions: prefill as usual
     a.record([0, 0, 0])
@@ -49,7 +50,7 @@ def test_nightjar_defers_the_draft_prefill_while_it_plays_zero():
 def test_faser_defers_the_draft_prefill_while_it_chooses_zero():
     policy = Faser()
     assert policy.wants_draft(Request("new", [1]))
-    policy._admission.record([0] * 16)  # what decide records when eq. 2 picks s = 0 for everyone
+    policy._admission.record([0] * 4)  # what decide records when eq. 2 picks s = 0 for everyone
     assert not policy.wants_draft(Request("new", [1]))
 
 
@@ -78,3 +79,15 @@ def test_a_deferred_request_is_prefilled_on_the_draft_when_it_first_speculates()
     prefills = [args for m, args in draft.calls if m == "prefill"]
     assert prefills, "the request was never put on the draft"
     assert any(m == "speculate" for m, _ in draft.calls)
+
+
+def test_smartspec_defers_before_its_own_rule_bars():
+    """A lone request that stopped speculating: too few decisions for §5's rule (16), enough to defer."""
+    from scheduler.policies.smartspec import SmartSpec
+    from tests.scheduler.sim_reports import EXPENSIVE_VERIFY, requests, run_steps
+
+    policy = SmartSpec()
+    chosen = run_steps(policy, requests(1, prompt=50), [0.02], EXPENSIVE_VERIFY, steps=12)
+    assert sum(ks == [0] for ks in chosen) > len(chosen) / 2  # it learned that little is accepted
+    late = Request("late", [1] * 5)
+    assert not policy.wants_draft(late) and "late" not in policy._no_draft  # deferred, not barred
