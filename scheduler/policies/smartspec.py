@@ -21,10 +21,14 @@ Two granularities (§4.4):
   m wins.
 
 Alpha is a moving average (Alg. 1 line 3) over the last ``alpha_window``
-steps, those that drafted nothing included: after that many steps without
-speculation the estimate is back at the prior, so the policy tries again
-(a low streak early on, or a past burst of load, cannot switch speculation
-off for good). What a chain of k tells about alpha: each accepted token is an
+steps, those that drafted nothing included, each step's observation
+weighing ``alpha_decay`` per step since: while the policy does not
+speculate, what it saw fades and the estimate drifts back toward the prior,
+so the policy tries again (a low streak early on, or a past burst of load,
+cannot switch speculation off for good). Drifting, not jumping: the first
+probe comes when the estimate crosses the break-even of the shortest chain,
+so it is one cheap k = 1 step, not the prior's long chain (with a 32-step
+window that emptied at once, SmartSpec probed with k = 4 every 32 steps). What a chain of k tells about alpha: each accepted token is an
 acceptance, and a chain that stopped short adds one rejection; so alpha =
 accepted / (accepted + rejections) summed over the window (the maximum
 likelihood estimate for a geometric acceptance, which a plain
@@ -76,7 +80,11 @@ class SmartSpecConfig(BaseModel):
     granularity: Literal["batch", "request"] = Field(
         "batch", description="One alpha and one k for the batch (Alg. 2), or per request (§4.4)."
     )
-    alpha_window: int = Field(32, ge=1, description="Steps in the moving average of alpha (Alg. 1 line 3).")
+    alpha_window: int = Field(256, ge=1, description="Steps in the moving average of alpha (Alg. 1 line 3).")
+    alpha_decay: float = Field(
+        0.98, gt=0.0, le=1.0,
+        description="Weight an observation keeps per step in that average (0.98: about the last 50 steps count).",
+    )  # fmt: skip
     prior_alpha: float = Field(0.6, gt=0.0, lt=1.0, description="Alpha before anything was observed.")
     prior_trials: float = Field(4.0, ge=0.0, description="Weight of prior_alpha, in observed tokens.")
     request_decay: float = Field(0.9, gt=0.0, le=1.0, description="Per-request alpha: weight kept per step.")
@@ -196,10 +204,14 @@ class SmartSpec(SpeculationPolicy):
         return state
 
     def alpha(self) -> float:
-        """Global alpha: the moving average over the window, with the prior's weight (Alg. 1 line 3)."""
+        """Global alpha: the moving average over the window, with the prior's weight (Alg. 1 line 3);
+        a step's observation weighs alpha_decay^(steps since)."""
         cfg = self.config
-        acc = sum(a for a, _ in self.state.state["alpha"])
-        trials = sum(t for _, t in self.state.state["alpha"])
+        window = self.state.state["alpha"]
+        acc = trials = 0.0
+        weight = 1.0
+        for a, t in reversed(window):
+            acc, trials, weight = acc + weight * a, trials + weight * t, weight * cfg.alpha_decay
         return (acc + cfg.prior_alpha * cfg.prior_trials) / (trials + cfg.prior_trials) if trials else cfg.prior_alpha
 
     def request_alpha(self, request_id: str, global_alpha: float) -> float:

@@ -130,6 +130,26 @@ def test_alpha_falls_back_to_the_prior_after_a_window_without_speculation():
     assert policy.alpha() > 0.4  # and learns the real acceptance
 
 
+def test_a_faded_alpha_probes_with_the_shortest_chain():
+    """What the policy saw fades per step (alpha_decay), so the estimate drifts back toward the prior
+    and crosses k = 1's break-even first: probes are single-token chains, not the prior's long ones.
+    Costs as profiled on this project's CPU (k = 1 breaks even near alpha 0.27), true alpha 0.28."""
+    from scheduler.policies.step_cost import StepCost
+    from shared.profiling.cost_model import CostModel
+
+    cpu = StepCost(delta_t=0.0645, gamma_t=0.0017, alpha_t=1.2e-5, call_d=0.002, delta_d=0.0057, gamma_d=0.0003,
+                   alpha_d=0.0, call_t=0.0103)  # fmt: skip
+    prior = CostModel(alpha_s=1.2e-5, gamma_s=0.0017, delta_s=0.0645, verify_s=0.0103)
+    policy = SmartSpec()
+    chosen = run_steps(policy, requests(6, prompt=300), [0.28] * 6, cpu, steps=400, ctx_extra={"cost_model": prior})
+    probes = [max(ks) for ks in chosen[50:] if any(ks)]
+    assert probes and max(probes) == 1  # it does look again, and only with k = 1
+    assert len(probes) < 0.1 * len(chosen[50:])  # rarely
+    window = SmartSpec(SmartSpecConfig(alpha_window=8, alpha_decay=0.5))
+    window.state.state["alpha"] = [[1.0, 4.0], [0, 0], [0, 0]]  # one observation, two dry steps since
+    assert window.alpha() == pytest.approx((0.25 * 1.0 + 0.6 * 4.0) / (0.25 * 4.0 + 4.0))
+
+
 def test_confidence_variant_drafts_with_threshold_and_verifies_the_goodput_prefix():
     policy = SmartSpecConfidence(SmartSpecConfig(confidence_threshold=0.4, max_k=6))
     batch = requests(2)
