@@ -632,7 +632,7 @@ def main(
     rate_factors: str = typer.Option("1,2,4", help="Rates as multiples of the batch-1 request rate."),
     concurrency: str = typer.Option("", help="Closed-loop concurrency levels, comma-separated."),
     closed_factor: int = typer.Option(2, help="Closed loop at concurrency N serves max(sweep-requests, this x N)."),
-    sweep_repeats: int = typer.Option(1, help="Passes over the load points (and the bursty trace)."),
+    sweep_repeats: int = typer.Option(1, min=1, help="Passes over the load points (and the bursty trace)."),
     interleave: bool = typer.Option(False, help="All stacks up at once, configurations alternating at every load "
                                     "point (on for --adaptive)."),
     length_dist: str = typer.Option("uniform", help="Output-length bounds under load: uniform or log-uniform."),
