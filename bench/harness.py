@@ -208,6 +208,7 @@ class Harness:
         self.prom: dict[tuple[str, str, str], prom.Scrape] = defaultdict(prom.Scrape)
         self.overheads: dict[tuple[str, str, str], dict | None] = {}
         self.timelines: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
+        self.walls: dict[tuple[str, str, str], float] = defaultdict(float)  # wall time of the runs behind a row
         self.baseline_tpot_ms: float | None = None
         self.baseline_latency_s: float | None = None
         self.metrics_url: str | None = None  # the stack being measured (one stack at a time)
@@ -299,15 +300,8 @@ class Harness:
                     if not c.is_tandem:
                         senders[c.name] = self.hf.sender(c, self.eos)
                 await self._phases(b1, sw, senders, requests)
-        per_request = {rid: "|".join(g) for rid, g in requests.items()}
         for n, stack in enumerate(stacks):
-            if stack.sink is None:
-                continue
-            spans = stack.sink.spans()
-            for group_key, result in overhead.by_config(spans, per_request).items():
-                if result is not None or tuple(group_key.split("|")) not in self.overheads:
-                    self.overheads[tuple(group_key.split("|"))] = result
-            self.log(f"stack {n}: {len(spans)} spans received")
+            self._collect_overheads(n, stack, requests)
 
     async def _on_stack(self, key: StackKey, n: int, b1: list[Config], sw: list[Config]) -> None:
         o = self.opts
@@ -324,14 +318,17 @@ class Harness:
                     else:
                         senders[c.name] = self.hf.sender(c, self.eos)
                 await self._phases(b1, sw, senders, requests)
-        if stack.sink is not None:
-            spans = stack.sink.spans()
-            groups: dict[tuple[str, str, str], str] = {}
-            per_request = {rid: "|".join(g) for rid, g in requests.items()}
-            for group_key, result in overhead.by_config(spans, per_request).items():
-                groups[tuple(group_key.split("|"))] = result
-            self.overheads.update(groups)
-            self.log(f"stack {n}: {len(spans)} spans received")
+        self._collect_overheads(n, stack, requests)
+
+    def _collect_overheads(self, n: int, stack, requests: dict[str, tuple[str, str, str]]) -> None:
+        """The overhead breakdown of each (phase, load, config) whose requests this stack served."""
+        if stack.sink is None:
+            return
+        spans = stack.sink.spans()
+        per_request = {rid: "|".join(g) for rid, g in requests.items()}
+        for group_key, result in overhead.by_config(spans, per_request).items():
+            self.overheads[tuple(group_key.split("|"))] = result  # by_config only returns groups it saw
+        self.log(f"stack {n}: {len(spans)} spans received")
 
     async def _phases(self, b1: list[Config], sw: list[Config], senders, requests) -> None:
         o = self.opts
@@ -368,6 +365,9 @@ class Harness:
         for j in jobs:
             requests[j.request_id] = (phase, load, config.name)
         self.records[phase][load].setdefault(config.name, []).extend(run.records)
+        if run.records:  # from the first send to the last answer; repeats add up
+            wall = max((r.trace.latency_s or 0) + r.trace.sent_s for r in run.records)
+            self.walls[(phase, load, config.name)] += wall
         for r in run.records:
             if r.error:
                 self.log(f"[red]{r.job.request_id}: {r.error}")
@@ -525,7 +525,7 @@ class Harness:
             for load, per_config in self.records.get(phase, {}).items():
                 out[phase][load] = {}
                 for name, recs in per_config.items():
-                    run_wall = _run_wall_s(recs)
+                    run_wall = self.walls[(phase, load, name)]
                     row = {"summary": report.summarize_records(recs, run_wall)}
                     row.update(self._extras(phase, load, name))
                     out[phase][load][name] = row
@@ -715,16 +715,6 @@ def main(
         from bench import order as order_report
 
         order_report.write(results, RESULTS_ROOT / opts.name)
-
-
-def _run_wall_s(records: list[Record]) -> float:
-    """Wall time of the runs behind ``records``: per repeat (the ``-r<rep>-`` in request ids), from the
-    first send to the last answer, summed over repeats."""
-    runs: dict[str, float] = defaultdict(float)
-    for r in records:
-        rep = r.job.request_id.rsplit("-r", 1)[-1].split("-", 1)[0] if "-r" in r.job.request_id else "0"
-        runs[rep] = max(runs[rep], (r.trace.latency_s or 0) + r.trace.sent_s)
-    return sum(runs.values())
 
 
 FASER_PRESET = ("name", "batch1", "sweep", "sweep_requests", "rate_factors")

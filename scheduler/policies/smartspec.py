@@ -28,7 +28,8 @@ so the policy tries again (a low streak early on, or a past burst of load,
 cannot switch speculation off for good). Drifting, not jumping: the first
 probe comes when the estimate crosses the break-even of the shortest chain,
 so it is one cheap k = 1 step, not the prior's long chain (with a 32-step
-window that emptied at once, SmartSpec probed with k = 4 every 32 steps). What a chain of k tells about alpha: each accepted token is an
+window that emptied at once, SmartSpec probed with k = 4 every 32 steps).
+What a chain of k tells about alpha: each accepted token is an
 acceptance, and a chain that stopped short adds one rejection; so alpha =
 accepted / (accepted + rejections) summed over the window (the maximum
 likelihood estimate for a geometric acceptance, which a plain
