@@ -209,6 +209,7 @@ class Harness:
         self.overheads: dict[tuple[str, str, str], dict | None] = {}
         self.timelines: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
         self.walls: dict[tuple[str, str, str], float] = defaultdict(float)  # wall time of the runs behind a row
+        self.run_latency: dict[tuple[str, str, str], list[float]] = defaultdict(list)  # each run's mean latency
         self.baseline_tpot_ms: float | None = None
         self.baseline_latency_s: float | None = None
         self.metrics_url: str | None = None  # the stack being measured (one stack at a time)
@@ -368,6 +369,9 @@ class Harness:
         if run.records:  # from the first send to the last answer; repeats add up
             wall = max((r.trace.latency_s or 0) + r.trace.sent_s for r in run.records)
             self.walls[(phase, load, config.name)] += wall
+            lat = [r.trace.latency_s for r in run.records if r.trace.latency_s is not None]
+            if lat:
+                self.run_latency[(phase, load, config.name)].append(statistics.fmean(lat))
         for r in run.records:
             if r.error:
                 self.log(f"[red]{r.job.request_id}: {r.error}")
@@ -533,6 +537,8 @@ class Harness:
 
     def _extras(self, phase: str, load: str, name: str) -> dict:
         extra: dict = {"overhead": self.overheads.get((phase, load, name))}
+        if runs := self.run_latency.get((phase, load, name)):
+            extra["latency_mean_by_run_s"] = runs  # one per repeat: the spread the pooled mean hides
         delta = self.prom.get((phase, load, name))
         if delta:
             extra["per_position_acceptance"] = prom.per_position_acceptance(delta)

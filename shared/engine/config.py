@@ -22,6 +22,11 @@ class EngineConfig(BaseModel):
     max_context: int | None = Field(
         None, ge=1, description="Longest sequence (committed + speculative); None = the model's max_position_embeddings."
     )
+    cpu_prepack: bool = Field(
+        True,
+        description="On CPU in float32, multiply forwards of 4+ rows by oneDNN-prepacked weights (cpu_linear.py); "
+        "off = MKL's F.linear for every forward. Doubles the projections' memory.",
+    )
     attention_backend: str = Field(
         "auto", description="auto (flashinfer on CUDA when installed, else sdpa), sdpa or flashinfer."
     )

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from shared.engine import cpu_linear
 from shared.engine.attention.base import ATTN_IMPLEMENTATION, BatchLayout, SeqLayout, register, select_backend
 from shared.engine.config import EngineConfig
 from shared.engine.early_exit import EarlyExitController
@@ -72,6 +73,7 @@ class ModelRunner:
         register()
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
         self.model = model
+        self.packed_linears = cpu_linear.prepack(model) if self.config.cpu_prepack else 0
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
         cfg = model.config

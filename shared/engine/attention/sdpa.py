@@ -40,6 +40,7 @@ class SdpaBackend:
         self.single = num_seqs == 1
         self.new_slots = layout.new_slots
         self.gather = gather.to(device)
+        self.gather_flat = self.gather.reshape(-1)
         self.mask = mask.to(device)
         self.q_index = q_index.to(device)
         self.unpad = unpad.to(device)
@@ -49,8 +50,9 @@ class SdpaBackend:
         kv = self.cache.kv[layer_idx]  # [2, num_slots, Hkv, D]
         kv[0, self.new_slots] = key[0].transpose(0, 1)
         kv[1, self.new_slots] = value[0].transpose(0, 1)
-        k = kv[0][self.gather].transpose(1, 2)  # [B, Hkv, max_kv, D]
-        v = kv[1][self.gather].transpose(1, 2)  # [B, Hkv, max_kv, D]
+        shape = (*self.gather.shape, *kv.shape[2:])  # index_select on the flat slots beats advanced indexing on CPU
+        k = kv[0].index_select(0, self.gather_flat).view(shape).transpose(1, 2)  # [B, Hkv, max_kv, D]
+        v = kv[1].index_select(0, self.gather_flat).view(shape).transpose(1, 2)  # [B, Hkv, max_kv, D]
         if self.single:
             q = query  # [1, H, T, D]
         else:
