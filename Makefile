@@ -75,14 +75,16 @@ bench-engine: setup models
 # stored under $TANDEM_HOME/profiles/<model>/; the scheduler reads them at startup (README, AdaServe).
 profile: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR)
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --draft
 
 # AdaServe's comparison (bench.harness --slo): target-only, tandem-k3, SpecInfer tree, EqualGreedy, GlobalGreedy
 # and AdaServe on the 60/20/20 stringent/moderate/relaxed mix, vs request rate and vs share of stringent requests.
-# Profiles the target first when this machine has no profile of it. Results: bench/results/slo-$(PAIR)/.
+# Profiles the target and the draft first when this machine has no profile of them. Results: bench/results/slo-$(PAIR)/.
 # BENCH_ARGS refines the run (e.g. --sweep-requests 8 --rate-factors 2,4).
 BENCH_ARGS ?=
 bench-slo: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing --draft
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --slo --pair $(PAIR) --name slo-$(PAIR) $(BENCH_ARGS)
 
 # Adaptive speculation length (bench.harness --adaptive): target-only, tandem-k1/k3/k5, SmartSpec, FASER
@@ -90,6 +92,7 @@ bench-slo: setup models
 # Results: bench/results/adaptive-$(PAIR)/.
 bench-adaptive: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing --draft
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --adaptive --pair $(PAIR) --name adaptive-$(PAIR) $(BENCH_ARGS)
 
 # LAPS-SD's comparison (bench.harness --order): queue policies fcfs, las, lp-sjf, laps-sd, laps-sd:est=1 side by
@@ -97,6 +100,7 @@ bench-adaptive: setup models
 # the scheduler's batch capped at TANDEM_MAX_BATCH_SIZE (4) so requests queue. Results: bench/results/order-$(PAIR)/.
 bench-order: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing --draft
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --order --pair $(PAIR) --name order-$(PAIR) $(BENCH_ARGS)
 
 # Issue 4's short default suite (< 10 min on 2 cores): batch-1 rotation of target-only, HF generate, HF assisted
@@ -111,6 +115,7 @@ bench-serving: setup models
 # Results: bench/results/faser-$(PAIR)/.
 bench-faser: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing --draft
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --faser --pair $(PAIR) --name faser-$(PAIR) $(BENCH_ARGS)
 
 # Nightjar's elastic draft memory (bench.harness --offload): two stacks under a deliberately small KV pool
@@ -119,6 +124,7 @@ bench-faser: setup models
 # throughput, mean latency, offloads/reloads and the KV budget over time. Results: bench/results/offload-$(PAIR)/.
 bench-offload: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing --draft
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --offload --pair $(PAIR) --name offload-$(PAIR) $(BENCH_ARGS)
 
 # The short suites; the policy comparisons (bench-slo, bench-adaptive, bench-order) run on their own.

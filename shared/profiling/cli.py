@@ -39,6 +39,13 @@ def profile(
     quick: Annotated[bool, typer.Option(help="Small grid, one repeat: a smoke run, not a measurement.")] = False,
     redis_url: Annotated[str | None, typer.Option(help="Also store the profile in this Redis.")] = None,
     out: Annotated[Path | None, typer.Option(help="Also write the profile JSON here.")] = None,
+    draft: Annotated[
+        bool,
+        typer.Option(
+            "--draft",
+            help="Profile the pair's draft instead of its target (SmartSpec's and the remaining-time model's T_draft).",
+        ),
+    ] = False,
     if_missing: Annotated[
         bool, typer.Option("--if-missing", help="Do nothing when this model already has a profile for this hardware.")
     ] = False,
@@ -72,7 +79,7 @@ def profile(
         torch.set_num_threads(threads)
     settings = ServiceSettings(pair=pair, model=model, home=home)
     try:
-        path = settings.model_path("target")
+        path = settings.model_path("draft" if draft and model is None else "target")
     except ModelLoadError as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None

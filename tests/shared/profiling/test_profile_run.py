@@ -77,3 +77,15 @@ def test_measure_leaves_the_runner_as_it_found_it(home):
     assert {s.num_context_tokens for s in profile.samples[14:]} != {s.num_context_tokens for s in profile.samples[:6]}
     assert not runner.seqs and runner.cache.num_free_blocks == free  # every sequence released, no block leaked
     runner.check_accounting()
+
+
+def test_draft_flag_profiles_the_pairs_draft(home):
+    from shared.models.tiny import save_tiny
+
+    save_tiny(home / "models" / "tiny-draft", "llama", num_layers=1, seed=1)  # what the tiny pair's draft is
+    args = ["profile", "--pair", "tiny", "--draft", "--quick", "--home", str(home), "--device", "cpu"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    path = find_profile(home, "tiny-draft")
+    assert path is not None and path.parent == home / "profiles" / "tiny-draft"
+    assert load_profile(path).model == "tiny-draft"
