@@ -65,7 +65,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from bench import arrivals, offload, overhead, plots, prom, report
+from bench import adaptive_goals, arrivals, offload, overhead, plots, prom, report
 from bench.configs import BATCH1_PEERS, SWEEP_PEERS, Config, StackKey, parse, parse_list, rotated
 from bench.drivers import Job, RealTimer, Record, Run, closed_loop, open_loop
 from bench.hf_peer import HFPeer
@@ -596,6 +596,10 @@ def run_bench(opts: BenchOptions, out_dir: Path | None = None, console: Console 
     results["plots"] = [p.name for p in plots.all_plots(results, out_dir)]
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     report.print_tables(results, console)
+    if adaptive_goals.applies(results):  # issue 6's goals: adaptive policies against the best fixed k
+        g = adaptive_goals.goals(results)
+        (out_dir / "goals.json").write_text(json.dumps(g, indent=2) + "\n")
+        console.print(adaptive_goals.table(g))
     console.print(f"results in {out_dir}")
     return results
 
