@@ -16,6 +16,16 @@ Time per bucket is cut into blocks and bins (Alg. 1, Figure 5)::
     exploitation bin   γ = argmin_γ 1/g̃_{B,γ} + 𝟙(γ_prev = 0 ∧ γ > 0)·c_prefill/γ     (eq. 3, lines 12-14)
     after the step     g̃_{B,γ} += (r - g̃_{B,γ}) / n                   (cumulative mean, §4.2; line 15)
 
+Exploration schedule. Alg. 1 resets b to 1 at every block (line 22), so the
+first bin of every block explores for sure and the share of exploration
+rounds decays only as ≈ 2·H^(-1/4): 44 % of a bucket's first 1 000 rounds,
+29 % of its first 10 000. Lemma 2 (§4.3.2, eq. 6) bounds exploration by
+O(√T) with p_b = 1/√b over *all* bins, which holds only if b keeps counting
+across blocks. ``exploration="block"`` (the default, ``nightjar``) is the
+algorithm as printed; ``exploration="global"`` (``nightjar-global``) draws
+with 1/√(bins so far), Lemma 2's reading: 16 % of the first 1 000 rounds,
+9 % of the first 10 000. Block and bin sizes are the same in both.
+
 Reward r = observed goodput of the step: tokens it generated (accepted +
 one bonus per request) / seconds of speculate + select + verify. So the
 draft's real cost, the RPCs and the verify width all count, measured.
@@ -49,7 +59,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -73,6 +83,9 @@ class NightjarConfig(BaseModel):
     max_k: int = Field(5, ge=1, le=32, description="Γ_max: longest chain; arms are 0..Γ_max (0 = plain decoding).")
     switch_cost: bool = Field(True, description="Charge c_prefill when leaving γ = 0 (eq. 3's second term).")
     seed: int = Field(0, description="Seed of the exploration coin and the uniform draws.")
+    exploration: Literal["block", "global"] = Field(
+        "block", description="Bin index b of the 1/√b coin: per block as Alg. 1 prints it, or over the bucket's "
+        "whole life as Lemma 2 (eq. 6) counts it.")
 
 
 def bucket(batch_size: int) -> int:
@@ -124,7 +137,8 @@ def exploit(means: Sequence[float], counts: Sequence[int], prev_k: int, c_prefil
 
 def _new_bucket(num_arms: int) -> dict[str, Any]:
     # Alg. 1 line 3: j = 1, H = 1, b = 1, τ = 1
-    return {"j": 1, "H": 1, "b": 1, "tau": 1, "explore": True, "n": [0] * num_arms, "g": [0.0] * num_arms}
+    # "bins": bins begun over the bucket's life (Lemma 2's b), kept alongside the per-block b
+    return {"j": 1, "H": 1, "b": 1, "bins": 1, "tau": 1, "explore": True, "n": [0] * num_arms, "g": [0.0] * num_arms}
 
 
 class Nightjar(SpeculationPolicy):
@@ -133,6 +147,8 @@ class Nightjar(SpeculationPolicy):
     def __init__(self, config: NightjarConfig | None = None) -> None:
         self.config = cfg = config or NightjarConfig()
         self.num_arms = cfg.max_k + 1
+        if cfg.exploration == "global":
+            self.name = "nightjar-global"  # its own learned state: the two schedules do not pool
         self.state = SharedState(f"policy:{self.name}", STATE_VERSION, self._empty, self._apply)
         self._rng = random.Random(cfg.seed)
         self._switch = SwitchCostTable()
@@ -170,6 +186,7 @@ class Nightjar(SpeculationPolicy):
         root = math.sqrt(st["H"])
         if st["tau"] > root:  # lines 17-19: bin completed
             st["b"], st["tau"] = st["b"] + 1, 1
+            st["bins"] = st.get("bins", st["b"] - 1) + 1  # states from before the counter: from b
             if st["b"] > root:  # lines 20-22: block completed
                 st["j"] += 1
                 st["H"], st["b"] = 2 ** (st["j"] - 1), 1
@@ -178,6 +195,10 @@ class Nightjar(SpeculationPolicy):
 
     def bucket_state(self, batch_size: int) -> dict[str, Any]:
         return self.state.state["buckets"].get(str(bucket(batch_size))) or _new_bucket(self.num_arms)
+
+    def bin_index(self, st: dict[str, Any]) -> int:
+        """b of the exploration coin: within the block (Alg. 1 line 8) or over the bucket's life (Lemma 2)."""
+        return int(st.get("bins", st["b"])) if self.config.exploration == "global" else int(st["b"])
 
     def switch_cost(self, ctx: SpecContext) -> SwitchCostTable:
         if ctx.draft_cost_model is not self._switch_prior:
@@ -194,8 +215,8 @@ class Nightjar(SpeculationPolicy):
         b = bucket(len(batch))
         st = self.bucket_state(len(batch))
         explore = st["explore"]
-        if st["tau"] == 1:  # a new bin: explore with probability 1/√b (line 8)
-            explore = self._rng.random() < 1.0 / math.sqrt(st["b"])
+        if st["tau"] == 1:  # a new bin: explore with probability 1/√b (line 8; Lemma 2 with "global")
+            explore = self._rng.random() < 1.0 / math.sqrt(self.bin_index(st))
         if explore:
             k = self._rng.randrange(self.num_arms)  # line 11
         else:

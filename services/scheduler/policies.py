@@ -18,6 +18,9 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                                    switching cost (ADA-BINGREEDY, eq. 3); with
                                    TANDEM_DRAFT_OFFLOAD the draft's memory is
                                    elastic (scheduler.policies.elastic_memory)
+                  nightjar-global[:K]  the same, exploration coin 1/√b with b   Nightjar (exploration global)
+                                   counted over all bins (Lemma 2), not reset
+                                   each block as Alg. 1 prints it
     queue         fcfs             first come first served, priority first      FCFS
                   las[:Q]          least attained service, preemptive, quantum   LAS(Q s, 0.5)
                   lp-sjf           shortest predicted output first, no preemption LPSJF
@@ -63,6 +66,7 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     "smartspec-conf": lambda arg: SmartSpecConfidence(SmartSpecConfig(confidence_threshold=_threshold(arg))),
     "faser": lambda arg: Faser(FaserConfig(max_k=_max_k(arg))),
     "nightjar": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg, default=5))),
+    "nightjar-global": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg, default=5), exploration="global")),
 }
 # name -> factory(argument after the colon or None, eq. 6's costs)
 QUEUE_POLICIES: dict[str, Callable[[str | None, SDCosts], QueuePolicy]] = {

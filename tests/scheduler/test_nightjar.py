@@ -58,6 +58,35 @@ def test_bucketing_and_bins_follow_algorithm_1():
     assert (st["j"], st["H"], st["b"], st["tau"]) == (6, 32, 1, 4)
 
 
+def test_global_exploration_keeps_counting_bins_across_blocks():
+    """Lemma 2's reading: b of the 1/√b coin is every bin so far; Alg. 1's is the bin within the block."""
+    printed, lemma2 = Nightjar(NightjarConfig(max_k=3)), Nightjar(NightjarConfig(max_k=3, exploration="global"))
+    for policy in (printed, lemma2):
+        run(policy, lambda b, k: 10.0, [1], 1 + 1 + 4 + 4 + 16)  # blocks H=1,2,4,8,16: 1+1+2+2+4 bins
+    st_p, st_g = printed.bucket_state(1), lemma2.bucket_state(1)
+    assert (st_p["j"], st_p["b"]) == (st_g["j"], st_g["b"]) == (6, 1)  # same blocks and bins
+    assert st_p["bins"] == st_g["bins"] == 11  # the 11th bin begins next
+    assert printed.bin_index(st_p) == 1 and lemma2.bin_index(st_g) == 11
+    assert lemma2.name == "nightjar-global" and lemma2.state.name == "policy:nightjar-global"
+    assert printed.state.name == "policy:nightjar"
+    # a stored state from before the counter: the per-block b stands in
+    legacy = {k: v for k, v in st_g.items() if k != "bins"}
+    assert lemma2.bin_index(legacy) == 1
+
+
+def test_global_exploration_explores_less_and_still_converges():
+    best = 1
+    goodput = lambda b, k: 100.0 - 15.0 * abs(k - best)  # noqa: E731
+    shares = {}
+    for schedule in ("block", "global"):
+        policy = Nightjar(NightjarConfig(max_k=5, switch_cost=False, exploration=schedule))
+        played = run(policy, goodput, [1], 3000)
+        shares[schedule] = sum(k != best for _, k in played[-1500:]) / 1500
+        st = policy.bucket_state(1)
+        assert exploit(st["g"], st["n"], prev_k=best, c_prefill=0.0) == best
+    assert shares["global"] < shares["block"]
+
+
 def test_converges_to_the_best_arm():
     best = 3
     goodput = lambda b, k: 100.0 - 12.0 * abs(k - best)  # noqa: E731 - a peak at k = 3
@@ -161,6 +190,9 @@ def test_request_modes_and_registration():
     policy = speculation_policy("nightjar:3")
     assert isinstance(policy, Nightjar) and policy.config.max_k == 3
     assert speculation_policy("nightjar").config.max_k == 5
+    assert speculation_policy("nightjar").config.exploration == "block"
+    lemma2 = speculation_policy("nightjar-global:4")
+    assert isinstance(lemma2, Nightjar) and lemma2.config.exploration == "global" and lemma2.config.max_k == 4
     batch = requests(2)
     batch[1].speculation = SpeculationSetting(mode=SpecMode.OFF)
     shapes = policy.decide(batch, SpecContext(now=0.0, step=0, draft_available=True))
