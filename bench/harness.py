@@ -138,10 +138,10 @@ def slo_options(**overrides) -> BenchOptions:
 
 
 def adaptive_options(**overrides) -> BenchOptions:
-    """`make bench-adaptive`: ADAPTIVE_SWEEP (+ nightjar once registered), Poisson from low to high load, one bursty trace."""
+    """`make bench-adaptive`: ADAPTIVE_SWEEP (+ the Nightjar variants), Poisson from low to high load, one bursty trace."""
     from services.scheduler.policies import SPECULATION_POLICIES
 
-    sweep = list(ADAPTIVE_SWEEP) + [c for c in ("policy:nightjar",) if c.split(":")[1] in SPECULATION_POLICIES]
+    sweep = list(ADAPTIVE_SWEEP) + [c for c in ("policy:nightjar", "policy:nightjar-global") if c.split(":")[1] in SPECULATION_POLICIES]
     preset = BenchOptions(name="adaptive", batch1=[], sweep=sweep, sweep_requests=24,
                           rate_factors=[0.5, 1.0, 2.0, 4.0, 8.0], bursty=True, interleave=True)  # fmt: skip
     return replace(preset, **overrides)

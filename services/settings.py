@@ -166,8 +166,13 @@ class ServiceSettings(BaseModel):
     )
     cpu_prepack: bool = Field(
         True,
-        description="Target and draft on CPU (float32): prepack the weights for oneDNN, used by forwards of 4+ token "
-        "rows (faster than MKL there; doubles the weights' memory); off = plain F.linear.",
+        description="Target and draft on CPU (float32): prepack the weights for oneDNN, used by forwards of a few "
+        "token rows on (faster than MKL there; doubles the weights' memory); off = plain F.linear.",
+    )
+    cpu_prepack_min_rows: int | None = Field(
+        None,
+        ge=1,
+        description="Row count from which the prepacked weights are used; unset = measured at load on this CPU.",
     )
 
     # --- scheduler ----------------------------------------------------------------------------
@@ -283,7 +288,8 @@ class ServiceSettings(BaseModel):
         """EngineConfig with the KV cache fields that are set here; the engine's defaults for the rest."""
         fields = {"block_size": self.block_size, "num_blocks": self.num_blocks, "kv_cache_bytes": self.kv_cache_bytes}
         return EngineConfig(
-            kv_grow_blocks=self.kv_grow_blocks, cpu_prepack=self.cpu_prepack, **{k: v for k, v in fields.items() if v is not None}
+            kv_grow_blocks=self.kv_grow_blocks, cpu_prepack=self.cpu_prepack,
+            cpu_prepack_min_rows=self.cpu_prepack_min_rows, **{k: v for k, v in fields.items() if v is not None}
         )
 
     def ngram(self, role: Literal["target", "draft"]) -> tuple[int, int] | None:

@@ -24,8 +24,14 @@ class EngineConfig(BaseModel):
     )
     cpu_prepack: bool = Field(
         True,
-        description="On CPU in float32, multiply forwards of 4+ rows by oneDNN-prepacked weights (cpu_linear.py); "
+        description="On CPU in float32, multiply forwards of a few rows on by oneDNN-prepacked weights (cpu_linear.py); "
         "off = MKL's F.linear for every forward. Doubles the projections' memory.",
+    )
+    cpu_prepack_min_rows: int | None = Field(
+        None,
+        ge=1,
+        description="Row count from which prepacked weights are used; None = measured when the model is loaded "
+        "(where MKL stops being the faster path differs between CPUs).",
     )
     attention_backend: str = Field(
         "auto", description="auto (flashinfer on CUDA when installed, else sdpa), sdpa or flashinfer."

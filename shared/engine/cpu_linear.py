@@ -2,15 +2,23 @@
 
 On CPU a decode or verify forward multiplies a handful of token rows by every
 weight matrix, so it is bound by reading the weights. MKL's sgemm (what
-``F.linear`` calls) reads them fast for 1-3 rows but switches kernel at 4 and
-costs a third more from there (SmolLM2-135M, 2 threads: 31 ms for its 210
-projections at 1-3 rows, 42 ms at 4, 47 ms at 8). The same projections on
-weights reordered once into oneDNN's blocked layout cost 35 / 35 / 41 ms: flat
-up to 6 rows. This is what torch's own compiler does on CPU
+``F.linear`` calls) reads them at very different speeds depending on the row
+count and the CPU: on one of this project's machines SmolLM2-135M's 211
+projections took 31 ms at 1-3 rows, 42 ms at 4 and 47 ms at 8 (2 threads); on
+another (AMD EPYC, 2 threads) 31 ms at 1 row, 66 ms at 2, 81 ms at 3 and 64 ms at
+4. The same projections on weights reordered once into oneDNN's blocked layout
+are flat in the row count (35 / 35 / 41 ms on the first, 21.5 / 21.9 / 22.4 /
+21.7 ms on the second). This is what torch's own compiler does on CPU
 (``torch._inductor`` weight prepacking with ``freezing``), without compiling.
 
-    PackedLinear(x)   rows < min_rows ──▶ F.linear (MKL, the fast path for 1-3 rows)
+    PackedLinear(x)   rows < min_rows ──▶ F.linear (MKL)
                       rows ≥ min_rows ──▶ mkldnn._linear_pointwise on the packed weight
+
+Where MKL stops being the faster path differs from CPU to CPU, so ``prepack``
+measures it when it packs a model (``calibrate_min_rows``: the model's own
+projections at 1 … 4 rows through both paths, a few hundred MB of weights so the
+products read memory as a forward does, medians of 3; about a second for the
+demo target) unless told a ``min_rows``.
 
 The original weight stays (tied embeddings share it, ``state_dict`` and
 ``save_pretrained`` see it); the packed copy is a plain attribute, so it doubles
@@ -20,11 +28,19 @@ where this torch has no oneDNN: ``prepack`` leaves those models alone.
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-DEFAULT_MIN_ROWS = 4  # MKL sgemm is the faster of the two below this many rows
+log = logging.getLogger(__name__)
+
+DEFAULT_MIN_ROWS = 4  # where nothing was measured: MKL below this many rows, the packed weight from there
+CALIBRATION_MAX_ROWS = 4  # from 4 rows on the packed weight was never the slower one on any machine measured
+CALIBRATION_SAMPLE_BYTES = 256 << 20  # enough weights that the products stream them from memory, as a forward does
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -49,6 +65,11 @@ class PackedLinear(nn.Module):
         rows = x.numel() // self.in_features
         if rows < self.min_rows or x.requires_grad:
             return F.linear(x, self.weight, self.bias)
+        return self.packed_forward(x)
+
+    def packed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The product through the packed weight, whatever the row count."""
+        rows = x.numel() // self.in_features
         flat = x.reshape(rows, self.in_features).contiguous()  # [rows, in]
         bias = None if self.bias is None else self.bias.detach()
         out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, bias, "none", [], "")  # [rows, out]
@@ -58,27 +79,84 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, min_rows={self.min_rows}"
 
 
-def prepack(model: nn.Module, min_rows: int = DEFAULT_MIN_ROWS) -> int:
+def _median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def calibrate_min_rows(
+    layers: Sequence[PackedLinear],
+    max_rows: int = CALIBRATION_MAX_ROWS,
+    repeats: int = 3,
+    sample_bytes: int = CALIBRATION_SAMPLE_BYTES,
+) -> int:
+    """The row count from which the packed weight is the faster path, measured on ``layers``.
+
+    Times the layers (the first ones up to ``sample_bytes`` of weights) at 1 … ``max_rows`` rows
+    through MKL and through the packed weight; returns 1 + the largest row count at which MKL was
+    faster (1 when it never was, ``max_rows`` + 1 when it still was at ``max_rows``).
+    """
+    sample, size = [], 0
+    for layer in layers:
+        if size >= sample_bytes:
+            break
+        sample.append(layer)
+        size += layer.weight.numel() * layer.weight.element_size()
+    if not sample:
+        return DEFAULT_MIN_ROWS
+    mkl_faster_up_to = 0
+    with torch.inference_mode():
+        for rows in range(1, max_rows + 1):
+            inputs = [torch.randn(rows, layer.in_features, dtype=layer.weight.dtype) for layer in sample]
+
+            def mkl() -> None:
+                for layer, x in zip(sample, inputs):
+                    F.linear(x, layer.weight, layer.bias)
+
+            def packed() -> None:
+                for layer, x in zip(sample, inputs):
+                    layer.packed_forward(x)
+
+            mkl(), packed()  # warm both paths
+            if _median_time(mkl, repeats) < _median_time(packed, repeats):
+                mkl_faster_up_to = rows
+    return mkl_faster_up_to + 1
+
+
+def prepack(model: nn.Module, min_rows: int | None = None) -> int:
     """Swap every ``nn.Linear`` of ``model`` for a PackedLinear where that pays (CPU, float32); returns how many.
 
-    A layer whose packed product does not match ``F.linear`` on a probe is left as it was.
+    ``min_rows`` None: measured on the model's own layers (``calibrate_min_rows``). A layer whose
+    packed product does not match ``F.linear`` on a probe is left as it was.
     """
     first = next(model.parameters(), None)
     if first is None or not available(first.device, first.dtype):
         return 0
-    swapped = 0
+    swapped: list[PackedLinear] = []
+    probe_rows = min_rows or DEFAULT_MIN_ROWS
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is not nn.Linear:
                 continue
             try:
-                packed = PackedLinear(child, min_rows)
-                probe = torch.randn(max(min_rows, 1), child.in_features, dtype=child.weight.dtype)
+                packed = PackedLinear(child, probe_rows)
+                probe = torch.randn(probe_rows, child.in_features, dtype=child.weight.dtype)
                 with torch.no_grad():
-                    if not torch.allclose(packed(probe), F.linear(probe, child.weight, child.bias), rtol=1e-4, atol=1e-4):
+                    if not torch.allclose(
+                        packed.packed_forward(probe), F.linear(probe, child.weight, child.bias), rtol=1e-4, atol=1e-4
+                    ):
                         continue
             except RuntimeError:  # this build's oneDNN cannot pack it: keep MKL
                 continue
             setattr(parent, name, packed)
-            swapped += 1
-    return swapped
+            swapped.append(packed)
+    if swapped and min_rows is None:
+        min_rows = calibrate_min_rows(swapped)
+        log.info("prepacked %d linear layers; the packed weight from %d rows on (measured)", len(swapped), min_rows)
+        for layer in swapped:
+            layer.min_rows = min_rows
+    return len(swapped)

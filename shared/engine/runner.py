@@ -73,7 +73,9 @@ class ModelRunner:
         register()
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
         self.model = model
-        self.packed_linears = cpu_linear.prepack(model) if self.config.cpu_prepack else 0
+        self.packed_linears = (
+            cpu_linear.prepack(model, self.config.cpu_prepack_min_rows) if self.config.cpu_prepack else 0
+        )
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
         cfg = model.config

@@ -78,3 +78,72 @@ def test_runner_prepacks_on_cpu_and_its_greedy_tokens_do_not_change(tiny_model_d
         outputs[flag] = logits
     torch.testing.assert_close(outputs[True], outputs[False], rtol=1e-4, atol=1e-4)
     assert torch.equal(outputs[True].argmax(-1), outputs[False].argmax(-1))
+
+
+def _stub_timer(monkeypatch, mkl_faster_at):
+    """Make calibrate_min_rows see MKL faster exactly at the row counts in ``mkl_faster_at``."""
+    seen = {}
+
+    def fake_median_time(fn, repeats):
+        rows = seen["rows"]
+        path = fn.__name__
+        return (1.0 if path == "mkl" else 2.0) if rows in mkl_faster_at else (2.0 if path == "mkl" else 1.0)
+
+    real_randn = torch.randn
+
+    def spy_randn(*shape, **kw):
+        seen["rows"] = shape[0]
+        return real_randn(*shape, **kw)
+
+    monkeypatch.setattr(cpu_linear, "_median_time", fake_median_time)
+    monkeypatch.setattr(cpu_linear.torch, "randn", spy_randn)
+
+
+@pytest.mark.parametrize(
+    ("mkl_faster_at", "expected"),
+    [(set(), 1), ({1}, 2), ({1, 2, 3}, 4), ({1, 2, 3, 4}, 5), ({2}, 3)],
+)
+def test_calibrate_min_rows_starts_the_packed_path_after_the_last_row_count_mkl_won(
+    monkeypatch, mkl_faster_at, expected
+):
+    layers = [PackedLinear(nn.Linear(16, 8)) for _ in range(3)]
+    _stub_timer(monkeypatch, mkl_faster_at)
+    assert cpu_linear.calibrate_min_rows(layers) == expected
+
+
+def test_calibrate_min_rows_times_both_paths_on_a_bounded_sample(monkeypatch):
+    layers = [PackedLinear(nn.Linear(64, 64)) for _ in range(10)]  # 16 KiB of weights each
+    calls = []
+    real = PackedLinear.packed_forward
+
+    def spy(self, x):
+        calls.append(self)
+        return real(self, x)
+
+    monkeypatch.setattr(PackedLinear, "packed_forward", spy)
+    got = cpu_linear.calibrate_min_rows(layers, max_rows=2, repeats=1, sample_bytes=3 * 64 * 64 * 4)
+    assert 1 <= got <= 3
+    assert set(map(id, calls)) == set(map(id, layers[:3]))  # only the sampled layers were timed
+
+
+def test_prepack_measures_min_rows_unless_told(monkeypatch):
+    monkeypatch.setattr(cpu_linear, "calibrate_min_rows", lambda layers: 2)
+    measured = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16))
+    assert prepack(measured) == 2
+    assert [m.min_rows for m in measured] == [2, 2]
+
+    told = nn.Sequential(nn.Linear(16, 16))
+    monkeypatch.setattr(cpu_linear, "calibrate_min_rows", lambda layers: pytest.fail("told, not measured"))
+    assert prepack(told, min_rows=3) == 1
+    assert told[0].min_rows == 3
+
+
+def test_runner_takes_min_rows_from_the_engine_config(tiny_model_dir):
+    from shared.engine.factory import build_target_engine
+
+    engine, _ = build_target_engine(
+        tiny_model_dir, device="cpu", dtype="float32", with_tokenizer=False,
+        engine_config=EngineConfig(num_blocks=64, cpu_prepack_min_rows=2),
+    )
+    packed = [m for m in engine.runner.model.modules() if isinstance(m, PackedLinear)]
+    assert packed and {m.min_rows for m in packed} == {2}
