@@ -68,6 +68,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
+from scheduler.feature_relay import FeatureRelay
 from scheduler.frontier import FrontierConfig, FrontierPipeline
 from scheduler.policies.elastic_memory import Action, ElasticDraftMemory, ElasticMemoryConfig, PoolGrowth
 from scheduler.policies.queue import FCFS, Capacity, QueuePolicy, reserved_tokens
@@ -226,6 +227,14 @@ class Scheduler:
         self._draft_offloaded = False
         self._kv_extra_tokens = 0  # budget the grown pool adds while the draft is offloaded (pool_growth)
         self.frontier = FrontierPipeline(cfg.frontier) if cfg.frontier is not None and draft is not None else None
+        # a feature-level draft (EAGLE family) reads target features: the target returns them, the loop relays them
+        spec = getattr(draft, "feature_spec", None)
+        self.features = FeatureRelay(spec) if spec is not None else None
+        want = getattr(target, "want_features", None)  # through wrappers (tracing, ledger) to the worker itself
+        if want is not None:
+            want(spec)
+        elif spec is not None:
+            raise ValueError("the draft reads target features, but the target worker cannot return them")
 
     # ------------------------------------------------------------------ public API
     def submit(self, request: Request) -> RequestStream:
@@ -461,7 +470,10 @@ class Scheduler:
         # a preempted request comes back with its output so far; the target continues after it
         items = [PrefillItem(r.id, r.tokens(), r.sampling) for r in new]
         to_draft = [
-            r for r in new if self._draft_up and not self._draft_offloaded and wants_draft(self.spec_policy, r)
+            r
+            for r in new
+            if self._draft_up and not self._draft_offloaded and wants_draft(self.spec_policy, r)
+            and self.features is None  # a feature draft waits for the target's features: prefilled at its first speculate
         ]
         calls = [self.target.prefill(items)]
         if to_draft:
@@ -487,6 +499,8 @@ class Scheduler:
             if req.state is not RequestState.RUNNING:  # aborted while prefilling
                 continue
             report.prefilled_ids.append(req.id)
+            if self.features is not None:
+                self.features.on_prefill(req, res)
             report.num_prefill_tokens += len(self._commit_tokens(req, [res.first_token], now))
 
     async def _speculate(self, batch: list[Request], shapes: list[SpecShape]) -> list[TokenTree]:
@@ -504,16 +518,24 @@ class Scheduler:
             resync = [r for _, r, _ in spec if not r.on_draft]
             if resync:
                 try:
-                    await draft.prefill([PrefillItem(r.id, r.tokens()[:-1], r.sampling) for r in resync])
+                    if self.features is not None:
+                        await draft.prefill(await self.features.resync_items(resync, self.target))
+                    else:
+                        await draft.prefill([PrefillItem(r.id, r.tokens()[:-1], r.sampling) for r in resync])
                 except Exception:
                     self._draft_stale.update(r.id for r in resync)
                     raise
                 for r in resync:
                     self._mark_on_draft(r, r.num_tokens - 1)
             items = [s.spec_item(r.id, r.tokens()[r.draft_seen :]) for _, r, s in spec]
+            if self.features is not None:
+                for item, (_, r, _) in zip(items, spec):
+                    item.features = r.features
             drafted = await draft.speculate(items)
             if len(drafted) != len(items):
                 raise RuntimeError(f"draft returned {len(drafted)} trees for {len(items)} items")
+            if self.features is not None:
+                self.features.sent([r for _, r, _ in spec])
         except Exception as exc:  # noqa: BLE001 - any draft failure degrades to plain decoding
             self._draft_failed(exc)
             return [TokenTree() for _ in batch]
@@ -558,6 +580,9 @@ class Scheduler:
                 continue
             if len(tree):
                 _record_acceptance(req, tree, res)
+            if self.features is not None and not self.features.on_verify(req, res) and req.on_draft:
+                req.on_draft = False  # its held features were dropped: rebuilt from a recomputation if it speculates
+                self._draft_stale.add(req.id)
             emitted = self._commit_tokens(req, res.tokens, now)
             report.outcomes.append(
                 RequestOutcome(

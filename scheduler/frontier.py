@@ -146,9 +146,12 @@ def chain_head(tree: TokenTree, count: int) -> TokenTree:
     return chain_tail(tree, 0, count)
 
 
-def lookahead_item(seq_id: str, new_tokens: list[int], chunk: TokenTree, s_c: int) -> SpecItem:
-    """Commit the chunk on the draft optimistically and draft s_c + 1 tokens past it."""
-    return SpecItem(seq_id, list(new_tokens) + list(chunk.token_ids), chain_len=s_c + 1)
+def lookahead_item(seq_id: str, new_tokens: list[int], chunk: TokenTree, s_c: int, features=None) -> SpecItem:
+    """Commit the chunk on the draft optimistically and draft s_c + 1 tokens past it.
+
+    ``features``: a feature draft's held target rows (for ``new_tokens``; the chunk's tokens have none yet,
+    the draft runs them on its own outputs and re-runs them when the target's rows arrive)."""
+    return SpecItem(seq_id, list(new_tokens) + list(chunk.token_ids), chain_len=s_c + 1, features=features)
 
 
 @dataclass
@@ -228,7 +231,8 @@ class FrontierPipeline:
                 chunks[i] = chain_tail(la, 1, c)
                 self.stats.advances += 1
             else:
-                fresh.append((i, r, SpecItem(r.id, r.tokens()[r.draft_seen :], chain_len=c, rollback=st.optimistic)))
+                item = SpecItem(r.id, r.tokens()[r.draft_seen :], chain_len=c, rollback=st.optimistic, features=r.features)
+                fresh.append((i, r, item))
                 self.stats.resets += 1
         if fresh:
             try:
@@ -243,6 +247,8 @@ class FrontierPipeline:
                 results = await loop._verify(batch, trees, report) if batch else []
                 return PipelinedStep(trees, results, t1 - t0, clock.now() - t1, s_c)
             loop._draft_backoff = 0.0
+            if loop.features is not None:
+                loop.features.sent([r for _, r, _ in fresh])
             for (i, r, _), tree in zip(fresh, drafted):
                 r.draft_seen = r.num_tokens
                 self.state[r.id].optimistic = 0
@@ -251,7 +257,7 @@ class FrontierPipeline:
 
         trees = [chunks.get(i, TokenTree()) for i in range(len(batch))]
         ahead = [(i, r) for i, r, _ in spec if len(trees[i])]
-        items = [lookahead_item(r.id, r.tokens()[r.draft_seen :], trees[i], s_c) for i, r in ahead]
+        items = [lookahead_item(r.id, r.tokens()[r.draft_seen :], trees[i], s_c, r.features) for i, r in ahead]
         calls = [loop._verify(batch, trees, report)]
         if items:
             calls.append(loop.draft.speculate(items))
@@ -264,6 +270,8 @@ class FrontierPipeline:
             loop._draft_failed(lookaheads if isinstance(lookaheads, Exception) else RuntimeError("lookahead count"))
             self.state.clear()
             lookaheads = []
+        if lookaheads and loop.features is not None:
+            loop.features.sent([r for _, r in ahead])
         for (i, r), la in zip(ahead, lookaheads):
             st = self.state[r.id]
             st.lookahead = la if _is_chain(la) else None

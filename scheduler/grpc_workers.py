@@ -35,8 +35,11 @@ import grpc.aio
 import shared.rpc  # noqa: F401 - builds the generated code if needed
 from shared.engine.types import AcceptResult, PrefillItem, PrefillResult, SpecItem, TokenTree, VerifyItem
 from shared.rpc.channel import aio_channel
+from shared.engine.features import FeatureBlock, FeatureSpec
 from shared.rpc.convert import (
     accept_from_pb,
+    feature_block_from_pb,
+    feature_spec_to_pb,
     prefill_item_to_pb,
     prefill_result_from_pb,
     spec_item_to_pb,
@@ -120,19 +123,38 @@ class GrpcTargetWorker(_GrpcWorker):
     def _make_stub(self, channel: grpc.aio.Channel) -> target_pb2_grpc.TargetServiceStub:
         return target_pb2_grpc.TargetServiceStub(channel)
 
+    feature_spec: FeatureSpec | None = None  # set by the scheduler when its draft reads target features
+
+    def _spec_pb(self) -> dict:
+        return {"features": feature_spec_to_pb(self.feature_spec)} if self.feature_spec is not None else {}
+
     async def prefill(self, items: list[PrefillItem]) -> list[PrefillResult]:
         reply = await self._call(
-            "Prefill", target_pb2.TargetPrefillRequest(items=[prefill_item_to_pb(i) for i in items])
+            "Prefill", target_pb2.TargetPrefillRequest(items=[prefill_item_to_pb(i) for i in items], **self._spec_pb())
         )
         results = [prefill_result_from_pb(o) for o in reply.outputs]
         self._check_ids("Prefill", [i.seq_id for i in items], [r.seq_id for r in results])
         return results
 
     async def verify(self, items: list[VerifyItem]) -> list[AcceptResult]:
-        reply = await self._call("Verify", target_pb2.VerifyRequest(items=[verify_item_to_pb(i) for i in items]))
+        reply = await self._call(
+            "Verify", target_pb2.VerifyRequest(items=[verify_item_to_pb(i) for i in items], **self._spec_pb())
+        )
         answered = [accept_from_pb(o) for o in reply.outputs]
         self._check_ids("Verify", [i.seq_id for i in items], [seq_id for seq_id, _ in answered])
         return [result for _, result in answered]
+
+    def want_features(self, spec: FeatureSpec | None) -> None:
+        """Return target features with every prefill and verify from now on (None: stop)."""
+        self.feature_spec = spec
+
+    async def features(self, seq_ids: list[str], spec: FeatureSpec) -> list[FeatureBlock]:
+        """Recompute the features of live sequences (a feature draft's resync)."""
+        reply = await self._call(
+            "Features", target_pb2.FeaturesRequest(seq_ids=seq_ids, spec=feature_spec_to_pb(spec))
+        )
+        self._check_ids("Features", seq_ids, [o.seq_id for o in reply.outputs])
+        return [feature_block_from_pb(o.features, f"sequence {o.seq_id!r}") for o in reply.outputs]
 
     async def resize_kv(self, num_blocks: int) -> int:
         """Set the KV pool to ``num_blocks`` (elastic memory, Nightjar §5.1); returns the blocks it now has."""
@@ -143,6 +165,7 @@ class GrpcDraftWorker(_GrpcWorker):
     """``DraftWorker`` over a DraftService."""
 
     role = "draft"
+    feature_spec: FeatureSpec | None = None  # a feature-level draft's (from its Info; main.py reads it)
 
     def _make_stub(self, channel: grpc.aio.Channel) -> draft_pb2_grpc.DraftServiceStub:
         return draft_pb2_grpc.DraftServiceStub(channel)

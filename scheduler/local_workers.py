@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 
 from shared.engine.draft_engine import DraftEngine
+from shared.engine.features import FeatureBlock, FeatureSpec
 from shared.engine.target_engine import TargetEngine
 from shared.engine.types import AcceptResult, PrefillItem, PrefillResult, SpecItem, TokenTree, VerifyItem
 
@@ -26,12 +27,20 @@ def _release_live(engine: TargetEngine | DraftEngine, seq_ids: list[str]) -> Non
 class LocalTargetWorker:
     def __init__(self, engine: TargetEngine) -> None:
         self.engine = engine
+        self.feature_spec: FeatureSpec | None = None  # set by the scheduler when its draft reads features
 
     async def prefill(self, items: list[PrefillItem]) -> list[PrefillResult]:
-        return await asyncio.to_thread(self.engine.prefill, items)
+        return await asyncio.to_thread(self.engine.prefill, items, self.feature_spec)
 
     async def verify(self, items: list[VerifyItem]) -> list[AcceptResult]:
-        return await asyncio.to_thread(self.engine.verify, items)
+        return await asyncio.to_thread(self.engine.verify, items, self.feature_spec)
+
+    def want_features(self, spec: FeatureSpec | None) -> None:
+        """Return target features with every prefill and verify from now on (None: stop)."""
+        self.feature_spec = spec
+
+    async def features(self, seq_ids: list[str], spec: FeatureSpec) -> list[FeatureBlock]:
+        return await asyncio.to_thread(self.engine.features, seq_ids, spec)
 
     async def release(self, seq_ids: list[str]) -> None:
         await asyncio.to_thread(_release_live, self.engine, seq_ids)
@@ -44,6 +53,7 @@ class LocalTargetWorker:
 class LocalDraftWorker:
     def __init__(self, engine: DraftEngine) -> None:
         self.engine = engine
+        self.feature_spec: FeatureSpec | None = getattr(engine, "spec", None)  # a feature-level draft's
 
     async def prefill(self, items: list[PrefillItem]) -> None:
         await asyncio.to_thread(self.engine.prefill, items)

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 
 from shared.engine.types import SamplingParams
+from shared.engine.features import FeatureBlock
 
 
 class RequestState(enum.Enum):
@@ -99,6 +100,8 @@ class Request:
     on_draft: bool = False  # the draft worker holds this sequence
     resident: bool = False  # preempted but still holding its KV on the target (resumes without a prefill)
     draft_seen: int = 0  # tokens of tokens() the draft has been given
+    # target features held for a feature-level draft until its next call (scheduler/feature_relay.py)
+    features: FeatureBlock | None = field(default=None, repr=False)
 
     # --- derived -----------------------------------------------------------------------------
     @property

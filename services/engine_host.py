@@ -32,11 +32,18 @@ import shared.rpc  # noqa: F401 - builds the generated code if needed
 from services.settings import ServiceSettings, ngram_name
 from services.spans import annotate
 from shared.engine.draft_engine import DraftEngine
-from shared.engine.factory import build_draft_engine, build_ngram_draft_engine, build_target_engine
+from shared.engine.eagle.loading import is_eagle_dir
+from shared.engine.errors import ModelLoadError
+from shared.engine.factory import (
+    build_draft_engine,
+    build_feature_draft_engine,
+    build_ngram_draft_engine,
+    build_target_engine,
+)
 from shared.engine.loading import LoadedModel
 from shared.engine.ngram_drafter import NgramDraftEngine
 from shared.engine.target_engine import TargetEngine
-from shared.rpc.convert import CallTimer
+from shared.rpc.convert import CallTimer, feature_spec_to_pb
 from shared.rpc.gen.tandem.v1 import common_pb2
 
 T = TypeVar("T")
@@ -89,6 +96,9 @@ class EngineHost:
         engine_config = settings.engine_config()
         if role == "draft":  # only the target's pool grows into the draft's space (TANDEM_KV_GROW_BLOCKS)
             engine_config = engine_config.model_copy(update={"kv_grow_blocks": 0})
+            path = settings.model_path(role)
+            if is_eagle_dir(path):
+                return await asyncio.to_thread(cls._load_feature_draft, settings, path, engine_config)
         engine, loaded = await asyncio.to_thread(
             build,
             settings.model_path(role),
@@ -100,6 +110,34 @@ class EngineHost:
         if role == "target":
             engine.set_early_exit(settings.early_exit_config())
         return cls(engine, loaded, role)
+
+    @classmethod
+    def _load_feature_draft(cls, settings: ServiceSettings, head_dir, engine_config) -> EngineHost:
+        """An EAGLE-3 head: its sizes are checked against the target's config, whose embedding it may borrow."""
+        try:
+            target_dir = settings.model_copy(update={"model": settings.target_model}).model_path("target")
+        except ModelLoadError:
+            target_dir = None  # fine when the head carries its embedding; load_head says so otherwise
+        engine = build_feature_draft_engine(
+            head_dir,
+            target_dir=target_dir,
+            device=settings.device,
+            dtype=settings.dtype,
+            engine_config=engine_config,
+            feature_dtype=settings.feature_dtype,
+        )
+        runner = engine.runner
+        loaded = LoadedModel(
+            model=runner.head,
+            tokenizer=None,
+            name=head_dir.name,
+            dtype=runner.dtype,
+            device=runner.device,
+            vocab_size=runner.vocab_size,
+            max_context=runner.max_context,
+            source=head_dir,
+        )
+        return cls(engine, loaded, "draft")
 
     async def run(self, fn: Callable[..., T], *args: object) -> Ran[T]:
         """``fn(*args)`` on the engine thread, after every call that arrived earlier."""
@@ -161,6 +199,14 @@ class EngineHost:
         info.kv_blocks_base, info.kv_blocks_max = runner.base_blocks, runner.max_blocks
         info.kv_blocks_free = cache.num_free_blocks  # 0 while offloaded: the pool's memory is given back
         info.block_size = cache.block_size
+        spec = getattr(self.engine, "spec", None)  # a feature-level draft: what it reads of the target
+        if spec is not None:
+            info.feature_spec.CopyFrom(feature_spec_to_pb(spec))
+            info.feature_width = runner.feature_width
+        if self.role == "target":
+            cfg = runner.model.config
+            info.hidden_size = cfg.hidden_size
+            info.num_layers = cfg.num_hidden_layers
         return info
 
     def close(self) -> None:

@@ -144,6 +144,15 @@ class ServiceSettings(BaseModel):
         "or a role of the pair (target, draft); unset = the pair's model for this service's role. "
         "The draft service also takes ngram or ngram:MIN-MAX: model-free prompt lookup, no weights.",
     )
+    target_model: str | None = Field(
+        None,
+        description="Draft service with an EAGLE-3 head that carries no token embedding (published heads): the "
+        "target model (path or name) to take it from; unset = the pair's target.",
+    )
+    feature_dtype: str = Field(
+        "float16",
+        description="Feature-level drafts: the dtype target features travel in (float16, bfloat16, float32).",
+    )
     vocab_size: int | None = Field(
         None,
         ge=1,

@@ -42,6 +42,7 @@ class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
             batch_size=len(items),
             prefill_tokens=sum(len(p.prompt_ids) for p in items),
             seq_ids=[p.seq_id for p in items],
+            feature_bytes=sum(len(p.features.data) for p in items if p.features is not None),
         )
         ran = await self.host.run(self._prefill, items)
         costs = [cost_to_pb(c) for c in ran.result]
@@ -60,6 +61,7 @@ class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
             chain_lens=[it.chain_len for it in items],
             tree_shapes=[f"{it.tree_depth}x{it.tree_width}" for it in items],
             seq_ids=[it.seq_id for it in items],
+            feature_bytes=sum(len(it.features.data) for it in items if it.features is not None),
         )
         ran = await self.host.run(self._speculate, items)
         trees, engine_costs = ran.result

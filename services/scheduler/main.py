@@ -47,6 +47,7 @@ from scheduler.workers import RealClock
 from services.engine_host import service_version
 from services.runtime import serve_until_stopped
 from services.scheduler.budget import Budget, load_budget, load_draft_cost_model
+from shared.rpc.convert import feature_spec_from_pb
 from services.scheduler.ledger import StepLedger
 from services.scheduler.observers.metrics import MetricsObserver
 from services.scheduler.observers.policy_state import PolicyStateSync
@@ -138,7 +139,17 @@ async def _start(
     budget = await load_budget(settings, target_info, store)
     log.info("%s", budget.describe())
 
-    draft_cost = await _draft_cost_model(settings, draft) if draft is not None else None
+    draft_info = await _draft_info(draft) if draft is not None else None
+    draft_cost = await asyncio.to_thread(load_draft_cost_model, settings, draft_info) if draft_info else None
+    if draft_info is not None and draft_info.HasField("feature_spec"):
+        problem = feature_mismatch(draft_info, target_info)
+        if problem:
+            log.error("the draft cannot serve this target (%s); serving without speculation", problem)
+            draft = None
+        else:
+            draft.feature_spec = feature_spec_from_pb(draft_info.feature_spec)
+            log.info("feature-level draft: target features of layers %s travel as %s (%d values per token)",
+                     list(draft.feature_spec.layer_ids), draft.feature_spec.dtype, draft_info.feature_width)  # fmt: skip
     spec_policy = speculation_policy(settings.speculation_policy)
     clock = RealClock()
     tracer = RequestTracer(provider)
@@ -255,14 +266,27 @@ async def _target_info(target: GrpcTargetWorker, wait_s: float) -> common_pb2.Se
             await asyncio.sleep(0.5)
 
 
-async def _draft_cost_model(settings: ServiceSettings, draft: GrpcDraftWorker):
-    """The draft's profiled T_fwd, when it answers Info now and a profile of it is stored; else None."""
+async def _draft_info(draft: GrpcDraftWorker) -> common_pb2.ServiceInfo | None:
+    """The draft's Info (its cost profile's key, the features it reads), when it answers now; else None."""
     try:
-        info = await draft.info(wait_s=10.0)  # started together (tandem up): give it time to come up
+        return await draft.info(wait_s=10.0)  # started together (tandem up): give it time to come up
     except Exception as exc:  # noqa: BLE001 - the draft may come later; the policies then learn its cost online
         log.info("no draft cost model (draft Info: %s); policies measure the draft online", exc)
         return None
-    return await asyncio.to_thread(load_draft_cost_model, settings, info)
+
+
+def feature_mismatch(draft: common_pb2.ServiceInfo, target: common_pb2.ServiceInfo) -> str | None:
+    """Why a feature-level draft cannot read this target's features, or None when it can."""
+    layers = list(draft.feature_spec.layer_ids)
+    if target.num_layers and any(i > target.num_layers for i in layers):
+        return f"it reads layers {layers}, the target has {target.num_layers}"
+    if target.hidden_size and draft.feature_width != len(layers) * target.hidden_size:
+        return (
+            f"it reads rows of {draft.feature_width} values, the target's are {len(layers)} x {target.hidden_size}"
+        )
+    if draft.vocab_size and target.vocab_size and draft.vocab_size != target.vocab_size:
+        return f"its vocabulary has {draft.vocab_size} tokens, the target's {target.vocab_size}"
+    return None
 
 
 def kv_token_budget(info: common_pb2.ServiceInfo, config: SchedulerConfig, max_spec_k: int = 32) -> int:

@@ -20,10 +20,13 @@ from services.engine_host import EngineHost
 from services.spans import annotate, event
 from shared.engine.target_engine import TargetEngine, TargetStepOutput
 from shared.engine.types import PrefillItem, VerifyItem
+from shared.engine.features import FeatureSpec
 from shared.rpc.convert import (
     CallTimer,
     accept_to_pb,
     cost_to_pb,
+    feature_block_to_pb,
+    feature_spec_from_pb,
     prefill_item_from_pb,
     prefill_result_to_pb,
     verify_item_from_pb,
@@ -41,7 +44,7 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
     ) -> target_pb2.TargetPrefillResponse:
         timer = CallTimer()
         prefills = [prefill_item_from_pb(m) for m in request.items]
-        out, costs, timing = await self._step(prefills, [], timer)
+        out, costs, timing = await self._step(prefills, [], timer, _spec(request))
         return target_pb2.TargetPrefillResponse(
             outputs=[prefill_result_to_pb(r) for r in out.prefills], costs=costs, timing=timing
         )
@@ -51,7 +54,7 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
     ) -> target_pb2.VerifyResponse:
         timer = CallTimer()
         verifies = [verify_item_from_pb(m) for m in request.items]
-        out, costs, timing = await self._step([], verifies, timer)
+        out, costs, timing = await self._step([], verifies, timer, _spec(request))
         return target_pb2.VerifyResponse(
             outputs=[accept_to_pb(v.seq_id, r) for v, r in zip(verifies, out.verifies)], costs=costs, timing=timing
         )
@@ -60,7 +63,7 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
         timer = CallTimer()
         prefills = [prefill_item_from_pb(m) for m in request.prefills]
         verifies = [verify_item_from_pb(m) for m in request.verifies]
-        out, costs, timing = await self._step(prefills, verifies, timer)
+        out, costs, timing = await self._step(prefills, verifies, timer, _spec(request))
         return target_pb2.StepResponse(
             prefills=[prefill_result_to_pb(r) for r in out.prefills],
             verifies=[accept_to_pb(v.seq_id, r) for v, r in zip(verifies, out.verifies)],
@@ -93,8 +96,27 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
             timing=ran.timing(timer),
         )
 
+    async def Features(
+        self, request: target_pb2.FeaturesRequest, context: grpc.aio.ServicerContext
+    ) -> target_pb2.FeaturesResponse:
+        timer = CallTimer()
+        spec = feature_spec_from_pb(request.spec)
+        seq_ids = list(request.seq_ids)
+        annotate(batch_size=len(seq_ids), seq_ids=seq_ids, feature_layers=list(spec.layer_ids))
+        ran = await self.host.run(self.engine.features, seq_ids, spec)
+        blocks = ran.result
+        annotate(feature_bytes=sum(len(b.data) for b in blocks), feature_rows=sum(b.num_rows for b in blocks))
+        return target_pb2.FeaturesResponse(
+            outputs=[target_pb2.FeatureOutput(seq_id=s, features=feature_block_to_pb(b)) for s, b in zip(seq_ids, blocks)],
+            timing=ran.timing(timer),
+        )
+
     async def _step(
-        self, prefills: list[PrefillItem], verifies: list[VerifyItem], timer: CallTimer
+        self,
+        prefills: list[PrefillItem],
+        verifies: list[VerifyItem],
+        timer: CallTimer,
+        features: FeatureSpec | None = None,
     ) -> tuple[TargetStepOutput, list[common_pb2.ForwardCost], common_pb2.Timing]:
         annotate(
             batch_size=len(prefills) + len(verifies),
@@ -103,11 +125,19 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
             tree_nodes=[len(v.tree) for v in verifies],
             seq_ids=[p.seq_id for p in prefills] + [v.seq_id for v in verifies],
         )
-        ran = await self.host.run(self.engine.step, prefills, verifies)
+        ran = await self.host.run(self.engine.step, prefills, verifies, features)
         out = ran.result
+        if features is not None:  # what travels to the draft, per step (only committed tokens' rows)
+            blocks = [r.features for r in [*out.prefills, *out.verifies] if r.features is not None]
+            annotate(feature_bytes=sum(len(b.data) for b in blocks), feature_rows=sum(b.num_rows for b in blocks))
         costs = [cost_to_pb(out.cost)] if out.cost is not None else []
         if verifies:
             annotate(accepted_lens=[r.num_accepted for r in out.verifies])
         if out.cost is not None:
             annotate(batched_tokens=out.cost.num_batched_tokens, context_tokens=out.cost.num_context_tokens)
         return out, costs, ran.timing(timer, forward_ns=sum(c.duration_ns for c in costs))
+
+
+def _spec(request) -> FeatureSpec | None:
+    """The request's FeatureSpec, when the scheduler asked for features (a feature-level draft is in use)."""
+    return feature_spec_from_pb(request.features) if request.HasField("features") else None

@@ -77,8 +77,11 @@ class DraftEngine:
                     f"sequence {p.seq_id!r}: prompt of {len(p.prompt_ids)} tokens exceeds the context window of "
                     f"{self.runner.max_context}"
                 )
+            self._check_prefill(p)
         added = [self.runner.add(p.seq_id, p.prompt_ids, p.sampling) for p in items]
         try:
+            for seq, p in zip(added, items):
+                self._prefilled(seq, p)
             self.costs = [self.runner.forward([Work(seq) for seq in added]).cost]
         except BaseException:
             for seq in added:
@@ -97,6 +100,22 @@ class DraftEngine:
             if not (0 <= it.rollback < self.runner.get(it.seq_id).num_committed):
                 raise InvalidRequestError(f"sequence {it.seq_id!r}: cannot roll back {it.rollback} committed tokens")
             spec_checks.check_shape(it, max_chain=self.max_chain, max_depth=self.max_depth, max_width=self.max_width)
+            self._check_item(it)
+
+    # hooks for drafts that take more than tokens (eagle/draft_engine.py); checks run before anything changes
+    def _check_prefill(self, item: PrefillItem) -> None:
+        pass
+
+    def _prefilled(self, seq, item: PrefillItem) -> None:
+        pass
+
+    def _check_item(self, item: SpecItem) -> None:
+        pass
+
+    def _apply(self, seq, item: SpecItem) -> None:
+        """Bring the sequence up to what the target committed: undo a failed optimistic prefix, append the tokens."""
+        self.runner.truncate(seq, item.rollback)
+        self.runner.commit(seq, item.new_tokens)
 
     def speculate(self, items: list[SpecItem]) -> list[TokenTree]:
         self._check_resident()
@@ -104,8 +123,7 @@ class DraftEngine:
         drafters: list[ChainDrafter | BeamDrafter] = []
         for it in items:
             seq = self.runner.get(it.seq_id)
-            self.runner.truncate(seq, it.rollback)
-            self.runner.commit(seq, it.new_tokens)
+            self._apply(seq, it)
             if it.tree_depth:
                 drafters.append(BeamDrafter(seq, it.tree_depth, it.tree_width))
             else:

@@ -16,6 +16,8 @@ import torch
 
 from shared.engine.config import EngineConfig
 from shared.engine.draft_engine import DraftEngine
+from shared.engine.eagle.draft_engine import FeatureDraftEngine
+from shared.engine.eagle.runner import EagleRunner
 from shared.engine.loading import LoadedModel, load_causal_lm
 from shared.engine.ngram_drafter import NgramDraftEngine
 from shared.engine.runner import ModelRunner
@@ -46,6 +48,25 @@ def build_draft_engine(
     """Load a local HF directory or .gguf and wrap it in a DraftEngine; raises ModelLoadError."""
     loaded, runner = _load("draft", source, device, dtype, engine_config, with_tokenizer)
     return DraftEngine(runner), loaded
+
+
+def build_feature_draft_engine(
+    head_dir: Path | str,
+    *,
+    target_dir: Path | str | None = None,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+    engine_config: EngineConfig | None = None,
+    feature_dtype: str = "float16",
+) -> FeatureDraftEngine:
+    """An EAGLE-3 head (its directory; the embedding from ``target_dir`` when the head has none); raises ModelLoadError."""
+    from shared.engine.eagle.loading import load_head
+    from shared.engine.loading import resolve_device, resolve_dtype
+
+    dev = resolve_device(device)
+    head = load_head(head_dir, target_dir=target_dir, dtype=resolve_dtype(dtype, dev), device=dev)
+    runner = EagleRunner(head, engine_config, name=f"draft:{Path(head_dir).name}", feature_dtype=feature_dtype)
+    return FeatureDraftEngine(runner)
 
 
 def build_ngram_draft_engine(

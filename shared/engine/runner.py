@@ -17,6 +17,7 @@ dropping every other speculative entry; ``commit(seq, [])`` is a rollback.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ from shared.engine import cpu_linear
 from shared.engine.attention.base import ATTN_IMPLEMENTATION, BatchLayout, SeqLayout, register, select_backend
 from shared.engine.config import EngineConfig
 from shared.engine.early_exit import EarlyExitController
+from shared.engine.feature_capture import FeatureCapture
 from shared.engine.errors import (
     ContextLengthError,
     DuplicateSequenceError,
@@ -55,6 +57,10 @@ class ForwardOutput:
     cost: ForwardCost
     # per work: new-node indices early exit stopped before the last layer (their logits rows are not valid)
     pruned: list[list[int]] = field(default_factory=list)
+    # per work: (packed row of the first fed committed token, how many were fed, position of the first)
+    fed: list[tuple[int, int, int]] = field(default_factory=list)
+    node_packed: list[int] = field(default_factory=list)  # per work: packed row of its first new node
+    features: torch.Tensor | None = None  # [T, width] hidden states at the asked layers (feature_layers)
 
     def root(self, i: int) -> torch.Tensor:
         return self.logits[self.root_rows[i]]
@@ -104,6 +110,13 @@ class ModelRunner:
         self.max_blocks = num_blocks + self.config.kv_grow_blocks
         self.backend = select_backend(self.config.attention_backend, self.cache, self.device)
         self.seqs: dict[str, Sequence] = {}
+        self._capture: FeatureCapture | None = None  # hooks for feature-level drafts, made on first use
+
+    @property
+    def capture(self) -> FeatureCapture:
+        if self._capture is None:
+            self._capture = FeatureCapture(self.decoder)
+        return self._capture
 
     # ------------------------------------------------------------------ sequences
 
@@ -196,10 +209,18 @@ class ModelRunner:
         return table[logical // bs] * bs + logical % bs
 
     @torch.inference_mode()
-    def forward(self, works: list[Work], early_exit: EarlyExitController | None = None) -> ForwardOutput:
-        """One batched forward; ``early_exit`` lets tree nodes of fresh trees stop at intermediate layers."""
+    def forward(
+        self,
+        works: list[Work],
+        early_exit: EarlyExitController | None = None,
+        feature_layers: tuple[int, ...] | None = None,
+    ) -> ForwardOutput:
+        """One batched forward; ``early_exit`` lets tree nodes of fresh trees stop at intermediate layers;
+        ``feature_layers`` also returns the hidden states at those layers (features for an EAGLE draft)."""
         if not works:
             raise InvalidRequestError("empty batch")
+        if feature_layers:
+            self.capture.check(tuple(feature_layers))
         self._validate(works)
         start = time.perf_counter()
 
@@ -212,6 +233,8 @@ class ModelRunner:
         node_rows: list[int | None] = []
         snapshots = [(w.seq, w.seq.num_cached, len(w.seq.tree)) for w in works]
         candidates: list[_Candidate] = []  # tree nodes early exit may prune
+        fed_info: list[tuple[int, int, int]] = []
+        node_packed: list[int] = []
         q_start = 0
         try:
             for w in works:
@@ -233,6 +256,9 @@ class ModelRunner:
                 node_depths = torch.tensor([seq.tree.depths[j] for j in node_ids.tolist()], dtype=torch.long)
                 fed_pos = torch.arange(seq.num_cached, n)  # [num_fed]
                 q_len = len(fed_pos) + len(node_ids)
+                fed_info.append((q_start, len(fed_pos), seq.num_cached))
+                node_packed.append(q_start + len(fed_pos))
+                self._work_inputs(seq, fed_pos, node_ids)
 
                 input_ids += [fed, node_tokens]
                 positions += [fed_pos, n + node_depths]
@@ -270,15 +296,18 @@ class ModelRunner:
             ids = torch.cat(input_ids).to(self.device)[None]  # [1, T]
             pos = torch.cat(positions).to(self.device)[None]  # [1, T]
             pruned: list[list[int]] = [[] for _ in works]
-            if candidates:
-                hidden = self._forward_early_exit(ids, pos, layout, candidates, early_exit, pruned)  # [T, hidden]
-                for w, nodes in zip(works, pruned):
-                    w.seq.tree.pruned.update(nodes)
-            else:
-                hidden = self.decoder(input_ids=ids, position_ids=pos, use_cache=False, tandem_backend=self.backend)
-                hidden = hidden.last_hidden_state[0]  # [T, hidden]
+            features = None
+            with self._recording(feature_layers, q_start):
+                if candidates:
+                    hidden = self._forward_early_exit(ids, pos, layout, candidates, early_exit, pruned)  # [T, hidden]
+                    for w, nodes in zip(works, pruned):
+                        w.seq.tree.pruned.update(nodes)
+                else:
+                    hidden = self._decode(ids, pos, layout)  # [T, hidden]
+                if feature_layers:
+                    features = self.capture.features()  # [T, width]
             rows = torch.tensor(out_rows, dtype=torch.long, device=self.device)
-            logits = self.lm_head(hidden[rows]).float()  # [num_rows, vocab]
+            logits = self._logits(works, hidden, rows)  # [num_rows, vocab]
         except BaseException:
             for seq, num_cached, tree_len in snapshots:
                 seq.num_cached = num_cached
@@ -295,7 +324,34 @@ class ModelRunner:
             num_batched_tokens=q_start,
             num_context_tokens=layout.num_context_tokens,
         )
-        return ForwardOutput(logits=logits, root_rows=root_rows, node_rows=node_rows, cost=cost, pruned=pruned)
+        return ForwardOutput(
+            logits=logits,
+            root_rows=root_rows,
+            node_rows=node_rows,
+            cost=cost,
+            pruned=pruned,
+            fed=fed_info,
+            node_packed=node_packed,
+            features=features,
+        )
+
+    # ------------------------------------------------------------------ what a subclass may change (eagle/runner.py)
+
+    def _work_inputs(self, seq: Sequence, fed_pos: torch.Tensor, node_ids: torch.Tensor) -> None:
+        """Called per work while the batch is packed, in row order: inputs beyond token ids go here."""
+
+    def _decode(self, ids: torch.Tensor, pos: torch.Tensor, layout: BatchLayout) -> torch.Tensor:
+        """ids, pos [1, T] → final hidden states [T, hidden]."""
+        hidden = self.decoder(input_ids=ids, position_ids=pos, use_cache=False, tandem_backend=self.backend)
+        return hidden.last_hidden_state[0]
+
+    def _logits(self, works: list[Work], hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden[rows]).float()  # [num_rows, vocab]
+
+    def _recording(self, feature_layers: tuple[int, ...] | None, num_tokens: int):
+        if not feature_layers:
+            return contextlib.nullcontext()
+        return self.capture.recording(tuple(feature_layers), num_tokens)
 
     def _forward_early_exit(
         self,
@@ -335,7 +391,12 @@ class ModelRunner:
             where = torch.full((num_tokens,), -1, dtype=torch.long)  # packed row -> running row
             where[rows] = torch.arange(rows.numel())
             parent_idx = where[torch.tensor(parent_rows)]
+            capture = self._capture
+            if capture is not None:
+                capture.paused = True  # this norm is the exit test's, not the last layer's output
             logits = self.lm_head(dec.norm(hidden[0, parent_idx.to(self.device)])).float()  # [P, vocab]
+            if capture is not None:
+                capture.paused = False
             slot = {r: i for i, r in enumerate(parent_rows)}
             pidx = torch.tensor([slot[c.parent_row] for c in live], device=self.device)  # [C]
             tok = torch.tensor([c.token for c in live], device=self.device)  # [C]
@@ -355,6 +416,8 @@ class ModelRunner:
                         pruned[d.work].append(d.node)
             keep = alive[rows]  # [T']
             rows = rows[keep]
+            if self._capture is not None:
+                self._capture.rows = rows
             keep_dev = keep.to(self.device)
             hidden, pos, cos, sin = hidden[:, keep_dev], pos[:, keep_dev], cos[:, keep_dev], sin[:, keep_dev]
             self.backend.plan(_shrink(layout, alive, self.device))

@@ -27,6 +27,7 @@ import torch
 from shared.engine.acceptance import _validate_child_dists, accept_tree
 from shared.engine.early_exit import EarlyExitConfig, EarlyExitController
 from shared.engine.errors import ContextLengthError, DuplicateSequenceError, InvalidRequestError, KVPoolSizeError
+from shared.engine.features import FeatureBlock, FeatureSpec
 from shared.engine.runner import ModelRunner, Work
 from shared.engine.sampling import make_generator, probs_from_logits, sample, validate_sampling
 from shared.engine.tree import children_of, validate_tree
@@ -63,11 +64,34 @@ class TargetEngine:
         num_layers = len(self.runner.decoder.layers)
         self.early_exit = EarlyExitController(config, num_layers)
 
-    def prefill(self, items: list[PrefillItem]) -> list[PrefillResult]:
-        return self.step(items, []).prefills
+    def prefill(self, items: list[PrefillItem], features: FeatureSpec | None = None) -> list[PrefillResult]:
+        return self.step(items, [], features).prefills
 
-    def verify(self, items: list[VerifyItem]) -> list[AcceptResult]:
-        return self.step([], items).verifies
+    def verify(self, items: list[VerifyItem], features: FeatureSpec | None = None) -> list[AcceptResult]:
+        return self.step([], items, features).verifies
+
+    def features(self, seq_ids: list[str], spec: FeatureSpec) -> list[FeatureBlock]:
+        """Recompute the features of every committed token each sequence has run (positions 0 .. n-2).
+
+        For a feature draft that lost its state (a restart): it is rebuilt
+        from these. One prefill-sized forward over scratch copies of the
+        sequences; their KV blocks are freed before this returns, and the
+        sequences themselves are not touched.
+        """
+        if len(seq_ids) != len(set(seq_ids)):
+            raise InvalidRequestError("a sequence appears twice in one features call")
+        prefixes = [self.runner.get(s).token_ids[:-1] for s in seq_ids]
+        scratch = []
+        try:
+            for seq_id, prefix in zip(seq_ids, prefixes):
+                scratch.append(self.runner.add(f"\x00features:{seq_id}", prefix))
+            out = self.runner.forward([Work(seq) for seq in scratch], feature_layers=spec.layer_ids)
+        finally:
+            for seq in scratch:
+                self.runner.release(seq.seq_id)
+        return [
+            FeatureBlock.from_tensor(out.features[row : row + n], start, spec.dtype) for row, n, start in out.fed
+        ]
 
     def release(self, seq_ids: list[str]) -> None:
         for seq_id in seq_ids:
@@ -123,7 +147,10 @@ class TargetEngine:
             validate_tree(tree.token_ids, tree.parent_ids, vocab)
             _validate_child_dists(tree, children_of(tree.parent_ids), vocab)
 
-    def step(self, prefills: list[PrefillItem], verifies: list[VerifyItem]) -> TargetStepOutput:
+    def step(
+        self, prefills: list[PrefillItem], verifies: list[VerifyItem], features: FeatureSpec | None = None
+    ) -> TargetStepOutput:
+        """``features``: also return, per sequence, the features of the tokens this step ran and committed."""
         self._validate(prefills, verifies)
         added = [self.runner.add(p.seq_id, p.prompt_ids, p.sampling) for p in prefills]
         for seq in added:
@@ -137,7 +164,11 @@ class TargetEngine:
         if ee is not None:
             ee.begin([v.seq_id for v in verifies], [len(v.tree) for v in verifies])
         try:
-            out = self.runner.forward(works, early_exit=ee if any(len(v.tree) for v in verifies) else None)
+            out = self.runner.forward(
+                works,
+                early_exit=ee if any(len(v.tree) for v in verifies) else None,
+                feature_layers=features.layer_ids if features is not None else None,
+            )
         except BaseException:
             for seq in added:
                 self.runner.release(seq.seq_id)
@@ -148,13 +179,25 @@ class TargetEngine:
             probs = probs_from_logits(out.root(i)[None], seq.sampling)[0]  # [vocab]
             token = int(probs.argmax()) if seq.sampling.greedy else sample(probs, seq.generator)
             self.runner.commit(seq, [token])
-            result.prefills.append(PrefillResult(seq_id=seq.seq_id, first_token=token))
+            block = _committed_features(out, i, [], features)
+            result.prefills.append(PrefillResult(seq_id=seq.seq_id, first_token=token, features=block))
         for j, (seq, v) in enumerate(zip(verify_seqs, verifies)):
             i = len(added) + j
             rows = out.logits[out.root_rows[i] : out.root_rows[i] + 1 + len(v.tree)]  # [1 + num_nodes, vocab]
             accepted = accept_tree(v.tree, rows, seq.sampling, seq.generator, pruned=out.pruned[i])
+            accepted.features = _committed_features(out, i, accepted.accepted_nodes, features)
             self.runner.commit(seq, accepted.tokens)
             if ee is not None:
                 ee.observe_accept(seq.seq_id, len(v.tree), accepted.num_accepted)
             result.verifies.append(accepted)
         return result
+
+
+def _committed_features(out, i: int, accepted_nodes: list[int], spec: FeatureSpec | None) -> FeatureBlock | None:
+    """Work i's feature rows for what it committed: the fed tokens, then the accepted path (consecutive positions)."""
+    if spec is None or out.features is None:
+        return None
+    row, num_fed, start = out.fed[i]
+    packed = list(range(row, row + num_fed)) + [out.node_packed[i] + j for j in accepted_nodes]
+    index = torch.tensor(packed, dtype=torch.long, device=out.features.device)
+    return FeatureBlock.from_tensor(out.features[index], start, spec.dtype)

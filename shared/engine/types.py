@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from shared.engine.features import FeatureBlock
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -90,6 +92,9 @@ class AcceptResult:
     tokens: list[int]
     node_status: list[int]
     pruned_nodes: list[int] = field(default_factory=list)
+    # target features of the tokens this step ran and committed (the fed token(s), then the accepted path);
+    # only when the step was asked for them (feature-level drafts)
+    features: FeatureBlock | None = None
 
     @property
     def num_pruned(self) -> int:
@@ -131,6 +136,8 @@ class PrefillItem:
     seq_id: str
     prompt_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # feature-level drafts only: target features of the prompt's tokens (row t feeds prompt token t + 1)
+    features: FeatureBlock | None = None
 
 
 @dataclass
@@ -160,12 +167,15 @@ class SpecItem:
     tree_width: int = 0
     confidence_threshold: float = 0.0
     rollback: int = 0  # committed tokens to drop before appending new_tokens (an optimistic prefix that failed)
+    # feature-level drafts only: target features the scheduler received since the last call (positions tagged)
+    features: FeatureBlock | None = None
 
 
 @dataclass
 class PrefillResult:
     seq_id: str
     first_token: int
+    features: FeatureBlock | None = None  # the prompt's target features, when asked for
 
 
 @dataclass

@@ -99,3 +99,54 @@ def save_tiny(directory: str | Path, family: Family = "llama", **kwargs: Any) ->
     directory = Path(directory)
     build_tiny(family, **kwargs).save_pretrained(directory)
     return directory
+
+
+def save_tiny_eagle(
+    directory: str | Path,
+    target_dir: str | Path,
+    *,
+    aux_layer_ids: list[int] | None = None,
+    draft_vocab_size: int | None = None,
+    seed: int = 0,
+    with_embedding: bool = False,
+) -> Path:
+    """A random EAGLE-3 head for a tiny target, in the published layout (no embedding unless asked).
+
+    ``draft_vocab_size`` below the target's keeps every other token id (a d2t
+    map that is not the identity), so tests exercise the vocabulary mapping.
+    """
+    import json
+
+    import torch
+
+    from shared.engine.eagle.loading import save_head
+    from shared.engine.eagle.model import Eagle3Config, Eagle3Head
+
+    raw = json.loads((Path(target_dir) / "config.json").read_text())
+    layers = raw["num_hidden_layers"]
+    vocab = raw["vocab_size"]
+    draft_vocab = draft_vocab_size or vocab
+    cfg = Eagle3Config(
+        hidden_size=raw["hidden_size"],
+        intermediate_size=raw["intermediate_size"],
+        num_attention_heads=raw["num_attention_heads"],
+        num_key_value_heads=raw["num_key_value_heads"],
+        head_dim=raw.get("head_dim") or 0,
+        vocab_size=vocab,
+        draft_vocab_size=draft_vocab,
+        target_hidden_size=raw["hidden_size"],
+        aux_layer_ids=aux_layer_ids if aux_layer_ids is not None else [0, layers // 2, layers],
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        rope_theta=(raw.get("rope_parameters") or {}).get("rope_theta", raw.get("rope_theta", 10000.0)),
+        max_position_embeddings=raw.get("max_position_embeddings", 2048),
+    )
+    torch.manual_seed(seed)
+    head = Eagle3Head(cfg)
+    for p in head.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    for norm in (head.norm, head.midlayer.input_layernorm, head.midlayer.hidden_norm, head.midlayer.post_attention_layernorm):
+        torch.nn.init.ones_(norm.weight)
+    if draft_vocab < vocab:
+        keep = torch.arange(0, vocab, max(1, vocab // draft_vocab))[:draft_vocab]
+        head.d2t.copy_(keep - torch.arange(draft_vocab))
+    return save_head(head, directory, dtype=torch.float32, with_embedding=with_embedding)

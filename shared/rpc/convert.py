@@ -17,6 +17,7 @@ import torch
 
 import shared.rpc  # noqa: F401 - builds the generated code if needed
 from shared.engine.errors import InvalidRequestError
+from shared.engine.features import FeatureBlock, FeatureSpec
 from shared.engine.types import (
     AcceptResult,
     ForwardCost,
@@ -101,17 +102,67 @@ def tree_from_pb(msg: common_pb2.TokenTree) -> TokenTree:
     )
 
 
+# --- features (feature-level drafts) ---------------------------------------
+
+_DTYPE_TO_PB = {
+    "float16": common_pb2.FEATURE_DTYPE_FLOAT16,
+    "bfloat16": common_pb2.FEATURE_DTYPE_BFLOAT16,
+    "float32": common_pb2.FEATURE_DTYPE_FLOAT32,
+}
+_DTYPE_FROM_PB = {v: k for k, v in _DTYPE_TO_PB.items()}
+
+
+def _dtype_from_pb(value: int, where: str) -> str:
+    dtype = _DTYPE_FROM_PB.get(value)
+    if dtype is None:
+        raise InvalidRequestError(f"{where}: feature dtype {value} is not a FeatureDType (set float16, bfloat16 or float32)")
+    return dtype
+
+
+def feature_spec_to_pb(spec: FeatureSpec) -> common_pb2.FeatureSpec:
+    return common_pb2.FeatureSpec(layer_ids=list(spec.layer_ids), dtype=_DTYPE_TO_PB[spec.dtype])
+
+
+def feature_spec_from_pb(msg: common_pb2.FeatureSpec) -> FeatureSpec:
+    if not msg.layer_ids:
+        raise InvalidRequestError("feature spec: no layer ids")
+    return FeatureSpec(tuple(msg.layer_ids), _dtype_from_pb(msg.dtype, "feature spec"))
+
+
+def feature_block_to_pb(block: FeatureBlock) -> common_pb2.FeatureBlock:
+    return common_pb2.FeatureBlock(
+        start=block.start, num_rows=block.num_rows, width=block.width, dtype=_DTYPE_TO_PB[block.dtype], data=block.data
+    )
+
+
+def feature_block_from_pb(msg: common_pb2.FeatureBlock, where: str) -> FeatureBlock:
+    try:
+        return FeatureBlock(msg.start, msg.num_rows, msg.width, _dtype_from_pb(msg.dtype, where), bytes(msg.data))
+    except ValueError as exc:
+        raise InvalidRequestError(f"{where}: {exc}") from None
+
+
+def _features_of(msg, where: str) -> FeatureBlock | None:
+    return feature_block_from_pb(msg.features, where) if msg.HasField("features") else None
+
+
 # --- work items -----------------------------------------------------------
 
 
 def prefill_item_to_pb(item: PrefillItem) -> common_pb2.PrefillItem:
-    return common_pb2.PrefillItem(
-        seq_id=item.seq_id, prompt_ids=item.prompt_ids, sampling=sampling_to_pb(item.sampling)
-    )
+    msg = common_pb2.PrefillItem(seq_id=item.seq_id, prompt_ids=item.prompt_ids, sampling=sampling_to_pb(item.sampling))
+    if item.features is not None:
+        msg.features.CopyFrom(feature_block_to_pb(item.features))
+    return msg
 
 
 def prefill_item_from_pb(msg: common_pb2.PrefillItem) -> PrefillItem:
-    return PrefillItem(seq_id=msg.seq_id, prompt_ids=list(msg.prompt_ids), sampling=sampling_from_pb(msg.sampling))
+    return PrefillItem(
+        seq_id=msg.seq_id,
+        prompt_ids=list(msg.prompt_ids),
+        sampling=sampling_from_pb(msg.sampling),
+        features=_features_of(msg, f"sequence {msg.seq_id!r}"),
+    )
 
 
 def verify_item_to_pb(item: VerifyItem) -> target_pb2.VerifyItem:
@@ -126,6 +177,8 @@ def spec_item_to_pb(item: SpecItem) -> draft_pb2.SpecItem:
     if item.chain_len and (item.tree_depth or item.tree_width):
         raise InvalidRequestError(f"{item.seq_id}: a speculation is a chain or a tree, not both")
     msg = draft_pb2.SpecItem(seq_id=item.seq_id, new_tokens=item.new_tokens, rollback=item.rollback)
+    if item.features is not None:
+        msg.features.CopyFrom(feature_block_to_pb(item.features))
     if item.chain_len:
         msg.chain.length = item.chain_len
         msg.chain.confidence_threshold = item.confidence_threshold
@@ -136,7 +189,12 @@ def spec_item_to_pb(item: SpecItem) -> draft_pb2.SpecItem:
 
 
 def spec_item_from_pb(msg: draft_pb2.SpecItem) -> SpecItem:
-    item = SpecItem(seq_id=msg.seq_id, new_tokens=list(msg.new_tokens), rollback=msg.rollback)
+    item = SpecItem(
+        seq_id=msg.seq_id,
+        new_tokens=list(msg.new_tokens),
+        rollback=msg.rollback,
+        features=_features_of(msg, f"sequence {msg.seq_id!r}"),
+    )
     shape = msg.WhichOneof("shape")
     if shape == "chain":
         item.chain_len = msg.chain.length
@@ -151,21 +209,29 @@ def spec_item_from_pb(msg: draft_pb2.SpecItem) -> SpecItem:
 
 
 def prefill_result_to_pb(result: PrefillResult) -> target_pb2.PrefillOutput:
-    return target_pb2.PrefillOutput(seq_id=result.seq_id, first_token=result.first_token)
+    msg = target_pb2.PrefillOutput(seq_id=result.seq_id, first_token=result.first_token)
+    if result.features is not None:
+        msg.features.CopyFrom(feature_block_to_pb(result.features))
+    return msg
 
 
 def prefill_result_from_pb(msg: target_pb2.PrefillOutput) -> PrefillResult:
-    return PrefillResult(seq_id=msg.seq_id, first_token=msg.first_token)
+    return PrefillResult(
+        seq_id=msg.seq_id, first_token=msg.first_token, features=_features_of(msg, f"sequence {msg.seq_id!r}")
+    )
 
 
 def accept_to_pb(seq_id: str, result: AcceptResult) -> target_pb2.VerifyOutput:
-    return target_pb2.VerifyOutput(
+    msg = target_pb2.VerifyOutput(
         seq_id=seq_id,
         accepted_nodes=result.accepted_nodes,
         tokens=result.tokens,
         node_status=[_STATUS_TO_PB[s] for s in result.node_status],
         pruned_nodes=result.pruned_nodes,
     )
+    if result.features is not None:
+        msg.features.CopyFrom(feature_block_to_pb(result.features))
+    return msg
 
 
 def accept_from_pb(msg: target_pb2.VerifyOutput) -> tuple[str, AcceptResult]:
@@ -178,6 +244,7 @@ def accept_from_pb(msg: target_pb2.VerifyOutput) -> tuple[str, AcceptResult]:
         tokens=list(msg.tokens),
         node_status=status,
         pruned_nodes=list(msg.pruned_nodes),
+        features=_features_of(msg, f"sequence {msg.seq_id!r}"),
     )
 
 

@@ -1,0 +1,69 @@
+"""The feature-level draft: DraftEngine's prefill / speculate over an EagleRunner, with target features.
+
+Beyond the token-only draft, every call carries the target's features of the
+tokens it brings (``PrefillItem.features``, ``SpecItem.features``)::
+
+    prefill   prompt x_0..x_{P-1}             features f_0..f_{P-2} (or ..f_{P-1})   (row t feeds token t+1)
+    speculate new tokens (accepted + bonus)   features of the tokens the target ran since the last call
+
+Every check (dtype, width, position range, an unknown sequence) runs before
+anything changes, so bad features cost the caller an INVALID_ARGUMENT and
+nothing else. Chain and beam drafting are the token draft's own drafters,
+unchanged: the runner feeds each new node the head's output at its parent.
+"""
+
+from __future__ import annotations
+
+from shared.engine.draft_engine import DraftEngine
+from shared.engine.eagle.runner import EagleRunner
+from shared.engine.errors import InvalidRequestError
+from shared.engine.types import PrefillItem, SpecItem
+
+
+class FeatureDraftEngine(DraftEngine):
+    runner: EagleRunner
+
+    @property
+    def spec(self):
+        return self.runner.spec
+
+    def _check_prefill(self, item: PrefillItem) -> None:
+        block = item.features
+        need = len(item.prompt_ids) - 1  # the first token has no predecessor
+        if block is None:
+            if need:
+                raise InvalidRequestError(
+                    f"sequence {item.seq_id!r}: a feature draft needs the target's features of the prompt "
+                    f"({need} rows, positions 0..{need - 1})"
+                )
+            return
+        if block.start != 0 or block.num_rows < need:
+            raise InvalidRequestError(
+                f"sequence {item.seq_id!r}: prompt of {len(item.prompt_ids)} tokens needs feature rows 0..{need - 1}, "
+                f"got rows {block.start}..{block.end - 1}"
+            )
+        if block.end > len(item.prompt_ids):
+            raise InvalidRequestError(
+                f"sequence {item.seq_id!r}: {block.num_rows} feature rows for a prompt of {len(item.prompt_ids)} tokens"
+            )
+        if block.dtype != self.spec.dtype or block.width != self.runner.feature_width:
+            raise InvalidRequestError(
+                f"sequence {item.seq_id!r}: features of width {block.width} in {block.dtype}; this head reads "
+                f"width {self.runner.feature_width} in {self.spec.dtype}"
+            )
+
+    def _prefilled(self, seq, item: PrefillItem) -> None:
+        if item.features is not None:
+            self.runner.add_features(seq, item.features, ahead=True)
+
+    def _check_item(self, item: SpecItem) -> None:
+        if item.features is None:
+            return
+        seq = self.runner.get(item.seq_id)
+        committed = seq.num_committed - item.rollback + len(item.new_tokens)
+        self.runner.check_features(seq, item.features, num_committed=committed, rollback=item.rollback)
+
+    def _apply(self, seq, item: SpecItem) -> None:
+        super()._apply(seq, item)
+        if item.features is not None:
+            self.runner.add_features(seq, item.features)
