@@ -71,6 +71,11 @@ class TandemMetrics:
         self.draft_tokens_accepted_total = Counter(
             "draft_tokens_accepted_total", "Draft tokens accepted by the target.", namespace=ns, registry=reg
         )
+        self.feature_bytes_total = Counter(
+            "feature_bytes_total", "Target feature bytes relayed for a feature-level draft (hop: target->scheduler, "
+            "scheduler->draft); their rate per step is what the EAGLE boundary costs on the wire.",
+            ["hop"], namespace=ns, registry=reg,
+        )  # fmt: skip
         self.accepted_length = Histogram(
             "accepted_length", "Tokens committed per request per step, bonus included.",
             namespace=ns, registry=reg, buckets=LENGTH_BUCKETS,
@@ -175,6 +180,12 @@ class TandemMetrics:
             self.speculation_length.observe(k)
         if ks:
             self.step_speculation_length.set(sum(ks) / len(ks))
+
+    def observe_feature_bytes(self, *, received: int, sent: int) -> None:
+        if received:
+            self.feature_bytes_total.labels("target_to_scheduler").inc(received)
+        if sent:
+            self.feature_bytes_total.labels("scheduler_to_draft").inc(sent)
 
     def observe_draft_memory(
         self, *, event: str | None, offloaded: bool, pool_event: str | None = None, kv_token_budget: int | None = None

@@ -38,6 +38,7 @@ class MetricsObserver:
         self.ema_alpha = ema_alpha
         self._ema_rate: float | None = None
         self._ema_length: float | None = None
+        self._feature_bytes = (0, 0)  # the relay's all-time (in, out) at the last step
 
     def on_submit(self, request: Request) -> None:
         self._set_load()
@@ -55,6 +56,11 @@ class MetricsObserver:
                 ema_accepted_length=self._ema_length,
             )
         self.metrics.observe_speculation([o.shape.max_depth for o in report.outcomes])
+        relay = self.scheduler.features
+        if relay is not None:
+            now = (relay.bytes_in, relay.bytes_out)
+            self.metrics.observe_feature_bytes(received=now[0] - self._feature_bytes[0], sent=now[1] - self._feature_bytes[1])
+            self._feature_bytes = now
         self.metrics.observe_draft_memory(
             event=report.draft_memory_event,
             offloaded=report.draft_offloaded,

@@ -59,6 +59,7 @@ class Eagle3Config:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int = 8192
+    norm_before_residual: bool = False  # some exports normalise the feature before it becomes the residual
     extra: dict = field(default_factory=dict)  # other keys of config.json, kept on save
 
     def __post_init__(self) -> None:
@@ -87,7 +88,7 @@ class Eagle3Config:
         known = {
             "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
             "draft_vocab_size", "target_hidden_size", "head_dim", "rms_norm_eps", "rope_theta", "rope_parameters",
-            "max_position_embeddings", "eagle_config", "aux_layer_ids",
+            "max_position_embeddings", "eagle_config", "aux_layer_ids", "norm_before_residual",
         }  # fmt: skip
         return cls(
             hidden_size=raw["hidden_size"],
@@ -102,6 +103,7 @@ class Eagle3Config:
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
             rope_theta=raw.get("rope_theta") or rope.get("rope_theta", 10000.0),
             max_position_embeddings=raw.get("max_position_embeddings", 8192),
+            norm_before_residual=bool(raw.get("norm_before_residual", False)),
             extra={k: v for k, v in raw.items() if k not in known},
         )
 
@@ -124,6 +126,7 @@ class Eagle3Config:
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
             "max_position_embeddings": self.max_position_embeddings,
+            "norm_before_residual": self.norm_before_residual,
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids)},
         }
 
@@ -189,11 +192,13 @@ class Eagle3Layer(nn.Module):
         self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.self_attn = Eagle3Attention(cfg)
         self.mlp = LlamaMLP(llama)
+        self.norm_before_residual = cfg.norm_before_residual
 
     def forward(self, embeds, feats, cos, sin, backend=None) -> torch.Tensor:
         """embeds, feats [B, T, H] → pre-norm output [B, T, H]."""
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(feats)], dim=-1)  # [B, T, 2H]
-        h = self.self_attn(x, cos, sin, backend) + feats
+        normed = self.hidden_norm(feats)
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [B, T, 2H]
+        h = self.self_attn(x, cos, sin, backend) + (normed if self.norm_before_residual else feats)
         return self.mlp(self.post_attention_layernorm(h)) + h
 
 

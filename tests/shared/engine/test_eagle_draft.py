@@ -224,3 +224,23 @@ def test_sampling_with_the_feature_draft_follows_the_target(tmp_path, shape):
     assert accepted > 0
     runner.check_accounting()
     draft.runner.check_accounting()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_a_published_layout_head_serves_llama_and_qwen_targets(tmp_path, family):
+    """A head as vLLM / SGLang load it (config + safetensors, no embedding, d2t) drafts for each family's target."""
+    target_dir = save_tiny(tmp_path / "t", family, num_layers=3, seed=2)
+    head_dir = save_tiny_eagle(tmp_path / "h", target_dir, aux_layer_ids=None, draft_vocab_size=128)
+    from safetensors import safe_open
+
+    with safe_open(str(head_dir / "model.safetensors"), framework="pt") as f:
+        keys = set(f.keys())
+    assert {"fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.hidden_norm.weight", "d2t", "t2d"} <= keys
+    assert "embed_tokens.weight" not in keys
+    target, loaded = build_target_engine(target_dir, device="cpu", engine_config=CONFIG, with_tokenizer=False)
+    draft = build_feature_draft_engine(head_dir, target_dir=target_dir, device="cpu", engine_config=CONFIG)
+    ref = Reference(loaded.model)
+    sched = Scheduler(LocalTargetWorker(target), LocalDraftWorker(draft), spec_policy=FixedChain(3))
+    reqs = [Request(id=f"r{i}", prompt_ids=p, max_new_tokens=10) for i, p in enumerate(PROMPTS[:2])]
+    for req, out in zip(reqs, run(sched, reqs)):
+        assert out == ref.greedy(req.prompt_ids, req.max_new_tokens)
