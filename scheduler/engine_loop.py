@@ -519,7 +519,7 @@ class Scheduler:
             if resync:
                 try:
                     if self.features is not None:
-                        await draft.prefill(await self.features.resync_items(resync, self.target))
+                        await self.features.resync(resync, self.target, draft)
                     else:
                         await draft.prefill([PrefillItem(r.id, r.tokens()[:-1], r.sampling) for r in resync])
                 except Exception:

@@ -82,7 +82,8 @@ def test_feature_draft_is_lossless_through_the_scheduler(dirs, policy):
     assert draft.runner.state == {}
 
 
-def test_a_restarted_draft_is_rebuilt_from_recomputed_features(dirs):
+@pytest.mark.parametrize("max_call_rows", [None, 3], ids=["one-call", "split-calls"])
+def test_a_restarted_draft_is_rebuilt_from_recomputed_features(dirs, max_call_rows):
     target, draft, ref = engines(dirs)
     worker = LocalDraftWorker(draft)
     sched = Scheduler(
@@ -91,6 +92,16 @@ def test_a_restarted_draft_is_rebuilt_from_recomputed_features(dirs):
         spec_policy=FixedChain(3),
         config=SchedulerConfig(draft_retry_initial_s=0.0, draft_retry_max_s=0.0),
     )
+    if max_call_rows:  # long prompts go back in several calls, none over the byte cap
+        sched.features.max_call_bytes = max_call_rows * draft.runner.feature_width * 2
+        calls = []
+        speculate = worker.speculate
+
+        async def counting(items):
+            calls.append(sum(len(i.features.data) for i in items if i.features is not None))
+            return await speculate(items)
+
+        worker.speculate = counting
     reqs = [Request(id=f"r{i}", prompt_ids=p, max_new_tokens=24) for i, p in enumerate(PROMPTS)]
     restarted = []
 
@@ -108,6 +119,8 @@ def test_a_restarted_draft_is_rebuilt_from_recomputed_features(dirs):
     for req, out in zip(reqs, outs):
         assert out == ref.greedy(req.prompt_ids, req.max_new_tokens)
     assert restarted and sched.features.recomputed >= 1
+    if max_call_rows:
+        assert max(calls) <= sched.features.max_call_bytes and len(calls) > 8
     for engine in (target, restarted[0]):
         engine.runner.check_accounting()
         assert engine.runner.seqs == {}
