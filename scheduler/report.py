@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scheduler.policies.speculation import SpecShape
+from scheduler.spec_shape import SpecShape
 from scheduler.request import FinishReason
 
 

@@ -47,15 +47,20 @@ class Role(StrEnum):
 def serve(role: Annotated[Role, typer.Argument(help="Which service to run.")]) -> None:
     """Run one service until SIGTERM/SIGINT, configured by TANDEM_* environment variables."""
     import asyncio
-    import importlib
     import logging
 
     from services.settings import ServiceSettings
 
     settings = ServiceSettings.from_env()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    main = importlib.import_module(f"services.{role.value}.main")
-    asyncio.run(main.serve(settings))
+    if role is Role.scheduler:
+        from services.scheduler.main import serve as serve_scheduler
+
+        asyncio.run(serve_scheduler(settings))
+    else:
+        from services.model_main import serve as serve_model
+
+        asyncio.run(serve_model(settings, role.value))
 
 
 @app.command()

@@ -26,15 +26,25 @@ caller's span becomes the parent of the request's trace.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
-from enum import StrEnum
 from typing import Any, Literal
 
 import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import ValidationError
 
 from sdk.errors import GenerationError, InvalidRequestError, ServerError, TandemError, from_rpc_error
+from sdk.types import (
+    AcceptanceStats,
+    FinishReason,
+    GenerateResult,
+    ModelInfo,
+    Sampling,
+    ServerInfo,
+    Speculation,
+    Timing,
+    TokenEvent,
+)
 from shared.rpc.channel import aio_channel, sync_channel
 from shared.rpc.gen.tandem.v1 import common_pb2, tandem_pb2, tandem_pb2_grpc
 
@@ -42,17 +52,7 @@ DEFAULT_TARGET = "127.0.0.1:50051"
 _UNSET: Any = object()
 
 
-# --- public data types ------------------------------------------------------------------------
-
-
-class FinishReason(StrEnum):
-    LENGTH = "length"
-    STOP = "stop"
-    EOS = "eos"
-    ABORTED = "aborted"
-    ERROR = "error"
-    UNSPECIFIED = "unspecified"
-
+# --- protobuf <-> SDK types -------------------------------------------------------------------
 
 _FINISH_FROM_PB = {
     tandem_pb2.FINISH_REASON_LENGTH: FinishReason.LENGTH,
@@ -61,101 +61,6 @@ _FINISH_FROM_PB = {
     tandem_pb2.FINISH_REASON_ABORTED: FinishReason.ABORTED,
     tandem_pb2.FINISH_REASON_ERROR: FinishReason.ERROR,
 }
-
-
-class Sampling(BaseModel):
-    """Sampling parameters; temperature 0 is greedy."""
-
-    temperature: float = Field(0.0, ge=0.0, description="Softmax temperature; 0 means greedy.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    seed: int | None = Field(None, ge=0, description="Seed for reproducible sampling.")
-
-
-class Speculation(BaseModel):
-    """How much to speculate: the server's policy (auto), none (off), or a fixed chain of k tokens."""
-
-    mode: Literal["auto", "off", "fixed"] = "auto"
-    k: int = Field(0, ge=0, description="Chain length for mode=fixed.")
-
-    @model_validator(mode="after")
-    def _fixed_needs_k(self) -> "Speculation":
-        if self.mode == "fixed" and self.k < 1:
-            raise ValueError("speculation mode 'fixed' needs k >= 1")
-        return self
-
-
-class AcceptanceStats(BaseModel):
-    num_steps: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    mean_accepted_length: float = 0.0
-    acceptance_rate: float = 0.0
-
-
-class Timing(BaseModel):
-    queue_ms: float = 0.0
-    forward_ms: float = 0.0
-    total_ms: float = 0.0
-    start_unix_ns: int = 0
-
-
-class TokenEvent(BaseModel):
-    """Tokens committed in one server iteration."""
-
-    request_id: str
-    token_ids: list[int]
-    text: str
-    timestamps_unix_ns: list[int]
-    num_accepted: int = Field(0, description="How many of these were accepted draft tokens.")
-
-
-class GenerateResult(BaseModel):
-    """A finished request."""
-
-    request_id: str
-    token_ids: list[int] = Field(default_factory=list)
-    text: str = ""
-    finish_reason: FinishReason = FinishReason.UNSPECIFIED
-    error: str = ""
-    num_prompt_tokens: int = 0
-    ttft_ms: float = 0.0
-    tpot_ms: float = 0.0
-    slo_attained: bool = True
-    token_timestamps_unix_ns: list[int] = Field(default_factory=list)
-    stats: AcceptanceStats = Field(default_factory=AcceptanceStats)
-    timing: Timing = Field(default_factory=Timing)
-
-    @property
-    def num_generated(self) -> int:
-        return len(self.token_ids)
-
-
-class ModelInfo(BaseModel):
-    role: str = ""
-    service_version: str = ""
-    model_name: str = ""
-    vocab_size: int = 0
-    max_context: int = 0
-    dtype: str = ""
-    device: str = ""
-    kv_blocks_total: int = 0
-    kv_blocks_free: int = 0
-    block_size: int = 0
-    num_live_seqs: int = 0
-    weights_offloaded: bool = False
-
-
-class ServerInfo(BaseModel):
-    service_version: str = ""
-    queue_policy: str = ""
-    speculation_policy: str = ""
-    num_running: int = 0
-    num_waiting: int = 0
-    target: ModelInfo | None = None
-    draft: ModelInfo | None = None
-
-
-# --- protobuf <-> SDK types -------------------------------------------------------------------
 
 Prompt = str | Sequence[int]
 SpeculationArg = Speculation | Literal["auto", "off"] | int | dict | None
@@ -385,7 +290,59 @@ class TokenStream:
             self.cancel()
 
 
-class Client:
+class _Endpoint:
+    """What both clients share: stubs, timeouts, metadata, and every request built and reply parsed once.
+
+    Each public call is a plan (stub method, request, timeout, parse); ``Client`` runs it blocking,
+    ``AsyncClient`` awaits it.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        channel: Any,
+        *,
+        timeout: float | None,
+        control_timeout: float,
+        metadata: Sequence[tuple[str, str]],
+        wait_for_ready: bool,
+    ) -> None:
+        self.target = target
+        self.timeout = timeout
+        self.control_timeout = control_timeout
+        self._metadata = list(metadata) or None
+        self._wait = wait_for_ready
+        self._channel = channel
+        self._stub = tandem_pb2_grpc.TandemStub(channel)
+        self._health = health_pb2_grpc.HealthStub(channel)
+
+    def _deadline(self, timeout: float | None, *, control: bool = False) -> float | None:
+        return (self.control_timeout if control else self.timeout) if timeout is _UNSET else timeout
+
+    def _open_stream(self, prompt: Prompt, timeout: float | None, kwargs: dict) -> Any:
+        request = build_request(prompt, **kwargs)
+        return self._stub.Generate(
+            request, timeout=self._deadline(timeout), metadata=self._metadata, wait_for_ready=self._wait
+        )
+
+    def _generate_plan(self, prompt: Prompt, timeout: float | None, kwargs: dict) -> tuple:
+        parse = lambda msg: _check(result_from_pb(msg))  # noqa: E731
+        return self._stub.GenerateUnary, build_request(prompt, **kwargs), self._deadline(timeout), parse
+
+    def _abort_plan(self, request_id: str, timeout: float | None) -> tuple:
+        request = tandem_pb2.AbortRequest(request_id=request_id)
+        return self._stub.Abort, request, self._deadline(timeout, control=True), lambda reply: reply.aborted
+
+    def _info_plan(self, timeout: float | None) -> tuple:
+        return self._stub.Info, common_pb2.InfoRequest(), self._deadline(timeout, control=True), info_from_pb
+
+    def _health_plan(self, service: str, timeout: float | None) -> tuple:
+        parse = lambda reply: health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)  # noqa: E731
+        request = health_pb2.HealthCheckRequest(service=service)
+        return self._health.Check, request, self._deadline(timeout, control=True), parse
+
+
+class Client(_Endpoint):
     """Blocking client. ``target`` is host:port of the scheduler."""
 
     def __init__(
@@ -398,14 +355,14 @@ class Client:
         wait_for_ready: bool = False,
         tracing: bool = True,
     ) -> None:
-        self.target = target
-        self.timeout = timeout
-        self.control_timeout = control_timeout
-        self._metadata = list(metadata) or None
-        self._wait = wait_for_ready
-        self._channel = sync_channel(target, tracing=tracing)
-        self._stub = tandem_pb2_grpc.TandemStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+        super().__init__(
+            target,
+            sync_channel(target, tracing=tracing),
+            timeout=timeout,
+            control_timeout=control_timeout,
+            metadata=metadata,
+            wait_for_ready=wait_for_ready,
+        )
 
     def close(self) -> None:
         self._channel.close()
@@ -416,49 +373,31 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: Any, request: Any, timeout: float | None) -> Any:
+    def _run(self, method: Any, request: Any, timeout: float | None, parse: Any) -> Any:
         try:
-            return method(request, timeout=timeout, metadata=self._metadata, wait_for_ready=self._wait)
+            reply = method(request, timeout=timeout, metadata=self._metadata, wait_for_ready=self._wait)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, self.target) from None
+        return parse(reply)
 
     def generate(self, prompt: Prompt, *, timeout: float | None = _UNSET, **kwargs: Any) -> GenerateResult:
         """Generate to completion (GenerateUnary). Keyword arguments: see ``build_request``."""
-        request = build_request(prompt, **kwargs)
-        msg = self._call(self._stub.GenerateUnary, request, self.timeout if timeout is _UNSET else timeout)
-        return _check(result_from_pb(msg))
+        return self._run(*self._generate_plan(prompt, timeout, kwargs))
 
     def stream(self, prompt: Prompt, *, timeout: float | None = _UNSET, **kwargs: Any) -> TokenStream:
         """Start a streaming generation; iterate the returned TokenStream for TokenEvents."""
-        request = build_request(prompt, **kwargs)
-        call = self._stub.Generate(
-            request,
-            timeout=self.timeout if timeout is _UNSET else timeout,
-            metadata=self._metadata,
-            wait_for_ready=self._wait,
-        )
-        return TokenStream(call, self.target)
+        return TokenStream(self._open_stream(prompt, timeout, kwargs), self.target)
 
     def abort(self, request_id: str, *, timeout: float | None = _UNSET) -> bool:
         """Stop a request; False when it had already finished. Unknown ids raise NotFoundError."""
-        request = tandem_pb2.AbortRequest(request_id=request_id)
-        reply = self._call(self._stub.Abort, request, self.control_timeout if timeout is _UNSET else timeout)
-        return reply.aborted
+        return self._run(*self._abort_plan(request_id, timeout))
 
     def info(self, *, timeout: float | None = _UNSET) -> ServerInfo:
-        reply = self._call(
-            self._stub.Info, common_pb2.InfoRequest(), self.control_timeout if timeout is _UNSET else timeout
-        )
-        return info_from_pb(reply)
+        return self._run(*self._info_plan(timeout))
 
     def health(self, service: str = "", *, timeout: float | None = _UNSET) -> str:
         """grpc.health.v1 status of ``service`` ("" = the server as a whole): "SERVING", "NOT_SERVING", ..."""
-        reply = self._call(
-            self._health.Check,
-            health_pb2.HealthCheckRequest(service=service),
-            self.control_timeout if timeout is _UNSET else timeout,
-        )
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        return self._run(*self._health_plan(service, timeout))
 
 
 # --- asyncio ----------------------------------------------------------------------------------
@@ -506,7 +445,7 @@ class AsyncTokenStream:
             self.cancel()
 
 
-class AsyncClient:
+class AsyncClient(_Endpoint):
     """asyncio client; same methods as ``Client``, awaited (``stream`` returns an async iterator)."""
 
     def __init__(
@@ -519,14 +458,14 @@ class AsyncClient:
         wait_for_ready: bool = False,
         tracing: bool = True,
     ) -> None:
-        self.target = target
-        self.timeout = timeout
-        self.control_timeout = control_timeout
-        self._metadata = list(metadata) or None
-        self._wait = wait_for_ready
-        self._channel = aio_channel(target, tracing=tracing)
-        self._stub = tandem_pb2_grpc.TandemStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+        super().__init__(
+            target,
+            aio_channel(target, tracing=tracing),
+            timeout=timeout,
+            control_timeout=control_timeout,
+            metadata=metadata,
+            wait_for_ready=wait_for_ready,
+        )
 
     async def close(self) -> None:
         await self._channel.close()
@@ -537,45 +476,27 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _call(self, method: Any, request: Any, timeout: float | None) -> Any:
+    async def _run(self, method: Any, request: Any, timeout: float | None, parse: Any) -> Any:
         try:
-            return await method(request, timeout=timeout, metadata=self._metadata, wait_for_ready=self._wait)
+            reply = await method(request, timeout=timeout, metadata=self._metadata, wait_for_ready=self._wait)
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc, self.target) from None
+        return parse(reply)
 
     async def generate(self, prompt: Prompt, *, timeout: float | None = _UNSET, **kwargs: Any) -> GenerateResult:
-        request = build_request(prompt, **kwargs)
-        msg = await self._call(self._stub.GenerateUnary, request, self.timeout if timeout is _UNSET else timeout)
-        return _check(result_from_pb(msg))
+        return await self._run(*self._generate_plan(prompt, timeout, kwargs))
 
     def stream(self, prompt: Prompt, *, timeout: float | None = _UNSET, **kwargs: Any) -> AsyncTokenStream:
-        request = build_request(prompt, **kwargs)
-        call = self._stub.Generate(
-            request,
-            timeout=self.timeout if timeout is _UNSET else timeout,
-            metadata=self._metadata,
-            wait_for_ready=self._wait,
-        )
-        return AsyncTokenStream(call, self.target)
+        return AsyncTokenStream(self._open_stream(prompt, timeout, kwargs), self.target)
 
     async def abort(self, request_id: str, *, timeout: float | None = _UNSET) -> bool:
-        request = tandem_pb2.AbortRequest(request_id=request_id)
-        reply = await self._call(self._stub.Abort, request, self.control_timeout if timeout is _UNSET else timeout)
-        return reply.aborted
+        return await self._run(*self._abort_plan(request_id, timeout))
 
     async def info(self, *, timeout: float | None = _UNSET) -> ServerInfo:
-        reply = await self._call(
-            self._stub.Info, common_pb2.InfoRequest(), self.control_timeout if timeout is _UNSET else timeout
-        )
-        return info_from_pb(reply)
+        return await self._run(*self._info_plan(timeout))
 
     async def health(self, service: str = "", *, timeout: float | None = _UNSET) -> str:
-        reply = await self._call(
-            self._health.Check,
-            health_pb2.HealthCheckRequest(service=service),
-            self.control_timeout if timeout is _UNSET else timeout,
-        )
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        return await self._run(*self._health_plan(service, timeout))
 
 
 __all__ = [

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 if TYPE_CHECKING:
-    from sdk.client import GenerateResult
+    from sdk.types import GenerateResult
 
 
 class TandemError(Exception):

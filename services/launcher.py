@@ -353,7 +353,7 @@ def _spawn(role: str, env: dict[str, str], log_dir: Path) -> subprocess.Popen:
     env = {**env, "TANDEM_SERVICE_NAME": role}
     with open(log_dir / f"{role}.log", "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", f"services.{role}.main"],
+            [sys.executable, "-m", "services.model_main", role] if role != "scheduler" else [sys.executable, "-m", "services.scheduler.main"],
             env=env,
             cwd=REPO_ROOT,
             stdin=subprocess.DEVNULL,

@@ -31,7 +31,7 @@ import heapq
 from collections.abc import Sequence
 from typing import Protocol
 
-from scheduler.policies.speculation import SpecContext
+from scheduler.spec_shape import SpecContext
 from scheduler.request import Request
 from shared.engine.types import TokenTree
 

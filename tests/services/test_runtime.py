@@ -6,7 +6,12 @@ import asyncio
 
 import pytest
 
-from services.target.main import serve, start
+from functools import partial
+
+from services import model_main
+
+start = partial(model_main.start, role="target")
+serve = partial(model_main.serve, role="target")
 from shared.engine.errors import ModelLoadError
 from shared.rpc.server import TARGET_SERVICE
 from tests.support.model_services import free_port, health_status, model_settings

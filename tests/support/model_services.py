@@ -31,11 +31,10 @@ def model_settings(model_dir: Path, **overrides) -> ServiceSettings:
 async def serving(
     target_dir: Path, draft_dir: Path | None = None, **overrides
 ) -> AsyncIterator[tuple[RunningService, RunningService | None]]:
-    from services.draft.main import start as start_draft
-    from services.target.main import start as start_target
+    from services.model_main import start as start_model
 
-    target = await start_target(model_settings(target_dir, **overrides))
-    draft = await start_draft(model_settings(draft_dir, **overrides)) if draft_dir is not None else None
+    target = await start_model(model_settings(target_dir, **overrides), "target")
+    draft = await start_model(model_settings(draft_dir, **overrides), "draft") if draft_dir is not None else None
     try:
         yield target, draft
     finally:

@@ -50,9 +50,9 @@ class Stack:
 
     def restart_draft(self) -> None:
         """Start a fresh draft service (empty KV cache) on the port the stopped one had."""
-        from services.draft.main import start
+        from services.model_main import start
 
-        self.draft = self.loop.run(start(self.draft_settings.model_copy(update={"port": self.draft.port})))
+        self.draft = self.loop.run(start(self.draft_settings.model_copy(update={"port": self.draft.port}), "draft"))
 
 
 class Reference:
@@ -84,20 +84,19 @@ class Reference:
 @contextmanager
 def tiny_stack(target_dir: Path, draft_dir: Path | str, **draft_overrides: Any) -> Iterator[Stack]:
     """``draft_dir``: a model directory or an ngram spec; ``draft_overrides``: more draft settings."""
-    from services.draft.main import start as start_draft
+    from services.model_main import start as start_model
     from services.scheduler.main import start as start_scheduler
     from services.settings import ServiceSettings
-    from services.target.main import start as start_target
     from shared.state.redis_server import start_redis
 
     common = {"port": 0, "trace_exporter": "memory", "device": "cpu", "dtype": "float32", "shutdown_grace_s": 0.5}
     redis = start_redis()
     with LoopThread() as loop, ExitStack() as cleanup:
         cleanup.callback(redis.stop)
-        target = loop.run(start_target(ServiceSettings(model=str(target_dir), **common)))
+        target = loop.run(start_model(ServiceSettings(model=str(target_dir), **common), "target"))
         cleanup.callback(lambda: loop.run(target.stop()))
         stack = Stack(loop, target, None, None, redis.url, ServiceSettings(model=str(draft_dir), **common, **draft_overrides))
-        stack.draft = loop.run(start_draft(stack.draft_settings))
+        stack.draft = loop.run(start_model(stack.draft_settings, "draft"))
         cleanup.callback(lambda: loop.run(stack.draft.stop()))  # the current one: tests may restart it
         stack.scheduler = loop.run(
             start_scheduler(

@@ -1,4 +1,4 @@
-"""The layout of one batched forward and the hook that routes HF attention to our backend.
+"""The hook that routes HF attention to our backend, and the choice of backend (the layout types: layout.py).
 
 Transformers' model code stays untouched: its attention modules project q/k/v,
 apply RoPE at the position ids we pass, and then call the attention function
@@ -13,49 +13,15 @@ All sequences are packed into one row of ``num_tokens`` (no padding)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
-
 import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
+from shared.engine.attention.layout import AttentionBackend, BatchLayout, SeqLayout
+
+__all__ = ["ATTN_IMPLEMENTATION", "AttentionBackend", "BatchLayout", "SeqLayout", "register", "select_backend"]
+
 ATTN_IMPLEMENTATION = "tandem"
-
-
-@dataclass
-class SeqLayout:
-    """One sequence's share of the batch."""
-
-    q_start: int  # first row in the packed token dimension
-    q_len: int  # tokens this sequence runs now
-    kv_slots: torch.Tensor  # [kv_len] physical slots of logical positions 0..kv_len-1 (new tokens included)
-    mask: torch.Tensor  # [q_len, kv_len] bool, True = may attend
-    causal: bool  # mask is plain causal over the last q_len positions (no tree): kernels may skip it
-
-
-@dataclass
-class BatchLayout:
-    seqs: list[SeqLayout]
-    new_slots: torch.Tensor  # [num_tokens] physical slot each new token's k/v is written to
-    num_tokens: int
-    device: torch.device
-
-    @property
-    def num_context_tokens(self) -> int:
-        return sum(int(s.kv_slots.numel()) for s in self.seqs)
-
-
-class AttentionBackend(Protocol):
-    name: str
-
-    def plan(self, layout: BatchLayout) -> None:
-        """Build per-forward metadata once; attend() is then called for every layer."""
-
-    def attend(
-        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float
-    ) -> torch.Tensor:
-        """query [1, H, T, D], key/value [1, Hkv, T, D] → output [1, T, H, D]; writes k/v to the cache."""
 
 
 def _tandem_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

@@ -22,7 +22,7 @@ import inspect
 
 import torch
 
-from shared.engine.attention.base import BatchLayout
+from shared.engine.attention.layout import BatchLayout
 from shared.engine.kv_cache import PagedKVCache
 
 WORKSPACE_BYTES = 128 * 1024 * 1024

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from shared.engine.attention.base import BatchLayout
+from shared.engine.attention.layout import BatchLayout
 from shared.engine.kv_cache import PagedKVCache
 
 
