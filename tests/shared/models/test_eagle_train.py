@@ -1,0 +1,82 @@
+"""Training the EAGLE-3 head: training-time test equals drafting, capture semantics, loss goes down."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from shared.engine.eagle.model import Eagle3Config, Eagle3Head
+from shared.models.distill.generate import Sample
+from shared.models.eagle.data import capture_hooks, featurize
+from shared.models.eagle.evaluate import chain_acceptance
+from shared.models.eagle.train import TrainConfig, draft_vocab, new_head, step_loss, collate, train
+from shared.models.eagle.ttt import input_features, unroll
+from shared.models.tiny import build_tiny
+
+
+def small_head() -> Eagle3Head:
+    torch.manual_seed(0)
+    cfg = Eagle3Config(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                       vocab_size=50, draft_vocab_size=50, target_hidden_size=16, aux_layer_ids=[0, 1, 2])  # fmt: skip
+    head = Eagle3Head(cfg)
+    for p in head.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    return head.eval()
+
+
+@torch.inference_mode()
+def test_unrolled_steps_equal_drafting_token_by_token():
+    """Step s at p must be what the head computes for the s-th draft after the true prefix x_0..x_p."""
+    head = small_head()
+    b, t = 2, 9
+    ids, aux = torch.randint(0, 50, (b, t)), torch.randn(b, t, 48)
+    outs = unroll(head, ids, aux, 3)
+    feats = input_features(head, aux)
+    positions = lambda n: torch.arange(n)[None].expand(b, n)  # noqa: E731
+    torch.testing.assert_close(outs[0], head(ids, feats, positions(t)))
+    for p in range(t - 2):
+        for s in (1, 2):
+            seq = ids[:, : p + 1 + s]
+            drafted = [outs[j][:, p : p + 1] for j in range(s)]  # the head's own outputs feed the drafts
+            ref = head(seq, torch.cat([feats[:, : p + 1], *drafted], 1), positions(p + 1 + s))
+            torch.testing.assert_close(ref[:, -1], outs[s][:, p], atol=1e-5, rtol=1e-5)
+
+
+@torch.inference_mode()
+def test_capture_takes_layer_inputs_and_the_pre_norm_output():
+    model = build_tiny("llama", num_layers=3, seed=0)
+    store, handles = capture_hooks(model, [0, 2, 3])
+    ids = torch.tensor([[5, 6, 7, 8]])
+    out = model(ids, output_hidden_states=True)
+    for h in handles:
+        h.remove()
+    torch.testing.assert_close(store[0], out.hidden_states[0])  # the embeddings entering layer 0
+    torch.testing.assert_close(store[2], out.hidden_states[2])
+    normed = model.model.norm(store[3])
+    torch.testing.assert_close(model.lm_head(normed), out.logits)  # id 3 = N: the final norm's input
+
+
+def test_a_few_updates_lower_the_loss_on_a_tiny_target():
+    target = build_tiny("llama", num_layers=3, seed=0, vocab_size=64)
+    rng = random.Random(0)
+    samples = [Sample([1, 2] + [rng.randrange(64) for _ in range(6)], [rng.randrange(64) for _ in range(10)],
+                      torch.zeros(0), torch.zeros(0), False, "chat") for _ in range(6)]  # fmt: skip
+    seqs = featurize(target, samples, [1, 2, 3], batch_size=4)
+    assert seqs[0].aux.shape == (18, 3 * 64) and seqs[0].aux.dtype == torch.float16
+    assert torch.equal(seqs[0].labels, target(seqs[0].ids[None]).logits[0].argmax(-1))
+    ids, covered = draft_vocab(seqs, 32)
+    assert len(ids) == 32 and 0 < covered <= 1
+    head = new_head(target, ids, [1, 2, 3])
+    t2d = torch.full((64,), -1, dtype=torch.long)
+    t2d[torch.tensor(ids)] = torch.arange(32)
+    cfg = TrainConfig(steps=2, lr=3e-3, warmup=1, batch_tokens=64, minutes=1.0, max_updates=40, epochs=100)
+    batch = collate(seqs, t2d, cfg.prompt_weight)
+    before, _ = step_loss(head, *batch, cfg)
+    report = train(head, seqs, t2d, cfg, progress=lambda msg: None)
+    with torch.no_grad():
+        after, _ = step_loss(head, *batch, cfg)
+    assert report["updates"] == 40 and float(after) < float(before)
+    acc = chain_acceptance(head, seqs, k=3)
+    assert acc["positions"] > 0 and 1.0 <= acc["mean_accepted_length"] <= 4.0
