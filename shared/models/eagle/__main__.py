@@ -71,6 +71,8 @@ def main(
     vocab: int = typer.Option(8192, help="Draft vocabulary size (most frequent target choices)."),
     lr: float = typer.Option(1e-3),
     batch_tokens: int = typer.Option(4096),
+    prompt_weight: float = typer.Option(0.0, help="Loss weight of prompt positions (the head drafts after them)."),
+    bf16: bool = typer.Option(True, help="Train under bfloat16 autocast (faster on CPUs with AVX512-BF16)."),
     threads: int = typer.Option(2),
     home: Path = typer.Option(None, help="Tandem home (models, caches); default $TANDEM_HOME or ~/.cache/tandem."),
     out: Path = typer.Option(WEIGHTS_DIR, help="Where the committed files go."),
@@ -101,7 +103,7 @@ def main(
     head = train.new_head(target, vocab_ids, AUX_LAYERS)
     t2d = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
     t2d[torch.tensor(vocab_ids)] = torch.arange(len(vocab_ids))
-    cfg = train.TrainConfig(steps=steps, lr=lr, batch_tokens=batch_tokens, minutes=minutes)
+    cfg = train.TrainConfig(steps=steps, lr=lr, batch_tokens=batch_tokens, minutes=minutes, prompt_weight=prompt_weight, bf16=bf16)
     fit = train.train(head, train_seqs, t2d, cfg, progress=console.print)
     heldout = {"all": evaluate.chain_acceptance(head, held, k=4)}
     for kind in sorted({s.kind for s in held}):
@@ -121,7 +123,8 @@ def main(
             "draft_vocab": len(vocab_ids),
             "draft_vocab_coverage": round(covered, 4),
         },
-        "train": {**fit, "steps_unrolled": steps, "lr": lr, "batch_tokens": batch_tokens, "log_tail": cfg.log[-5:]},
+        "train": {**fit, "steps_unrolled": steps, "lr": lr, "batch_tokens": batch_tokens, "prompt_weight": prompt_weight,
+                  "bf16": bf16, "log_tail": cfg.log[-5:]},
         "heldout_k4": heldout,
         "machine": {"platform": platform.platform(), "cpu_count": torch.get_num_threads(), "torch": torch.__version__},
         "date": date.today().isoformat(),

@@ -36,6 +36,7 @@ class TrainConfig:
     max_updates: int = 100_000
     epochs: float = 100.0
     seed: int = 0
+    bf16: bool = False  # autocast the forward to bfloat16 (CPUs with AVX512-BF16 / AMX run it faster)
     log: list = field(default_factory=list)
 
 
@@ -166,7 +167,8 @@ def train(head: Eagle3Head, seqs: list[Sequence], t2d: torch.Tensor, cfg: TrainC
         lr = cfg.lr * min(1.0, (update + 1) / cfg.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
             g["lr"] = lr
-        loss, accs = step_loss(head, ids, aux, labels, weights, cfg)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            loss, accs = step_loss(head, ids, aux, labels, weights, cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
