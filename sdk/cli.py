@@ -2,6 +2,7 @@
 
     tandem up [--pair demo|tiny]          Redis + target + draft + scheduler on loopback, until Ctrl-C
     tandem up --draft-model ngram         ... with model-free prompt lookup as the draft
+    tandem up --draft-model suffix        ... with model-free suffix-tree drafting (suffix:alpha=2,... for options)
     tandem serve target|draft|scheduler   one service, configured by TANDEM_* variables (what compose runs)
     tandem generate "Once upon" --max-new-tokens 32 --spec 4 --slo-tpot-ms 50
     tandem status                         the scheduler's Info and health
@@ -81,7 +82,9 @@ def up(
     draft: Annotated[bool, typer.Option(help="Run the draft service (when its model is prepared).")] = True,
     draft_model: Annotated[
         str | None,
-        typer.Option(help="Draft model path or name, or ngram[:MIN-MAX] (prompt lookup, no model); unset = the pair's."),
+        typer.Option(help="Draft model path or name, or a model-free draft: ngram[:MIN-MAX] (prompt lookup) or "
+                     "suffix[:KEY=VALUE,...] (suffix trees; keys max_depth, max_match, alpha, min_prob, "
+                     "global_tokens); unset = the pair's."),
     ] = None,
     home: Annotated[Path | None, typer.Option(help="Tandem home (default $TANDEM_HOME or ~/.cache/tandem).")] = None,
     device: Annotated[str, typer.Option(help="Device of the model services.")] = "auto",

@@ -9,9 +9,10 @@ so the event loop stays free to answer health checks and to accept (and
 queue) more calls while a forward runs.
 
 The engine is a model (TargetEngine, DraftEngine over a ModelRunner with a
-paged KV cache) or, for the draft, model-free prompt lookup (NgramDraftEngine
-over a TokenStore: no weights, no KV cache, so Info reports 0 KV blocks,
-dtype "none" and device "cpu"). The lock orders calls by arrival and
+paged KV cache) or, for the draft, a model-free one: prompt lookup
+(NgramDraftEngine over a TokenStore) or suffix trees (SuffixDraftEngine over a
+SuffixStore); no weights, no KV cache, so Info reports 0 KV blocks, dtype
+"none" and device "cpu". The lock orders calls by arrival and
 measures how long each waited; the single thread is what actually keeps two
 engine calls from ever overlapping, even when a caller gives up (cancels)
 while its call still runs.
@@ -29,7 +30,7 @@ from functools import lru_cache
 from typing import Generic, Literal, TypeVar
 
 import shared.rpc  # noqa: F401 - builds the generated code if needed
-from services.settings import ServiceSettings, ngram_name
+from services.settings import ServiceSettings, ngram_name, suffix_name
 from services.spans import annotate
 from shared.engine.draft_engine import DraftEngine
 from shared.engine.eagle.loading import is_eagle_dir
@@ -38,10 +39,12 @@ from shared.engine.factory import (
     build_draft_engine,
     build_feature_draft_engine,
     build_ngram_draft_engine,
+    build_suffix_draft_engine,
     build_target_engine,
 )
 from shared.engine.loading import LoadedModel
 from shared.engine.ngram_drafter import NgramDraftEngine
+from shared.engine.suffix_drafter import SuffixDraftEngine
 from shared.engine.target_engine import TargetEngine
 from shared.rpc.convert import CallTimer, feature_spec_to_pb
 from shared.rpc.gen.tandem.v1 import common_pb2
@@ -66,7 +69,7 @@ class Ran(Generic[T]):
 class EngineHost:
     def __init__(
         self,
-        engine: TargetEngine | DraftEngine | NgramDraftEngine,
+        engine: TargetEngine | DraftEngine | NgramDraftEngine | SuffixDraftEngine,
         loaded: LoadedModel | None,
         role: str,
         *,
@@ -92,6 +95,10 @@ class EngineHost:
         if ngram is not None:
             engine = build_ngram_draft_engine(*ngram, vocab_size=settings.vocab_size)
             return cls(engine, None, role, model_name=ngram_name(*ngram))
+        suffix = settings.suffix(role)  # the same for suffix:KEY=VALUE,...
+        if suffix is not None:
+            engine = build_suffix_draft_engine(suffix, vocab_size=settings.vocab_size)
+            return cls(engine, None, role, model_name=suffix_name(suffix))
         build = build_target_engine if role == "target" else build_draft_engine
         engine_config = settings.engine_config()
         if role == "draft":  # only the target's pool grows into the draft's space (TANDEM_KV_GROW_BLOCKS)

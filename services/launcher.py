@@ -16,8 +16,10 @@ What ``launch`` does, in order::
 The draft is optional: when the pair's draft model is not prepared (or
 ``draft=False``) the scheduler runs without one and every request decodes
 plainly. ``draft_model="ngram"`` (or ``ngram:MIN-MAX``) serves model-free
-prompt lookup instead, which needs no preparation; it is told the target's
-vocabulary size (read from the target's config.json) to check token ids.
+prompt lookup instead, ``draft_model="suffix"`` (or ``suffix:KEY=VALUE,...``)
+model-free suffix-tree drafting; neither needs preparation, and each is told
+the target's vocabulary size (read from the target's config.json) to check
+token ids.
 ``draft_share`` r splits the machine (FASER §4.4, ``resource_env``): on CPU
 the draft gets round(r * cores) torch threads and the target the rest
 (TANDEM_THREADS; ``draft_threads`` / ``target_threads`` set them directly); on
@@ -72,7 +74,9 @@ class LaunchConfig(BaseModel):
     target_model: str | None = Field(None, description="Target model path or name; unset = the pair's.")
     draft_model: str | None = Field(
         None,
-        description="Draft model path or name, or ngram[:MIN-MAX] for model-free prompt lookup; unset = the pair's.",
+        description="Draft model path or name, or a model-free draft: ngram[:MIN-MAX] (prompt lookup) or "
+        "suffix[:KEY=VALUE,...] (suffix trees; keys max_depth, max_match, alpha, min_prob, global_tokens); "
+        "unset = the pair's.",
     )
     draft: bool = Field(True, description="Run a draft service (when its model is prepared).")
     host: str = Field("127.0.0.1", description="Interface every service listens on.")
@@ -214,16 +218,16 @@ def start(config: LaunchConfig) -> LaunchedStack:
 
 
 def _draft_model(settings, config: LaunchConfig) -> str | None:
-    """The draft's TANDEM_MODEL: an explicit model must exist, an ngram spec must parse; the pair's
+    """The draft's TANDEM_MODEL: an explicit model must exist, an ngram or suffix spec must parse; the pair's
     model is skipped until it is fully prepared."""
-    from services.settings import parse_ngram_spec
+    from services.settings import is_model_free
     from shared.engine.errors import ModelLoadError
     from shared.models.paths import is_prepared
 
     if not config.draft:
         return None
     try:
-        if parse_ngram_spec(config.draft_model) is not None:
+        if is_model_free(config.draft_model):
             return config.draft_model.strip()  # model-free: nothing to find or prepare
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
@@ -246,11 +250,11 @@ def resolve_share(
     (``sm_share.auto_share``), or (None, None) with a warning when they are missing."""
     if config.draft_share != "auto":
         return config.draft_share, None
-    from services.settings import parse_ngram_spec
+    from services.settings import is_model_free
     from shared.models.paths import Paths
     from shared.profiling.sm_share import auto_share, available_cores, model_name, realisable_grid, share_hardware
 
-    if draft_model is None or parse_ngram_spec(draft_model) is not None:
+    if draft_model is None or is_model_free(draft_model):
         log.warning("draft_share=auto: no draft model to give a share to; no split")
         return None, None
     cores = cores or available_cores()

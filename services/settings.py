@@ -25,12 +25,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from scheduler.frontier import FrontierConfig
 from shared.engine.config import EngineConfig
 from shared.engine.early_exit import EarlyExitConfig
 from shared.engine.errors import ModelLoadError
+from shared.engine.suffix_drafter import SuffixConfig
 from shared.telemetry import ExporterKind, TracingConfig
 
 Role = Literal["scheduler", "target", "draft"]
@@ -62,6 +63,53 @@ def parse_ngram_spec(spec: str | None) -> tuple[int, int] | None:
     if not 1 <= min_ngram <= max_ngram:
         raise ValueError(f"malformed n-gram draft {spec!r}: need 1 <= MIN <= MAX")
     return min_ngram, max_ngram
+
+
+SUFFIX = "suffix"  # the draft "model" that selects suffix-tree drafting (shared/engine/suffix_drafter.py)
+
+
+def parse_suffix_spec(spec: str | None) -> SuffixConfig | None:
+    """``"suffix"`` -> the defaults, ``"suffix:max_depth=32,alpha=2"`` -> those set; None for a model path or name.
+
+    Keys are SuffixConfig's fields (max_depth, max_match, alpha, min_prob, global_tokens). Raises ValueError
+    for a malformed spec (``"suffix:"``, an unknown key, a value out of range), so a typo fails at startup.
+    """
+    if spec is None:
+        return None
+    spec = spec.strip()
+    if spec == SUFFIX:
+        return SuffixConfig()
+    if not spec.startswith(SUFFIX + ":"):
+        return None
+    usage = f"use suffix or suffix:KEY=VALUE,... with keys {', '.join(SuffixConfig.model_fields)}"
+    fields: dict[str, str] = {}
+    for part in spec[len(SUFFIX) + 1 :].split(","):
+        key, eq, value = (x.strip() for x in part.partition("="))
+        if not eq or not value:
+            raise ValueError(f"malformed suffix draft {spec!r}: {part.strip()!r} is not KEY=VALUE; {usage}")
+        if key not in SuffixConfig.model_fields:
+            raise ValueError(f"malformed suffix draft {spec!r}: unknown key {key!r}; {usage}")
+        if key in fields:
+            raise ValueError(f"malformed suffix draft {spec!r}: {key} is given twice")
+        fields[key] = value
+    try:
+        return SuffixConfig(**fields)
+    except ValidationError as exc:
+        problems = "; ".join(
+            ": ".join([*map(str, e["loc"]), e["msg"].removeprefix("Value error, ")]) for e in exc.errors()
+        )
+        raise ValueError(f"malformed suffix draft {spec!r}: {problems}") from None
+
+
+def suffix_name(config: SuffixConfig) -> str:
+    """The model name the draft service reports: ``suffix(max_depth=24,max_match=12,alpha=2,...)``."""
+    values = (f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in config.model_dump().items())
+    return f"{SUFFIX}({','.join(values)})"
+
+
+def is_model_free(spec: str | None) -> bool:
+    """Whether ``spec`` names a model-free draft (ngram or suffix); raises ValueError when it is malformed."""
+    return parse_ngram_spec(spec) is not None or parse_suffix_spec(spec) is not None
 
 
 def parse_early_exit(spec: str | None) -> EarlyExitConfig | None:
@@ -142,7 +190,9 @@ class ServiceSettings(BaseModel):
         None,
         description="Model to serve: a directory or .gguf path, a model name under <home>/models, "
         "or a role of the pair (target, draft); unset = the pair's model for this service's role. "
-        "The draft service also takes ngram or ngram:MIN-MAX: model-free prompt lookup, no weights.",
+        "The draft service also takes model-free drafts, no weights: ngram or ngram:MIN-MAX (prompt lookup), "
+        "suffix or suffix:KEY=VALUE,... (suffix-tree drafting; keys max_depth, max_match, alpha, min_prob, "
+        "global_tokens).",
     )
     target_model: str | None = Field(
         None,
@@ -156,7 +206,7 @@ class ServiceSettings(BaseModel):
     vocab_size: int | None = Field(
         None,
         ge=1,
-        description="The target's vocabulary size, for an ngram draft (which has no model to read it from) "
+        description="The target's vocabulary size, for a model-free draft (ngram, suffix: no model to read it from) "
         "to refuse out-of-range token ids as a model draft does; unset = token ids are not checked there.",
     )
     device: str = Field("auto", description="auto (CUDA when available, else CPU), cpu, cuda, cuda:N.")
@@ -256,8 +306,8 @@ class ServiceSettings(BaseModel):
 
     @field_validator("model")
     @classmethod
-    def _check_ngram_spec(cls, model: str | None) -> str | None:
-        parse_ngram_spec(model)  # a malformed ngram:... fails here, when the process reads its settings
+    def _check_model_free_spec(cls, model: str | None) -> str | None:
+        is_model_free(model)  # a malformed ngram:... or suffix:... fails here, when the process reads its settings
         return model
 
     @classmethod
@@ -311,6 +361,16 @@ class ServiceSettings(BaseModel):
             raise ModelLoadError(f"{self.model!r} is a model-free draft; the {role} service needs a model")
         return sizes
 
+    def suffix(self, role: Literal["target", "draft"]) -> SuffixConfig | None:
+        """The SuffixConfig when ``model`` selects the model-free suffix-tree draft, else None.
+
+        Raises ModelLoadError when it does so for the target: suffix trees only draft.
+        """
+        config = parse_suffix_spec(self.model)
+        if config is not None and role != "draft":
+            raise ModelLoadError(f"{self.model!r} is a model-free draft; the {role} service needs a model")
+        return config
+
     def model_path(self, role: Literal["target", "draft"]) -> Path:
         """The model directory or .gguf this role serves; raises ModelLoadError naming what was tried.
 
@@ -320,7 +380,7 @@ class ServiceSettings(BaseModel):
         from shared.models.paths import Paths
         from shared.models.registry import get_pair
 
-        if self.ngram(role) is not None:
+        if self.ngram(role) is not None or self.suffix(role) is not None:
             raise ModelLoadError(f"{self.model!r} is model-free: it has no model path")
         paths = Paths.resolve(self.home)
         spec = self.model or role

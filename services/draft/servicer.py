@@ -1,8 +1,9 @@
-"""DraftService over a DraftEngine or NgramDraftEngine: protobuf in, one batched engine call, protobuf out.
+"""DraftService over a DraftEngine or a model-free one (NgramDraftEngine, SuffixDraftEngine): protobuf in, one
+batched engine call, protobuf out.
 
 Speculate first commits each sequence's ``new_tokens`` (what the target
-accepted since the last call), so the draft's KV cache (the n-gram draft's
-token index) follows the target, then drafts every chain or tree of the batch
+accepted since the last call), so the draft's KV cache (a model-free draft's
+token index or suffix trees) follows the target, then drafts every chain or tree of the batch
 in lock-step (one forward per draft step, not per request). As in the target servicer, errors are raised,
 never caught: the error interceptor maps them to status codes.
 
@@ -10,7 +11,7 @@ Offload / Reload (Nightjar §5, elastic memory): Offload drops every live
 sequence, moves the weights to host memory and frees the KV pool; Prefill and
 Speculate then answer FAILED_PRECONDITION until Reload restores the weights
 and a fresh pool. Both are idempotent (bytes_moved 0 when there is nothing to
-do). The model-free n-gram draft has nothing to offload: UNIMPLEMENTED.
+do). The model-free drafts (ngram, suffix) have nothing to offload: UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -21,17 +22,18 @@ from services.engine_host import EngineHost
 from services.spans import annotate, event
 from shared.engine.draft_engine import DraftEngine
 from shared.engine.ngram_drafter import NgramDraftEngine
+from shared.engine.suffix_drafter import SuffixDraftEngine
 from shared.engine.types import ForwardCost, PrefillItem, SpecItem, TokenTree
 from shared.rpc.convert import CallTimer, cost_to_pb, prefill_item_from_pb, spec_item_from_pb, tree_to_pb
 from shared.rpc.gen.tandem.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
-OFFLOAD_UNIMPLEMENTED = "the model-free n-gram draft has no weights or KV cache to offload"
+OFFLOAD_UNIMPLEMENTED = "a model-free draft (ngram, suffix) has no weights or KV cache to offload"
 
 
 class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
     def __init__(self, host: EngineHost) -> None:
         self.host = host
-        self.engine: DraftEngine | NgramDraftEngine = host.engine
+        self.engine: DraftEngine | NgramDraftEngine | SuffixDraftEngine = host.engine
 
     async def Prefill(
         self, request: draft_pb2.DraftPrefillRequest, context: grpc.aio.ServicerContext

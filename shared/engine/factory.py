@@ -4,8 +4,9 @@
     engine.prefill([...])                 # loaded.tokenizer / vocab_size / max_context describe the model
 
 The runner is named after role and model ("target:smollm2-135m-instruct"), so
-an OutOfBlocksError says which service ran out. The model-free draft
-(``build_ngram_draft_engine``, prompt lookup) loads nothing and holds no KV cache.
+an OutOfBlocksError says which service ran out. The model-free drafts
+(``build_ngram_draft_engine``, prompt lookup; ``build_suffix_draft_engine``,
+suffix trees) load nothing and hold no KV cache.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from shared.engine.eagle.runner import EagleRunner
 from shared.engine.loading import LoadedModel, load_causal_lm
 from shared.engine.ngram_drafter import NgramDraftEngine
 from shared.engine.runner import ModelRunner
+from shared.engine.suffix_drafter import SuffixConfig, SuffixDraftEngine
 from shared.engine.target_engine import TargetEngine
 
 
@@ -74,6 +76,13 @@ def build_ngram_draft_engine(
 ) -> NgramDraftEngine:
     """Prompt lookup behind DraftEngine's interface; ``vocab_size`` (the target's) enables token-id checks."""
     return NgramDraftEngine(vocab_size, min_ngram=min_ngram, max_ngram=max_ngram)
+
+
+def build_suffix_draft_engine(
+    config: SuffixConfig | None = None, *, vocab_size: int | None = None
+) -> SuffixDraftEngine:
+    """Suffix-tree drafting (SuffixDecoding) behind DraftEngine's interface; ``vocab_size`` enables token-id checks."""
+    return SuffixDraftEngine(vocab_size, config)
 
 
 def _load(
