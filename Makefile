@@ -137,3 +137,29 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV)
+
+# GPU kit (docs/gpu.md). Here: `make gpu-kit` downloads what a lent GPU machine lacks (wheels for its Python 3.12,
+# the demo target's GGUF) into .gpu-kit/, cut into loads that fit one device call each, and prints the calls;
+# `make gpu-plan` prints them again, checked against the working tree now. On the GPU machine (no .venv there:
+# GPU_PYTHON is its image's python3, with torch): `make gpu-check` (setup + every GPU test) and `make gpu-bench`
+# (timed stages, GPU_BENCH_ARGS="--stages slo" for a subset), results under $OUT. Back here:
+# `make gpu-results FROM="<files_at of each call>"` unpacks them into bench/results/gpu-<run>-<device>/.
+GPU_PYTHON ?= python3
+GPU_BENCH_ARGS ?=
+FROM ?=
+.PHONY: gpu-kit gpu-plan gpu-check gpu-bench gpu-results
+
+gpu-kit: setup
+	$(PY) -m bench.gpu build
+
+gpu-plan:
+	$(PY) -m bench.gpu plan
+
+gpu-check:
+	PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m bench.gpu check
+
+gpu-bench:
+	PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m bench.gpu bench $(GPU_BENCH_ARGS)
+
+gpu-results:
+	$(PY) -m bench.gpu unpack $(FROM)
