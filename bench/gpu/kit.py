@@ -300,7 +300,7 @@ def format_plan(plan: dict) -> str:
         lines.append(f"  {i}. run(carry={json.dumps(c['carry'])}, timeout_s={c['timeout_s']}, "
                      f"command={json.dumps(c['command'])})" + (f"   # = {c['make']}" if c.get("make") else ""))  # fmt: skip
     lines.append("A call that answers 'not staged' found a fresh machine: repeat the stage calls, then that call.")
-    lines.append("Then here: python -m bench.gpu unpack <files_at of the check call> <files_at of the bench call>")
+    lines.append("Then here: make gpu-results FROM=\"<files_at of the check call> <files_at of the bench call>\"")
     return "\n".join(lines)
 
 
