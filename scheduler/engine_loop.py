@@ -68,9 +68,11 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
+from scheduler.draft_link import DraftLink
+from scheduler.elastic_control import ElasticControl
 from scheduler.feature_relay import FeatureRelay
 from scheduler.frontier import FrontierConfig, FrontierPipeline
-from scheduler.policies.elastic_memory import Action, ElasticDraftMemory, ElasticMemoryConfig, PoolGrowth
+from scheduler.policies.elastic_memory import ElasticDraftMemory, ElasticMemoryConfig, PoolGrowth
 from scheduler.policies.queue import FCFS, Capacity, QueuePolicy, reserved_tokens
 from scheduler.policies.selection import PassThrough, TreeSelector
 from scheduler.policies.speculation import (
@@ -210,26 +212,30 @@ class Scheduler:
         self._running: dict[str, Request] = {}  # insertion order = admission order
         self._streams: dict[str, RequestStream] = {}
         self._release_target: list[str] = []
-        self._release_draft: list[str] = []
         self._finished_unnotified: list[Request] = []
         self._num_steps = 0
         self._wakeup = asyncio.Event()
         self._stopping = False
 
-        # draft health: ids it may still hold although we no longer track them there
-        self._draft_up = draft is not None
-        self._draft_stale: set[str] = set()
-        self._draft_retry_at = 0.0
-        self._draft_backoff = 0.0
-        self._draft_error: str | None = None  # this step's
         cfg = self.config
-        self.draft_memory = ElasticDraftMemory(cfg.draft_memory) if cfg.draft_memory and draft is not None else None
-        self._draft_offloaded = False
-        self._kv_extra_tokens = 0  # budget the grown pool adds while the draft is offloaded (pool_growth)
-        self.frontier = FrontierPipeline(cfg.frontier) if cfg.frontier is not None and draft is not None else None
         # a feature-level draft (EAGLE family) reads target features: the target returns them, the loop relays them
         spec = getattr(draft, "feature_spec", None)
         self.features = FeatureRelay(spec) if spec is not None else None
+        # draft health, releases and resync (draft_link.py); elastic memory (elastic_control.py)
+        self.link = DraftLink(
+            draft,
+            self.clock,
+            retry_initial_s=cfg.draft_retry_initial_s,
+            retry_max_s=cfg.draft_retry_max_s,
+            target=target,
+            features=self.features,
+        )
+        self.elastic = (
+            ElasticControl(ElasticDraftMemory(cfg.draft_memory), cfg, target, self.link)
+            if cfg.draft_memory and draft is not None
+            else None
+        )
+        self.frontier = FrontierPipeline(cfg.frontier) if cfg.frontier is not None and draft is not None else None
         want = getattr(target, "want_features", None)  # through wrappers (tracing, ledger) to the worker itself
         if want is not None:
             want(spec)
@@ -279,11 +285,11 @@ class Scheduler:
 
     @property
     def draft_available(self) -> bool:
-        return self._draft_up
+        return self.link.up
 
     @property
     def draft_offloaded(self) -> bool:
-        return self._draft_offloaded
+        return self.link.offloaded
 
     @property
     def num_steps(self) -> int:
@@ -292,7 +298,7 @@ class Scheduler:
     @property
     def max_tokens_in_flight(self) -> int:
         """The KV token budget now: the configured one, plus the grown pool's while the draft is offloaded."""
-        return self.config.max_tokens_in_flight + self._kv_extra_tokens
+        return self.config.max_tokens_in_flight + (self.elastic.extra_tokens if self.elastic is not None else 0)
 
     def has_work(self) -> bool:
         # finished-but-unreported requests count: observers (Redis, traces) must still hear of them
@@ -300,7 +306,7 @@ class Scheduler:
             self._waiting
             or self._running
             or self._release_target
-            or self._release_draft
+            or self.link.pending_release
             or self._finished_unnotified
         )
 
@@ -343,7 +349,7 @@ class Scheduler:
         t0 = clock.now()
         report = StepReport(step=self._num_steps, started_at=t0)
         times = report.times
-        self._draft_error = None
+        self.link.begin_step()
 
         # 1. admit (and preempt, if the queue policy wants to)
         new = self._admit(report)
@@ -357,12 +363,11 @@ class Scheduler:
 
         # 3. plan
         batch = list(self._running.values())
-        if self.draft is not None and not self._draft_up and clock.now() >= self._draft_retry_at:
-            self._draft_up = True  # probe: the resync calls in _speculate tell whether it is back
+        self.link.probe()  # after a failure's backoff: the resync in _speculate tells whether it is back
         ctx = SpecContext(
             now=clock.now(),
             step=self._num_steps,
-            draft_available=self._draft_up and not self._draft_offloaded,
+            draft_available=self.link.usable,
             token_budget=self.config.token_budget,
             cost_model=self.config.cost_model,
             draft_cost_model=self.config.draft_cost_model,
@@ -406,17 +411,24 @@ class Scheduler:
             self._commit(batch, shapes, trees, results, report)
         await self._flush_releases()
         times.commit = clock.now() - t
-        if self.draft_memory is not None:
-            await self._elastic_memory(shapes, report)
+        if self.elastic is not None:
+            await self.elastic.after_step(
+                speculated=any(s.speculates for s in shapes),
+                reserved=self._reserved_tokens(),
+                cap=self.config.max_tokens_in_flight,
+                num_waiting=len(self._waiting),
+                holders=self._holders(),
+                report=report,
+            )
 
         times.total = clock.now() - t0
         times.overhead = times.total - (times.prefill + times.speculate + times.select + times.verify + times.commit)
         for req in batch:
             req.attained_service_s += times.total
         report.batch_size = len(batch)
-        report.draft_available = self._draft_up
-        report.draft_error = self._draft_error
-        report.draft_offloaded = self._draft_offloaded
+        report.draft_available = self.link.up
+        report.draft_error = self.link.error
+        report.draft_offloaded = self.link.offloaded
         report.kv_token_budget = self.max_tokens_in_flight
         self._num_steps += 1
         await self._notify(report)
@@ -472,7 +484,7 @@ class Scheduler:
         to_draft = [
             r
             for r in new
-            if self._draft_up and not self._draft_offloaded and wants_draft(self.spec_policy, r)
+            if self.link.usable and wants_draft(self.spec_policy, r)
             and self.features is None  # a feature draft waits for the target's features: prefilled at its first speculate
         ]
         calls = [self.target.prefill(items)]
@@ -485,7 +497,7 @@ class Scheduler:
                 self._draft_failed(outcomes[1], also_stale=[r.id for r in to_draft])
             else:
                 for r in to_draft:
-                    self._mark_on_draft(r, r.num_tokens)
+                    self.link.mark(r, r.num_tokens)
 
         results = outcomes[0]
         if isinstance(results, Exception):
@@ -510,23 +522,8 @@ class Scheduler:
             return trees
         draft = self.draft
         try:
-            if self._draft_stale:
-                await draft.release(sorted(self._draft_stale))
-                self._draft_stale.clear()
-            # requests the draft does not hold (recovery, or AUTO requests not prefilled there):
-            # give it everything but the last token, which then goes in as new_tokens
-            resync = [r for _, r, _ in spec if not r.on_draft]
-            if resync:
-                try:
-                    if self.features is not None:
-                        await self.features.resync(resync, self.target, draft)
-                    else:
-                        await draft.prefill([PrefillItem(r.id, r.tokens()[:-1], r.sampling) for r in resync])
-                except Exception:
-                    self._draft_stale.update(r.id for r in resync)
-                    raise
-                for r in resync:
-                    self._mark_on_draft(r, r.num_tokens - 1)
+            # requests the draft does not hold (recovery, or AUTO requests not prefilled there)
+            await self.link.sync([r for _, r, _ in spec])
             items = [s.spec_item(r.id, r.tokens()[r.draft_seen :]) for _, r, s in spec]
             if self.features is not None:
                 for item, (_, r, _) in zip(items, spec):
@@ -540,7 +537,7 @@ class Scheduler:
             self._draft_failed(exc)
             return [TokenTree() for _ in batch]
 
-        self._draft_backoff = 0.0
+        self.link.recovered()
         for (i, r, _), tree in zip(spec, drafted):
             r.draft_seen = r.num_tokens
             if _tree_ok(tree):
@@ -580,9 +577,8 @@ class Scheduler:
                 continue
             if len(tree):
                 _record_acceptance(req, tree, res)
-            if self.features is not None and not self.features.on_verify(req, res) and req.on_draft:
-                req.on_draft = False  # its held features were dropped: rebuilt from a recomputation if it speculates
-                self._draft_stale.add(req.id)
+            if self.features is not None and not self.features.on_verify(req, res):
+                self.link.drop(req)  # its held features were dropped: rebuilt from a recomputation if it speculates
             emitted = self._commit_tokens(req, res.tokens, now)
             report.outcomes.append(
                 RequestOutcome(
@@ -643,9 +639,7 @@ class Scheduler:
         if self._running.pop(req.id, None) is not None or req.resident:
             self._release_target.append(req.id)
             req.resident = False
-        if req.on_draft:
-            self._release_draft.append(req.id)
-            req.on_draft = False
+        self.link.forget(req)
         stream = self._streams.pop(req.id)
         self._finished_unnotified.append(req)
         stream._put(
@@ -695,111 +689,21 @@ class Scheduler:
         """Release a waiting request's KV on both workers; it is prefilled again (prompt + output) on readmission."""
         req.resident = False
         self._release_target.append(req.id)
-        if req.on_draft:
-            self._release_draft.append(req.id)
-            req.on_draft = False
+        self.link.forget(req)
         req.num_recomputes += 1
 
     # ------------------------------------------------------------------ workers
-    def _draft_failed(self, exc: Exception, also_stale: Iterable[str] = ()) -> None:
-        cfg = self.config
-        # exponential backoff; 0 means "not failing" until the first failure of a streak
-        backoff = self._draft_backoff
-        self._draft_backoff = cfg.draft_retry_initial_s if backoff == 0 else min(2 * backoff, cfg.draft_retry_max_s)
-        self._draft_retry_at = self.clock.now() + self._draft_backoff
-        self._draft_error = f"{type(exc).__name__}: {exc}"
-        if self._draft_up:
-            log.warning("draft failed (%s); plain decoding, retry in %.2fs", self._draft_error, self._draft_backoff)
-        self._draft_up = False
-        # whatever it held is unknown now: forget it, release it all on recovery
-        self._draft_stale.update(also_stale)
-        for req in [*self._running.values(), *self._waiting]:  # resident requests too
-            if req.on_draft:
-                req.on_draft = False
-                self._draft_stale.add(req.id)
+    def _holders(self) -> list[Request]:
+        """Requests whose sequences the workers may hold: running and resident (preempted, KV kept)."""
+        return [*self._running.values(), *self._waiting]
 
-    async def _elastic_memory(self, shapes: list[SpecShape], report: StepReport) -> None:
-        """Nightjar §5.1: offload the draft under KV pressure while nothing speculates, reload once it eases."""
-        if not self._draft_up:  # a failed draft is the failure path's business
-            return
-        cap = self.config.max_tokens_in_flight  # the budget with the draft resident, also while the pool is grown
-        action = self.draft_memory.observe(
-            speculated=any(s.speculates for s in shapes),
-            free_share=max(0.0, 1.0 - self._reserved_tokens() / cap),
-            num_waiting=len(self._waiting),
-        )
-        if action is not None:
-            await self._draft_memory_call(action, report)
+    def _draft_failed(self, exc: Exception, also_stale: Iterable[str] = ()) -> None:
+        self.link.failed(exc, self._holders(), also_stale)
 
     def _reserved_tokens(self) -> int:
         """Tokens reserved by running and resident (preempted, KV kept) requests."""
         reserved = sum(reserved_tokens(r) for r in self._running.values())
         return reserved + sum(reserved_tokens(r) for r in self._waiting if r.resident)
-
-    async def _draft_memory_call(self, action: Action, report: StepReport) -> None:
-        # the target gives the draft's space back before the draft loads into it
-        if action == "reload" and not await self._resize_pool(grow=False, report=report):
-            self.draft_memory.failed(action)  # stays offloaded; tried again after retry_steps
-            return
-        call = getattr(self.draft, action, None)
-        try:
-            if call is None:
-                raise NotImplementedError(f"the draft worker has no {action}()")
-            await call()
-        except Exception as exc:  # noqa: BLE001 - the draft stays as it was; requests go on either way
-            permanent = isinstance(exc, NotImplementedError) or getattr(exc, "grpc_code", "") == "UNIMPLEMENTED"
-            log.warning("draft %s failed (%s)%s", action, exc, "; elastic memory off" if permanent else "")
-            self.draft_memory.failed(action, permanent=permanent)
-            if action == "reload":  # still offloaded: its space is the target's again
-                await self._resize_pool(grow=True, report=report)
-            return
-        self.draft_memory.done(action)
-        report.draft_memory_event = action
-        if action == "offload":
-            self._draft_offloaded = True
-            for req in [*self._running.values(), *self._waiting]:
-                req.on_draft = False  # the draft dropped it; the resync prefill brings it back
-            self._draft_stale.clear()
-            log.info("draft offloaded (KV pressure, no speculation)")
-            await self._resize_pool(grow=True, report=report)
-        else:
-            self._draft_offloaded = False
-            log.info("draft reloaded (queue empty, KV budget free)")
-
-    async def _resize_pool(self, *, grow: bool, report: StepReport) -> bool:
-        """Grow the target's KV pool into the offloaded draft's space, or shrink it back; False when refused.
-
-        The pool changes first, then the budget: a grown budget never precedes its blocks, and a shrink the
-        target refuses (a live sequence owns an extra block) leaves both as they were.
-        """
-        growth = self.config.pool_growth
-        if growth is None or (self._kv_extra_tokens > 0) == grow:
-            return True
-        event = "grow" if grow else "shrink"
-        if not grow and self._reserved_tokens() > self.config.max_tokens_in_flight:
-            log.info("KV pool not shrunk: reservations exceed the budget without the grown blocks")
-            report.kv_pool_event = "shrink-refused"
-            return False
-        resize = getattr(self.target, "resize_kv", None)
-        num_blocks = growth.base_blocks + (growth.extra_blocks if grow else 0)
-        try:
-            if resize is None:
-                raise NotImplementedError("the target worker has no resize_kv()")
-            await resize(num_blocks)
-        except Exception as exc:  # noqa: BLE001 - the pool stays as it was; requests go on either way
-            (log.warning if grow else log.info)("KV pool %s failed (%s)", event, exc)
-            report.kv_pool_event = "grow-failed" if grow else "shrink-refused"
-            return False
-        self._kv_extra_tokens = growth.extra_tokens if grow else 0
-        report.kv_pool_event = event
-        log.info("KV pool %s: token budget %d", event, self.max_tokens_in_flight)
-        return True
-
-    def _mark_on_draft(self, req: Request, num_seen: int) -> None:
-        if req.state is RequestState.RUNNING:
-            req.on_draft, req.draft_seen = True, num_seen
-        else:  # ended while the draft was registering it
-            self._release_draft.append(req.id)
 
     async def _flush_releases(self) -> None:
         if self._release_target:
@@ -808,15 +712,7 @@ class Scheduler:
                 await self.target.release(ids)
             except Exception as exc:  # noqa: BLE001 - the requests are over; a leak is the target's to report
                 log.error("target release of %d sequence(s) failed: %s", len(ids), exc)
-        if self._release_draft:
-            ids, self._release_draft = self._release_draft, []
-            if not self._draft_up:
-                self._draft_stale.update(ids)
-                return
-            try:
-                await self.draft.release(ids)
-            except Exception as exc:  # noqa: BLE001
-                self._draft_failed(exc, also_stale=ids)
+        await self.link.flush(self._holders())
 
     async def _notify(self, report: StepReport) -> None:
         finished, self._finished_unnotified = self._finished_unnotified, []

@@ -180,9 +180,8 @@ class FrontierPipeline:
         """Leave pipelining for ``requests``: a draft holding optimistic tokens is resynced from scratch."""
         for r in requests:
             st = self.state.pop(r.id, None)
-            if st is not None and st.optimistic and r.on_draft:
-                r.on_draft = False
-                loop._draft_stale.add(r.id)  # released, then re-prefilled by the serial path's resync
+            if st is not None and st.optimistic:
+                loop.link.drop(r)  # released, then re-prefilled by the serial path's resync
 
     async def run(self, loop, batch, shapes, ctx, report) -> PipelinedStep | None:
         """One pipelined step, or None (after leaving the pipeline cleanly) when the serial path should run."""
@@ -196,9 +195,8 @@ class FrontierPipeline:
             spec
             and all(s.kind == "chain" for _, _, s in spec)
             and loop.draft is not None
-            and loop._draft_up
-            and not loop._draft_offloaded
-            and not loop._draft_stale
+            and loop.link.usable
+            and not loop.link.stale
             and all(r.on_draft for _, r, _ in spec)
         )
         s_c = None
@@ -246,7 +244,7 @@ class FrontierPipeline:
                 trees = [TokenTree() for _ in batch]
                 results = await loop._verify(batch, trees, report) if batch else []
                 return PipelinedStep(trees, results, t1 - t0, clock.now() - t1, s_c)
-            loop._draft_backoff = 0.0
+            loop.link.recovered()
             if loop.features is not None:
                 loop.features.sent([r for _, r, _ in fresh])
             for (i, r, _), tree in zip(fresh, drafted):

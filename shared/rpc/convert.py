@@ -115,7 +115,7 @@ _DTYPE_FROM_PB = {v: k for k, v in _DTYPE_TO_PB.items()}
 def _dtype_from_pb(value: int, where: str) -> str:
     dtype = _DTYPE_FROM_PB.get(value)
     if dtype is None:
-        raise InvalidRequestError(f"{where}: feature dtype {value} is not a FeatureDType (set float16, bfloat16 or float32)")
+        raise InvalidRequestError(f"{where}: feature dtype {value} is not a FeatureDtype (set float16, bfloat16 or float32)")
     return dtype
 
 

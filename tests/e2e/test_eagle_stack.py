@@ -111,7 +111,7 @@ def test_bad_features_get_a_clear_status_and_the_services_stay_usable(eagle_stac
     expect(grpc.StatusCode.INVALID_ARGUMENT, draft.Prefill, draft_pb2.DraftPrefillRequest(
         items=[common_pb2.PrefillItem(seq_id="x", prompt_ids=prompt[:3], features=f32)]))
     unset = common_pb2.FeatureBlock(start=0, num_rows=3, width=width, data=block.data[: 3 * width * 2])
-    assert "FeatureDType" in expect(grpc.StatusCode.INVALID_ARGUMENT, draft.Prefill, draft_pb2.DraftPrefillRequest(
+    assert "FeatureDtype" in expect(grpc.StatusCode.INVALID_ARGUMENT, draft.Prefill, draft_pb2.DraftPrefillRequest(
         items=[common_pb2.PrefillItem(seq_id="x", prompt_ids=prompt[:3], features=unset)]))
     expect(grpc.StatusCode.NOT_FOUND, draft.Speculate, draft_pb2.SpeculateRequest(
         items=[draft_pb2.SpecItem(seq_id="nobody", new_tokens=[1], chain=draft_pb2.ChainShape(length=2), features=good)]))

@@ -109,6 +109,13 @@ def main(
     for kind in sorted({s.kind for s in held}):
         heldout[kind] = evaluate.chain_acceptance(head, [s for s in held if s.kind == kind], k=4)
     console.print(f"held out, k = 4 chain: {heldout['all']}")
+    # the benchmark's open-chat prompts: never trained on (exclude_bench), the figure issue 17's goal is about
+    from bench.prompts import CHAT
+
+    chat = data.build(target, tokenizer, [corpus.Prompt("chat", t, True) for t in CHAT], paths.home / "eagle-data",
+                      AUX_LAYERS, max_new_tokens=max_new_tokens, tag=smollm2.NAME + ":bench-chat")  # fmt: skip
+    heldout["bench_chat"] = evaluate.chain_acceptance(head, chat, k=4)
+    console.print(f"bench chat prompts (held out), k = 4 chain: {heldout['bench_chat']}")
     report = {
         "command": "python -m shared.models.eagle " + shlex.join(sys.argv[1:]),
         "target": smollm2.NAME,
