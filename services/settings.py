@@ -250,6 +250,20 @@ class ServiceSettings(BaseModel):
         "fcfs", description="Request order policy of the scheduler: fcfs, las[:Q], lp-sjf, laps-sd[:OPTS]."
     )
     max_batch_size: int = Field(64, ge=1, description="Most requests the scheduler runs (verifies) at once.")
+    max_queue: int = Field(
+        1024, ge=1, description="Most requests waiting for a batch slot; past it Generate answers RESOURCE_EXHAUSTED "
+        "with a retry hint (trailing metadata grpc-retry-pushback-ms)."
+    )
+    max_prompt_bytes: int = Field(1 << 20, ge=1, description="Longest prompt text (UTF-8 bytes) one request may send.")
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="Most prompt tokens per request; unset = the target's context window."
+    )
+    max_new_tokens: int | None = Field(
+        None, ge=1, description="Cap on max_new_tokens per request; unset = the target's context window."
+    )
+    max_stop_strings: int = Field(16, ge=0, description="Most stop strings per request.")
+    max_stop_chars: int = Field(256, ge=1, description="Longest stop string (characters).")
+    max_stop_token_ids: int = Field(64, ge=0, description="Most stop token ids per request.")
     speculation_policy: str = Field(
         "fixed", description="Speculation policy for requests in AUTO mode (fixed[:K], none, ...)."
     )

@@ -36,3 +36,21 @@ class UnknownRequestError(LookupError):
     """No live or recently finished request has this id (NOT_FOUND)."""
 
     grpc_code = "NOT_FOUND"
+
+
+class QueueFullError(RuntimeError):
+    """The scheduler's queue is at TANDEM_MAX_QUEUE (RESOURCE_EXHAUSTED); retry after ``retry_after_ms``.
+
+    The hint also travels as trailing metadata ``grpc-retry-pushback-ms``, the key gRPC's retry
+    machinery reads, so clients with a retry policy back off by it without parsing the message.
+    """
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, message: str, retry_after_ms: int) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
+
+    @property
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("grpc-retry-pushback-ms", str(self.retry_after_ms)),)

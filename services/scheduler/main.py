@@ -54,6 +54,7 @@ from services.scheduler.observers.policy_state import PolicyStateSync
 from services.scheduler.observers.redis_state import RedisRecorder
 from services.scheduler.observers.tracing import RequestTracer, TracedDraft, TracedTarget
 from services.scheduler.policies import queue_policy, speculation_policy
+from services.scheduler.queue_gate import QueueGate
 from services.scheduler.servicer import TandemServicer
 from services.scheduler.text import TextCodec
 from services.scheduler.timebase import Timebase
@@ -62,7 +63,7 @@ from services.settings import ServiceSettings
 from shared.engine.errors import ModelLoadError
 from shared.metrics import TandemMetrics, start_http_server
 from shared.rpc.gen.tandem.v1 import common_pb2, tandem_pb2_grpc
-from shared.rpc.server import TANDEM_SERVICE, add_health, bind, create_server, set_serving
+from shared.rpc.server import TANDEM_SERVICE, add_health, bind, create_server, public_options, set_serving
 from shared.state.redis_server import start_redis
 from shared.state.store import AsyncStateStore, StoreConfig
 from shared.telemetry import TandemTracerProvider
@@ -125,7 +126,12 @@ async def _start(
     if draft is not None:
         closers.append(draft.close)
     target_info = await _target_info(target, target_wait_s)
-    limits = Limits(vocab_size=target_info.vocab_size, max_context=target_info.max_context)
+    limits = Limits(
+        vocab_size=target_info.vocab_size, max_context=target_info.max_context,
+        max_prompt_bytes=settings.max_prompt_bytes, max_prompt_tokens=settings.max_prompt_tokens,
+        max_new_tokens=settings.max_new_tokens, max_stop_strings=settings.max_stop_strings,
+        max_stop_chars=settings.max_stop_chars, max_stop_token_ids=settings.max_stop_token_ids,
+    )
     codec = await asyncio.to_thread(_text_codec, settings)
 
     redis_url = settings.redis_url
@@ -212,8 +218,9 @@ async def _start(
         version=service_version(),
         target_info=target.info,
         draft_info=draft.info if draft is not None else None,
+        gate=QueueGate(settings.max_queue),
     )
-    server = create_server(tracer_provider=provider)
+    server = create_server(tracer_provider=provider, options=public_options(settings.max_prompt_bytes))
     tandem_pb2_grpc.add_TandemServicer_to_server(servicer, server)
     health = await add_health(server, [TANDEM_SERVICE])
     port = bind(server, settings.listen_address("scheduler"))

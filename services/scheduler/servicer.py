@@ -29,6 +29,7 @@ from scheduler.engine_loop import RequestStream, Scheduler, TokenEvent
 from scheduler.request import Request
 from services.scheduler.errors import DuplicateRequestError, UnknownRequestError
 from services.scheduler.ledger import StepLedger
+from services.scheduler.queue_gate import QueueGate
 from services.scheduler.summary import summary_pb
 from services.scheduler.text import TextCodec
 from services.scheduler.timebase import Timebase
@@ -54,6 +55,7 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
         version: str = "",
         target_info: InfoSource | None = None,
         draft_info: InfoSource | None = None,
+        gate: QueueGate | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.ledger = ledger
@@ -63,6 +65,7 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
         self.target_info = target_info
         self.draft_info = draft_info
         self.timebase = Timebase(scheduler.clock)
+        self.gate = gate or QueueGate(1 << 30)
         self._recent: OrderedDict[str, None] = OrderedDict()
 
     # ------------------------------------------------------------------ RPCs
@@ -148,6 +151,7 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
     def _submit(self, req: Request) -> RequestStream:
         if self.scheduler.get(req.id) is not None:
             raise DuplicateRequestError(f"request id {req.id!r} is already live; pick another or leave it empty")
+        self.gate.check(len(self.scheduler.waiting))
         stream = self.scheduler.submit(req)  # ValueError (e.g. over the token budget) -> INVALID_ARGUMENT
         self.ledger.track(req.id)
         for observer in self.scheduler.observers:
@@ -175,6 +179,7 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
             log.info("request %s: call ended before the request did; aborting it", req.id)
             self.scheduler.abort(req.id)
         self.ledger.forget(req.id)
+        self.gate.on_finish(self.scheduler.clock.now())
         self._recent[req.id] = None
         while len(self._recent) > RECENT_IDS:
             self._recent.popitem(last=False)

@@ -13,6 +13,8 @@ fail the whole batch.
     max_new_tokens             >= 1                                   INVALID_ARGUMENT
     sampling                   temperature >= 0, top_p in (0, 1]      INVALID_ARGUMENT
     slo                        tpot_ms >= 0 (0: none), ttft_ms > 0    INVALID_ARGUMENT
+    sizes (Limits.check_size)  prompt bytes/tokens, stop strings and   INVALID_ARGUMENT, naming the
+                               ids, max_new_tokens under the caps      TANDEM_* variable
     speculation                FIXED needs 1 <= k <= max_spec_k       INVALID_ARGUMENT
 
 Two conventions differ between the wire and the scheduler: the wire's
@@ -43,11 +45,43 @@ _SPEC_MODES = {
 
 @dataclass(frozen=True)
 class Limits:
-    """What the models behind the scheduler accept (from the target's Info)."""
+    """What one request may carry: the models' bounds (from the target's Info) and the operator's caps.
+
+    The caps (TANDEM_MAX_PROMPT_BYTES, ..._PROMPT_TOKENS, ..._NEW_TOKENS, ..._STOP_STRINGS, ..._STOP_CHARS,
+    ..._STOP_TOKEN_IDS) bound what a single client can make the server hold or scan; None = only the context window bounds them.
+    """
 
     vocab_size: int
     max_context: int
     max_spec_k: int = 32  # the draft engine's longest chain
+    max_prompt_bytes: int = 1 << 20
+    max_prompt_tokens: int | None = None
+    max_new_tokens: int | None = None
+    max_stop_strings: int = 16
+    max_stop_chars: int = 256
+    max_stop_token_ids: int = 64
+
+    def check_size(self, msg: tandem_pb2.GenerateRequest) -> None:
+        """Raises TandemRequestError naming the limit (and its variable) that ``msg`` exceeds; before tokenising."""
+        if msg.WhichOneof("prompt") == "text" and len(msg.text.encode("utf-8", "surrogatepass")) > self.max_prompt_bytes:
+            raise _over("prompt text", f"{self.max_prompt_bytes} bytes", "MAX_PROMPT_BYTES")
+        if len(msg.stop) > self.max_stop_strings:
+            raise _over(f"stop ({len(msg.stop)} strings)", f"{self.max_stop_strings} strings", "MAX_STOP_STRINGS")
+        if any(len(s) > self.max_stop_chars for s in msg.stop):
+            raise _over("a stop string", f"{self.max_stop_chars} characters", "MAX_STOP_CHARS")
+        if len(msg.stop_token_ids) > self.max_stop_token_ids:
+            raise _over(f"stop_token_ids ({len(msg.stop_token_ids)})", f"{self.max_stop_token_ids} ids",
+                        "MAX_STOP_TOKEN_IDS")
+        if self.max_new_tokens is not None and msg.max_new_tokens > self.max_new_tokens:  # else: the context check
+            raise _over(f"max_new_tokens ({msg.max_new_tokens})", f"{self.max_new_tokens}", "MAX_NEW_TOKENS")
+
+    def check_prompt(self, num_tokens: int) -> None:
+        if self.max_prompt_tokens is not None and num_tokens > self.max_prompt_tokens:  # else: the context check
+            raise _over(f"prompt ({num_tokens} tokens)", f"{self.max_prompt_tokens} tokens", "MAX_PROMPT_TOKENS")
+
+
+def _over(what: str, limit: str, variable: str) -> TandemRequestError:
+    return TandemRequestError(f"{what} exceeds the server's limit of {limit} (TANDEM_{variable})")
 
 
 def new_request_id() -> str:
@@ -57,7 +91,9 @@ def new_request_id() -> str:
 def to_request(msg: tandem_pb2.GenerateRequest, limits: Limits, codec: TextCodec | None) -> Request:
     """The scheduler Request for ``msg``; raises a TandemRequestError naming the bad field."""
     request_id = msg.request_id or new_request_id()
+    limits.check_size(msg)
     prompt_ids = _prompt(msg, codec)
+    limits.check_prompt(len(prompt_ids))
     _check_ids(prompt_ids, limits, "prompt token ids")
     _check_ids(list(msg.stop_token_ids), limits, "stop_token_ids")
     if msg.stop and codec is None:

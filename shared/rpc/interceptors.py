@@ -157,7 +157,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             self._log.error("%s failed: %s", method, details, exc_info=exc)
         else:
             self._log.info("%s -> %s: %s", method, code.name, details)
-        await context.abort(code, details)  # raises AbortError, which grpc turns into the status
+        metadata = getattr(exc, "trailing_metadata", None)  # e.g. a retry hint (grpc-retry-pushback-ms)
+        await context.abort(code, details, metadata if isinstance(metadata, tuple) else ())  # raises AbortError, which grpc turns into the status
 
     def _wrap(self, behavior: Behavior, method: str) -> Behavior:
         if inspect.isasyncgenfunction(behavior):

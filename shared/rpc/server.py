@@ -37,6 +37,15 @@ DEFAULT_OPTIONS: tuple[tuple[str, int], ...] = (
 )
 
 
+def public_options(max_prompt_bytes: int) -> tuple[tuple[str, int], ...]:
+    """Options of the public endpoint: what a client may send is bounded by the largest prompt it may
+    carry (text of ``max_prompt_bytes``, or token ids: up to 5 bytes each) plus 64 KiB of other fields,
+    and at least 1 MiB; responses keep the internal bound."""
+    receive = max(1 << 20, max_prompt_bytes + (64 << 10))
+    return (("grpc.max_send_message_length", MAX_MESSAGE_BYTES), ("grpc.max_receive_message_length", receive),
+            ("grpc.so_reuseport", 0))
+
+
 def create_server(
     *,
     tracer_provider: TracerProvider | None = None,

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 
 import grpc.aio
 
-from scheduler.engine_loop import Scheduler
+from scheduler.engine_loop import Scheduler, SchedulerConfig
 from scheduler.policies.speculation import FixedChain
 from scheduler.testing import FakeDraft, FakeTarget, ToyDraftLM, ToyLM
 from scheduler.workers import RealClock
 from services.scheduler.ledger import StepLedger
+from services.scheduler.queue_gate import QueueGate
 from services.scheduler.observers.metrics import MetricsObserver
 from services.scheduler.observers.redis_state import RedisRecorder
 from services.scheduler.observers.tracing import RequestTracer, TracedDraft, TracedTarget
@@ -72,7 +73,10 @@ class FakeStack:
     task: asyncio.Task | None = None
 
 
-async def _serve(stack: FakeStack, codec: TextCodec | None, redis_url: str | None) -> None:
+async def _serve(
+    stack: FakeStack, codec: TextCodec | None, redis_url: str | None, limits: Limits | None,
+    max_queue: int | None, config: SchedulerConfig | None,
+) -> None:
     clock = RealClock()
     tracer = RequestTracer(stack.tracer_provider)
     ledger = StepLedger(stack.target, clock)
@@ -82,6 +86,7 @@ async def _serve(stack: FakeStack, codec: TextCodec | None, redis_url: str | Non
         clock=clock,
         spec_policy=FixedChain(2),
         detokenize=codec.decode if codec else None,
+        config=config or SchedulerConfig(),
     )
     scheduler.add_observer(MetricsObserver(stack.metrics, scheduler))
     scheduler.add_observer(tracer)
@@ -94,7 +99,8 @@ async def _serve(stack: FakeStack, codec: TextCodec | None, redis_url: str | Non
         return common_pb2.ServiceInfo(role="target", model_name="toy", vocab_size=VOCAB, max_context=MAX_CONTEXT)
 
     servicer = TandemServicer(
-        scheduler, ledger, Limits(VOCAB, MAX_CONTEXT), codec, version="test", target_info=target_info
+        scheduler, ledger, limits or Limits(VOCAB, MAX_CONTEXT), codec, version="test", target_info=target_info,
+        gate=QueueGate(max_queue) if max_queue else None,
     )
     server = create_server(tracer_provider=stack.tracer_provider)
     tandem_pb2_grpc.add_TandemServicer_to_server(servicer, server)
@@ -114,8 +120,16 @@ async def _stop(stack: FakeStack) -> None:
 
 
 @contextmanager
-def fake_stack(codec: TextCodec | None = None, redis_url: str | None = None) -> Iterator[FakeStack]:
-    """Serve the public endpoint over fake workers (and record to Redis when ``redis_url`` is given)."""
+def fake_stack(
+    codec: TextCodec | None = None,
+    redis_url: str | None = None,
+    *,
+    limits: Limits | None = None,
+    max_queue: int | None = None,
+    config: SchedulerConfig | None = None,
+) -> Iterator[FakeStack]:
+    """Serve the public endpoint over fake workers (and record to Redis when ``redis_url`` is given);
+    ``limits``/``max_queue``/``config`` replace the servicer's request limits, queue bound and loop config."""
     clock = RealClock()
     lm = ToyLM(vocab_size=VOCAB, seed=3)
     target = FakeTarget(lm, clock, prefill_s=0.002, verify_s=0.003)
@@ -123,7 +137,7 @@ def fake_stack(codec: TextCodec | None = None, redis_url: str | None = None) -> 
     provider = setup_tracing("scheduler", "memory")
     with LoopThread() as loop:
         stack = FakeStack("", None, target, draft, lm, TandemMetrics(), provider, None, loop)
-        loop.run(_serve(stack, codec, redis_url))
+        loop.run(_serve(stack, codec, redis_url, limits, max_queue, config))
         try:
             yield stack
         finally:
