@@ -38,6 +38,7 @@ from typing import Any
 
 import grpc.aio
 import redis.asyncio
+from redis.exceptions import RedisError
 
 import shared.rpc  # noqa: F401 - builds the generated code if needed
 from scheduler.engine_loop import Scheduler, SchedulerConfig
@@ -64,6 +65,7 @@ from shared.engine.errors import ModelLoadError
 from shared.metrics import TandemMetrics, start_http_server
 from shared.rpc.gen.tandem.v1 import common_pb2, tandem_pb2_grpc
 from shared.rpc.server import TANDEM_SERVICE, add_health, bind, create_server, public_options, set_serving
+from shared.state.ownership import Heartbeat, fail_orphaned, new_instance_id
 from shared.state.redis_server import start_redis
 from shared.state.store import AsyncStateStore, StoreConfig
 from shared.telemetry import TandemTracerProvider
@@ -184,8 +186,16 @@ async def _start(
     if levels is not None:  # LAPS-SD: S_1 may come from the profile (services/scheduler/policies.py)
         log.info("queue policy %s: %d queues, S_1 = %.2f s, M = %g", scheduler.queue_policy.name,
                  levels.num_queues, levels.first_threshold_s, levels.growth)  # fmt: skip
-    recorder = RedisRecorder(store, Timebase(clock), policy_name=spec_policy.name)
+    instance = new_instance_id()
+    heartbeat = Heartbeat(store, instance)
+    await heartbeat.start()
+    try:  # requests an earlier, dead process left "running" end as failed
+        await fail_orphaned(store, instance)
+    except (RedisError, OSError) as exc:
+        log.warning("could not check Redis for requests of a stopped scheduler: %s", exc)
+    recorder = RedisRecorder(store, Timebase(clock), policy_name=spec_policy.name, owner=instance)
     closers.append(recorder.close)
+    closers.append(heartbeat.stop)  # runs before the recorder closes the store
     metrics = TandemMetrics()
     for observer in (recorder, MetricsObserver(metrics, scheduler), tracer):
         scheduler.add_observer(observer)

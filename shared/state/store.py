@@ -82,6 +82,7 @@ class RequestRecord(BaseModel):
     finish_unix_ns: int | None = None
     finish_reason: str | None = None
     error: str | None = None
+    owner: str | None = Field(None, description="Instance id of the scheduler serving it (shared.state.ownership).")
 
     @property
     def ttft_ms(self) -> float | None:
@@ -469,6 +470,10 @@ class AsyncStateStore:
     @property
     def keys(self) -> _Ops:
         return self._ops
+
+    @property
+    def client(self) -> redis.asyncio.Redis:
+        return self._r
 
     async def close(self) -> None:
         await self._r.aclose()

@@ -47,9 +47,11 @@ Write = Callable[[], Awaitable[object]]
 
 class RedisRecorder:
     def __init__(
-        self, store: AsyncStateStore, timebase: Timebase, *, policy_name: str, max_pending: int = 100_000
+        self, store: AsyncStateStore, timebase: Timebase, *, policy_name: str, max_pending: int = 100_000,
+        owner: str | None = None,
     ) -> None:
         self.store = store
+        self.owner = owner  # this scheduler's instance id (shared.state.ownership)
         self.timebase = timebase
         self.policy_name = policy_name
         self.max_pending = max_pending
@@ -74,6 +76,7 @@ class RedisRecorder:
             slo_ttft_ms=request.slo.ttft_ms,
             policy=self._policy(request),
             arrival_unix_ns=self.timebase.unix_ns(request.arrival_time),
+            owner=self.owner,
         )
         self._enqueue(lambda: self.store.put_request(record))
 
