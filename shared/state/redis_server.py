@@ -22,6 +22,7 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 import redis
 
@@ -74,6 +75,7 @@ class RedisServer:
     port: int
     process: subprocess.Popen = field(repr=False)
     workdir: str = field(repr=False)
+    password: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self._finalizer = weakref.finalize(self, _kill, self.process, self.workdir)
@@ -99,8 +101,13 @@ def start_redis(
     host: str = "127.0.0.1",
     binary: str | None = None,
     timeout_s: float = 10.0,
+    password: str | None = None,
 ) -> RedisServer:
-    """Start redis-server on ``host``:``port`` (a free port when None) and wait until it answers PING."""
+    """Start redis-server on ``host``:``port`` (a free port when None) and wait until it answers PING.
+
+    With ``password`` the server requires it (``requirepass``) and ``url`` carries it
+    (``redis://:PASSWORD@host:port/0``), which is how every Tandem client is given it.
+    """
     binary = binary or find_redis_server()
     attempts = 1 if port is not None else 3  # a free port can be taken between probe and bind
     last_error = ""
@@ -118,11 +125,14 @@ def start_redis(
             "--protected-mode", "yes",
             "--loglevel", "warning",
             "--logfile", str(Path(workdir) / "redis.log"),
+            *(["--requirepass", password] if password else []),
         ]  # fmt: skip
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
         )
-        server = RedisServer(url=f"redis://{host}:{chosen}/0", host=host, port=chosen, process=proc, workdir=workdir)
+        auth = f":{quote(password, safe='')}@" if password else ""
+        server = RedisServer(url=f"redis://{auth}{host}:{chosen}/0", host=host, port=chosen, process=proc,
+                             workdir=workdir, password=password)
         error = _wait_ready(server, timeout_s)
         if error is None:
             return server
@@ -132,7 +142,8 @@ def start_redis(
 
 
 def _wait_ready(server: RedisServer, timeout_s: float) -> str | None:
-    client = redis.Redis(host=server.host, port=server.port, socket_connect_timeout=0.5, socket_timeout=0.5)
+    client = redis.Redis(host=server.host, port=server.port, password=server.password, socket_connect_timeout=0.5,
+                         socket_timeout=0.5)
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:

@@ -45,3 +45,4 @@ def test_orphans_fail_and_living_replicas_keep_theirs(store_config: StoreConfig)
             await store.close()
 
     asyncio.run(scenario())
+
