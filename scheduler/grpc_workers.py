@@ -72,9 +72,16 @@ class WorkerProtocolError(RuntimeError):
 class _GrpcWorker:
     role = ""
 
-    def __init__(self, channel_or_address: grpc.aio.Channel | str, *, timeout_s: float | None = DEFAULT_TIMEOUT_S):
+    def __init__(
+        self,
+        channel_or_address: grpc.aio.Channel | str,
+        *,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+    ):
+        """``interceptors`` apply to a channel made here from an address (e.g. the internal secret's)."""
         if isinstance(channel_or_address, str):
-            self.channel, self._owns_channel = aio_channel(channel_or_address), True
+            self.channel, self._owns_channel = aio_channel(channel_or_address, interceptors=interceptors), True
         else:
             self.channel, self._owns_channel = channel_or_address, False
         self.timeout_s = timeout_s

@@ -31,6 +31,7 @@ from grpc_health.v1 import health
 from services.engine_host import EngineHost
 from services.settings import ServiceSettings
 from shared.rpc.server import add_health, bind, create_server, set_serving
+from shared.rpc.shared_secret import SecretServerInterceptor
 from shared.telemetry import TandemTracerProvider
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,9 @@ async def start_model_service(settings: ServiceSettings, role: str, service: str
     except BaseException:
         provider.shutdown()
         raise
-    server = create_server(tracer_provider=provider)
+    secret = settings.secret()  # only the scheduler, which knows it, may drive this service
+    server = create_server(tracer_provider=provider,
+                           interceptors=[SecretServerInterceptor(secret)] if secret else [])
     register(engine_host, server)
     health_servicer = await add_health(server, [service])
     try:

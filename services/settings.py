@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 
 from scheduler.frontier import FrontierConfig
 from shared.engine.config import EngineConfig
@@ -234,6 +234,13 @@ class ServiceSettings(BaseModel):
         description="Row count from which the prepacked weights are used; unset = measured at load on this CPU.",
     )
 
+    internal_secret: SecretStr | None = Field(
+        None,
+        description="Shared secret between the scheduler and the model services (metadata x-tandem-secret); "
+        "a model service refuses calls without it (UNAUTHENTICATED). Unset = no check. `tandem up` sets a random one.",
+    )
+    internal_secret_file: Path | None = Field(None, description="File whose first line is the internal secret.")
+
     # --- scheduler ----------------------------------------------------------------------------
     target_addr: str = Field("127.0.0.1:50052", description="host:port of the target service.")
     draft_addr: str | None = Field(
@@ -342,6 +349,13 @@ class ServiceSettings(BaseModel):
         return cls.model_validate(values)
 
     # --- derived ------------------------------------------------------------------------------
+    def secret(self) -> str | None:
+        """The internal secret (from the value or the file), or None when unset."""
+        from shared.rpc.shared_secret import load_secret
+
+        value = self.internal_secret.get_secret_value() if self.internal_secret is not None else None
+        return load_secret(value, self.internal_secret_file)
+
     def name_for(self, role: Role) -> str:
         return self.service_name or role
 

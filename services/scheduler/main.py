@@ -64,6 +64,7 @@ from services.settings import ServiceSettings
 from shared.engine.errors import ModelLoadError
 from shared.metrics import TandemMetrics, start_http_server
 from shared.rpc.gen.tandem.v1 import common_pb2, tandem_pb2_grpc
+from shared.rpc.shared_secret import SecretClientInterceptor
 from shared.rpc.server import TANDEM_SERVICE, add_health, bind, create_server, public_options, set_serving
 from shared.state.ownership import Heartbeat, fail_orphaned, new_instance_id
 from shared.state.redis_server import start_redis
@@ -121,10 +122,12 @@ async def _start(
     provider = settings.tracing("scheduler").setup(set_global=set_global_tracing)
     closers.append(provider.shutdown)
 
-    target = GrpcTargetWorker(settings.target_addr)
+    secret = settings.secret()  # the model services' shared secret, sent on every call to them
+    internal = [SecretClientInterceptor(secret)] if secret else []
+    target = GrpcTargetWorker(settings.target_addr, interceptors=internal)
     closers.append(target.close)
     draft_addr = None if (settings.draft_addr or "none").lower() in NO_DRAFT else settings.draft_addr
-    draft = GrpcDraftWorker(draft_addr) if draft_addr else None
+    draft = GrpcDraftWorker(draft_addr, interceptors=internal) if draft_addr else None
     if draft is not None:
         closers.append(draft.close)
     target_info = await _target_info(target, target_wait_s)
