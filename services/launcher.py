@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -123,6 +124,29 @@ class LaunchedStack:
     redis: RedisServer | None = None
     stop_timeout_s: float = 15.0
     share: dict | None = None  # the draft share used, as written to log_dir/share.json; None = no split
+    envs: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)  # each child's environment
+
+    def kill(self, role: str) -> None:
+        """SIGKILL one child (a crash, for fault injection); ``restart(role)`` brings it back."""
+        proc = self.processes[role]
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+
+    def restart(self, role: str, timeout_s: float = 600.0, *, wait: bool = True) -> None:
+        """Kill ``role`` if it runs, start it again on the same port and environment, wait until SERVING."""
+        self.kill(role)
+        self.processes[role] = _spawn(role, self.envs[role], self.endpoints.log_dir)
+        if wait:
+            _wait_serving(self, timeout_s, roles=[role])
+
+    def restart_redis(self) -> None:
+        """Kill the Redis this stack started and start an empty one on the same port (its data is lost)."""
+        if self.redis is None:
+            raise RuntimeError("this stack uses an external Redis; restart it yourself")
+        old = self.redis
+        old.stop()
+        self.redis = start_redis(old.port, host=old.host, password=old.password)
 
     def poll(self) -> str | None:
         """The role of a child that has exited, if any."""
@@ -208,6 +232,11 @@ def start(config: LaunchConfig) -> LaunchedStack:
             envs["draft"] = _env(
                 config, draft, TANDEM_MODEL=draft_model, TANDEM_VOCAB_SIZE=_vocab_size(target_path), **shares["draft"]
             )
+        # the model services answer only the scheduler: one random secret per launch unless one is configured
+        secret = os.environ.get("TANDEM_INTERNAL_SECRET") or secrets.token_urlsafe(24)
+        for env in envs.values():
+            env["TANDEM_INTERNAL_SECRET"] = secret
+        stack.envs = envs
         for role, env in envs.items():  # all at once: imports and model loading overlap
             stack.processes[role] = _spawn(role, env, log_dir)
         _wait_serving(stack, config.startup_timeout_s)
@@ -367,11 +396,11 @@ def _spawn(role: str, env: dict[str, str], log_dir: Path) -> subprocess.Popen:
         )
 
 
-def _wait_serving(stack: LaunchedStack, timeout_s: float) -> None:
-    """Poll every child's health until all are SERVING; fail early when one exits."""
+def _wait_serving(stack: LaunchedStack, timeout_s: float, roles: list[str] | None = None) -> None:
+    """Poll the children's health (``roles``, default all) until SERVING; fail early when one exits."""
     e = stack.endpoints
     addresses = {"target": e.target, "draft": e.draft, "scheduler": e.scheduler}
-    pending = {role: addresses[role] for role in stack.processes}
+    pending = {role: addresses[role] for role in (roles or stack.processes)}
     deadline = time.monotonic() + timeout_s
     while pending:
         for role, address in list(pending.items()):
