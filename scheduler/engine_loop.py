@@ -84,6 +84,7 @@ from scheduler.policies.speculation import (
     wants_draft,
 )
 from scheduler.report import RequestOutcome, StepReport
+from scheduler.target_link import TargetLink, TargetRecoveryConfig
 from scheduler.request import FinishReason, Request, RequestState, validate_request
 from scheduler.workers import Clock, DraftWorker, IterationObserver, RealClock, TargetWorker
 from shared.engine.types import AcceptResult, PrefillItem, TokenTree, VerifyItem
@@ -137,6 +138,10 @@ class SchedulerConfig(BaseModel):
         None,
         description="With draft_memory: the target's KV pool grows by this while the draft is offloaded, and "
         "max_tokens_in_flight (the budget with the draft resident) by as many tokens; None = it does not grow.",
+    )
+    target_recovery: TargetRecoveryConfig = Field(
+        default_factory=TargetRecoveryConfig,
+        description="How long requests wait for a target that went down (target_link.py) before they fail.",
     )
 
 
@@ -236,6 +241,8 @@ class Scheduler:
             else None
         )
         self.frontier = FrontierPipeline(cfg.frontier) if cfg.frontier is not None and draft is not None else None
+        # target health: an outage is waited out and its requests re-prefilled (target_link.py)
+        self.target_link = TargetLink(getattr(target, "info", None), cfg.target_recovery)
         want = getattr(target, "want_features", None)  # through wrappers (tracing, ledger) to the worker itself
         if want is not None:
             want(spec)
@@ -305,7 +312,7 @@ class Scheduler:
         return bool(
             self._waiting
             or self._running
-            or self._release_target
+            or (self._release_target and self.target_link.up)  # while it is down they wait for the next work
             or self.link.pending_release
             or self._finished_unnotified
         )
@@ -350,6 +357,10 @@ class Scheduler:
         report = StepReport(step=self._num_steps, started_at=t0)
         times = report.times
         self.link.begin_step()
+
+        # 0. while the target is down nothing runs: probe it, and fail what waited past the bound
+        if not self.target_link.up and not await self._await_target(report):
+            return report
 
         # 1. admit (and preempt, if the queue policy wants to)
         new = self._admit(report)
@@ -660,6 +671,9 @@ class Scheduler:
         self._streams[req.id]._put(event)
 
     def _fail(self, reqs: list[Request], what: str, exc: Exception | None, report: StepReport) -> None:
+        if self.target_link.is_outage(exc):  # not the requests' fault: they wait for the target
+            self._target_lost(exc)
+            return
         msg = what if exc is None else f"{what}: {type(exc).__name__}: {exc}"
         code = _status_name(exc)
         log.error("%s; failing %d request(s)", msg, len(reqs))
@@ -667,6 +681,36 @@ class Scheduler:
             if req.state is RequestState.RUNNING:
                 self._end(req, RequestState.FAILED, FinishReason.ERROR, error=msg, error_code=code)
                 report.failed_ids.append(req.id)
+
+    def _target_lost(self, exc: Exception | None) -> None:
+        """The target lost (or may have lost) every sequence: all its requests queue again with their tokens."""
+        self.target_link.lost(self.clock.now(), exc)
+        for req in [*self._running.values(), *(r for r in self._waiting if r.resident)]:
+            self._running.pop(req.id, None)
+            if req not in self._waiting:
+                req.state = RequestState.WAITING
+                self._waiting.append(req)
+            self._evict(req)  # re-prefilled (prompt + output) once the target is back, as after a recompute
+
+    async def _await_target(self, report: StepReport) -> bool:
+        """Probe a target that is down; True once it serves again (the step goes on)."""
+        now = self.clock.now()
+        if await self.target_link.probe(now):
+            await self._flush_releases()  # the old sequence ids: a target that only hung frees them now
+            return True
+        if self.target_link.expired(now) and self._waiting:
+            msg = f"the target has been unavailable for more than {self.target_link.config.recovery_s:g} s"
+            log.error("%s; failing %d waiting request(s)", msg, len(self._waiting))
+            for req in list(self._waiting):
+                self._waiting.remove(req)
+                self._end(req, RequestState.FAILED, FinishReason.ERROR, error=msg, error_code="UNAVAILABLE")
+                report.failed_ids.append(req.id)
+            self.target_link.restart_window(now)  # later arrivals get a full window of their own
+            self._num_steps += 1
+            await self._notify(report)
+            return False
+        await self.clock.sleep(max(0.005, min(0.5, self.target_link.wait_s(now))))
+        return False
 
     def _fail_all(self, exc: Exception) -> None:
         msg = f"scheduler internal error: {type(exc).__name__}: {exc}"
@@ -706,7 +750,7 @@ class Scheduler:
         return reserved + sum(reserved_tokens(r) for r in self._waiting if r.resident)
 
     async def _flush_releases(self) -> None:
-        if self._release_target:
+        if self._release_target and self.target_link.up:  # while it is down they wait (release is idempotent)
             ids, self._release_target = self._release_target, []
             try:
                 await self.target.release(ids)

@@ -101,6 +101,11 @@ class _FakeWorker:
         if self.down:
             raise ConnectionError(f"{type(self).__name__} is down")
 
+    async def info(self) -> dict[str, int]:
+        """What a health probe reads (raises ConnectionError while down, like the other calls)."""
+        await self._enter("info", 0, 0.0)
+        return {"num_live_seqs": len(self.seqs)}
+
     async def release(self, seq_ids: list[str]) -> None:
         await self._enter("release", len(seq_ids), 0.0)
         for sid in seq_ids:

@@ -261,6 +261,10 @@ class ServiceSettings(BaseModel):
         1024, ge=1, description="Most requests waiting for a batch slot; past it Generate answers RESOURCE_EXHAUSTED "
         "with a retry hint (trailing metadata grpc-retry-pushback-ms)."
     )
+    target_recovery_s: float = Field(
+        60.0, ge=0.0, description="How long in-flight requests wait for a target that died or restarted (then "
+        "re-prefilled with what they committed; greedy output unchanged) before ending UNAVAILABLE; 0 = fail at once."
+    )
     max_prompt_bytes: int = Field(1 << 20, ge=1, description="Longest prompt text (UTF-8 bytes) one request may send.")
     max_prompt_tokens: int | None = Field(
         None, ge=1, description="Most prompt tokens per request; unset = the target's context window."

@@ -42,6 +42,7 @@ from redis.exceptions import RedisError
 
 import shared.rpc  # noqa: F401 - builds the generated code if needed
 from scheduler.engine_loop import Scheduler, SchedulerConfig
+from scheduler.target_link import TargetRecoveryConfig
 from scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker
 from scheduler.policies.elastic_memory import ElasticDraftMemory, ElasticMemoryConfig, PoolGrowth
 from scheduler.workers import RealClock
@@ -178,6 +179,7 @@ async def _start(
             draft_memory=draft_memory,
             pool_growth=pool_growth(target_info) if draft_memory is not None else None,
             frontier=_frontier(settings, draft is not None, budget.cost_model, draft_cost),
+            target_recovery=TargetRecoveryConfig(recovery_s=settings.target_recovery_s),
         ),
         clock=clock,
         spec_policy=spec_policy,

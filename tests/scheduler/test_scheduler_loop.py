@@ -11,6 +11,7 @@ from scheduler.engine_loop import RequestStream, Scheduler, SchedulerConfig, Tok
 from scheduler.policies.queue import FCFS, Admission
 from scheduler.policies.speculation import FixedChain, NoSpeculation, SpecShape, SpeculationPolicy
 from scheduler.report import StepReport
+from scheduler.target_link import TargetRecoveryConfig
 from scheduler.request import FinishReason, Request, RequestState, SpecMode, SpeculationSetting
 from scheduler.testing import FakeDraft, FakeTarget, ToyDraftLM, ToyLM, toy_detokenize
 from scheduler.workers import FakeClock, NullObserver
@@ -290,7 +291,8 @@ def test_target_verify_failure_fails_batch_with_clear_error_and_loop_continues()
     lm = ToyLM(vocab_size=50, seed=3)
     target = Flaky(lm)
     draft = FakeDraft(ToyDraftLM(lm), reference=target)
-    sched = Scheduler(target, draft, clock=FakeClock(), spec_policy=FixedChain(2))
+    no_recovery = SchedulerConfig(target_recovery=TargetRecoveryConfig(recovery_s=0))  # else it is waited out
+    sched = Scheduler(target, draft, clock=FakeClock(), spec_policy=FixedChain(2), config=no_recovery)
     reqs = [Request(f"r{i}", [i, i + 1], max_new_tokens=20) for i in range(3)]
     late = Request("late", [9, 9, 9], max_new_tokens=10)
 
