@@ -4,7 +4,7 @@
 #   make setup    .venv with the pinned CPU torch + tandem[dev], then gRPC code
 #   make models   prepare the demo pair's models under $TANDEM_HOME (default ~/.cache/tandem)
 #   make test     setup + models, then the whole test suite
-#   make demo | trace-ui | profile | bench-engine | bench | bench-slo | bench-adaptive | bench-faser | bench-offload
+#   make demo | trace-ui | profile | bench-engine | bench | bench-slo | bench-adaptive | bench-faser | bench-offload | soak
 #   make clean | distclean
 
 SHELL := /bin/bash
@@ -20,7 +20,7 @@ TORCH := torch==2.13.0
 PAIR ?= demo
 PYTEST_ARGS ?=
 
-.PHONY: help setup protos models test demo trace-ui profile bench-engine bench bench-serving bench-slo bench-adaptive bench-order bench-faser bench-offload clean distclean
+.PHONY: help setup protos models test demo trace-ui profile bench-engine bench bench-serving bench-slo bench-adaptive bench-order bench-faser bench-offload soak clean distclean
 
 help:
 	@sed -n '4,8p' Makefile | sed 's/^# \{0,1\}//'
@@ -126,6 +126,15 @@ bench-offload: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing --draft
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --offload --pair $(PAIR) --name offload-$(PAIR) $(BENCH_ARGS)
+
+# Issue 21's soak with faults (bench.soak): SOAK_REQUESTS requests at SOAK_CONCURRENCY while the draft, the
+# target and Redis are each killed and restarted SOAK_FAULTS times; lost requests, greedy outputs against a
+# fault-free reference, RSS, KV idle, p99. Results: bench/results/soak-$(PAIR)/. A short version runs in make test.
+SOAK_REQUESTS ?= 2000
+SOAK_CONCURRENCY ?= 32
+SOAK_FAULTS ?= 10
+soak: setup models
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.soak --pair $(PAIR) --requests $(SOAK_REQUESTS) --concurrency $(SOAK_CONCURRENCY) --faults $(SOAK_FAULTS)
 
 # The short suites; the policy comparisons (bench-slo, bench-adaptive, bench-order) run on their own.
 bench: bench-engine bench-serving
