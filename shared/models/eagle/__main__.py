@@ -72,6 +72,8 @@ def main(
     lr: float = typer.Option(1e-3),
     batch_tokens: int = typer.Option(4096),
     prompt_weight: float = typer.Option(0.0, help="Loss weight of prompt positions (the head drafts after them)."),
+    self_instruct: int = typer.Option(0, help="Add this many free-form questions written by the target itself "
+                                      "(distill/self_instruct.py) to the corpus."),
     bf16: bool = typer.Option(True, help="Train under bfloat16 autocast (faster on CPUs with AVX512-BF16)."),
     threads: int = typer.Option(2),
     home: Path = typer.Option(None, help="Tandem home (models, caches); default $TANDEM_HOME or ~/.cache/tandem."),
@@ -90,7 +92,13 @@ def main(
     target_dir = smollm2.prepare(paths, console)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32, local_files_only=True).eval()
     tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
-    pool = exclude_bench(corpus.build(prompts or None))
+    pool = corpus.build(prompts or None)
+    if self_instruct:
+        from shared.models.distill import self_instruct as si
+
+        asked = si.questions(target, tokenizer, self_instruct, paths.home / "eagle-data", progress=console.print)
+        pool += [corpus.Prompt("self", q, corpus.is_heldout(q)) for q in asked]
+    pool = exclude_bench(pool)
     t0 = time.perf_counter()
     seqs = data.build(target, tokenizer, pool, paths.home / "eagle-data", AUX_LAYERS, max_new_tokens=max_new_tokens,
                       tag=smollm2.NAME)  # fmt: skip
