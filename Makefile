@@ -20,7 +20,7 @@ TORCH := torch==2.13.0
 PAIR ?= demo
 PYTEST_ARGS ?=
 
-.PHONY: help setup protos models test demo trace-ui profile bench-engine bench bench-serving bench-slo bench-adaptive bench-order bench-faser bench-offload soak clean distclean
+.PHONY: help setup protos models test demo trace-ui profile bench-engine bench bench-serving bench-slo bench-adaptive bench-order bench-faser bench-offload bench-drafts soak clean distclean
 
 help:
 	@sed -n '4,8p' Makefile | sed 's/^# \{0,1\}//'
@@ -126,6 +126,13 @@ bench-offload: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing --draft
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --offload --pair $(PAIR) --name offload-$(PAIR) $(BENCH_ARGS)
+
+# Issue 17's drafts side by side (bench.drafts): target-only, the EAGLE-3 feature draft (chains of 2 and 4; needs
+# `tandem models prepare --pair eagle`, done here), the ngram and the suffix draft (chains of 4), on open chat and on
+# grounded prompts, at batch 1 and 4 at once, 3 interleaved repeats, by task kind. Results: bench/results/drafts-$(PAIR)/.
+bench-drafts: setup models
+	$(VENV)/bin/tandem models prepare --pair eagle
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.drafts --pair $(PAIR) $(BENCH_ARGS)
 
 # Issue 21's soak with faults (bench.soak): SOAK_REQUESTS requests at SOAK_CONCURRENCY while the draft, the
 # target and Redis are each killed and restarted SOAK_FAULTS times; lost requests, greedy outputs against a

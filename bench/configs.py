@@ -46,6 +46,7 @@ class StackKey:
     early_exit: str | None = None  # the target's TANDEM_EARLY_EXIT; None = what the environment says
     draft_share: float | None = None  # the launcher's draft_share (FASER §4.4); None = no split
     draft_offload: str | None = None  # the scheduler's TANDEM_DRAFT_OFFLOAD; None = what the environment says
+    draft_model: str | None = None  # this stack's draft (model name/path, ngram[:..], suffix[:..]); None = the pair's
 
 
 # FASER's ablation: chain length, frontier chunk (gated by the cost models when both are profiled,
@@ -116,6 +117,12 @@ def parse(name: str, *, queue_policy: str = "fcfs") -> Config:
             raise ValueError(f"{name}: use offload:on or offload:off, optionally :<policy>")
         key = StackKey(policy or OFFLOAD_POLICY, queue_policy, draft_offload=OFFLOAD_SPEC if switch == "on" else "off")
         return Config(name, "tandem", "auto", key)
+    if name.startswith("draft:"):  # draft:<model or ngram/suffix spec>:k<K>  (bench-drafts: drafts side by side)
+        spec, _, k_part = name.removeprefix("draft:").rpartition(":")
+        m = re.fullmatch(r"k(\d+)", k_part)
+        if not spec or m is None or int(m.group(1)) < 1:
+            raise ValueError(f"{name}: use draft:<model|ngram|suffix>:k<K>, e.g. draft:suffix:k4")
+        return Config(name, "tandem", int(m.group(1)), StackKey(queue_policy=queue_policy, draft_model=spec))
     if name == "hf-target":
         return Config(name, "hf", "off")
     if name == "hf-assisted":
@@ -124,7 +131,7 @@ def parse(name: str, *, queue_policy: str = "fcfs") -> Config:
         return Config(name, "hf", "assisted", hf_options=dict(HF_ASSISTED_HEURISTIC))
     raise ValueError(
         f"unknown configuration {name!r}; use target-only, tandem-k<K>, policy:<name>, order:<queue>, faser:<variant>, "
-        "offload:on|off, hf-target, hf-assisted or hf-assisted-heuristic"
+        "offload:on|off, draft:<draft>:k<K>, hf-target, hf-assisted or hf-assisted-heuristic"
     )
 
 

@@ -224,12 +224,13 @@ class Harness:
         b1, sw = parse_list(self.opts.batch1, queue_policy=q), parse_list(self.opts.sweep, queue_policy=q)
         if any(not c.is_tandem for c in sw):
             raise ValueError("HF peers run at batch 1 only; leave them out of the sweep")
-        if self.draft_dir is None:
-            dropped = [c.name for c in b1 + sw if c.speculates]
+        if self.draft_dir is None:  # configurations that bring their own draft (draft:<x>:k<K>) stay
+            own = lambda c: c.stack is not None and c.stack.draft_model is not None  # noqa: E731
+            dropped = [c.name for c in b1 + sw if c.speculates and not own(c)]
             if dropped:
                 self.notes.append(f"no draft model prepared: left out {sorted(set(dropped))}")
                 self.log(f"[yellow]{self.notes[-1]}")
-            b1, sw = [c for c in b1 if not c.speculates], [c for c in sw if not c.speculates]
+            b1, sw = [c for c in b1 if not c.speculates or own(c)], [c for c in sw if not c.speculates or own(c)]
         return b1, sw
 
     def _items(self, n: int, rate: float | None, max_new_tokens: int, seed_offset: int = 0,

@@ -1,4 +1,4 @@
-"""Offline prompt sets: chat questions, code completion, summarisation (copy-heavy).
+"""Offline prompt sets: chat questions, code completion, summarisation, and grounded tasks (copy-heavy).
 
 Nothing is downloaded. Chat questions are written here; code and
 summarisation prompts are cut from the Python standard library installed with
@@ -13,6 +13,8 @@ import random
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+
+from bench import grounded_prompts as grounded
 
 CHAT = [
     "Explain why the sky is blue to a ten-year-old.",
@@ -49,13 +51,18 @@ CHAT = [
     "Describe the rules of chess in a few sentences.",
 ]
 
-KINDS = ("chat", "code", "summarize")
+KINDS = ("chat", "code", "summarize", "rewrite", "qa", "agent")
+GROUNDED = ("summarize", "rewrite", "qa", "agent")  # the answer is largely in the prompt (bench/grounded_prompts.py)
 
 
 @dataclass(frozen=True)
 class Prompt:
-    kind: str  # chat | code | summarize
-    text: str  # the user message (chat template applied by the tokenizer side)
+    kind: str  # one of KINDS
+    text: str  # the (last) user message (chat template applied by the tokenizer side)
+    turns: tuple[tuple[str, str], ...] = ()  # earlier (role, content) turns: multi-turn agent transcripts
+
+    def messages(self) -> list[dict[str, str]]:
+        return [*({"role": r, "content": c} for r, c in self.turns), {"role": "user", "content": self.text}]
 
 
 def _stdlib_files(limit: int) -> list[Path]:
@@ -97,16 +104,28 @@ def load(kind: str, n: int, seed: int = 0) -> list[Prompt]:
     """``n`` prompts of one kind, sampled (with repetition only if the pool is smaller) by seed."""
     if kind not in KINDS:
         raise ValueError(f"unknown prompt kind {kind!r}; choose from {KINDS}")
-    if kind == "chat":
-        pool = CHAT
-    else:
-        files = _stdlib_files(400)
-        pool = _code_prompts(files) if kind == "code" else _summary_prompts(files)
+    pool = _pool(kind)
     if not pool:
         raise RuntimeError(f"no {kind} prompts could be built from the standard library")
     rng = random.Random(seed)
     picks = rng.sample(pool, n) if n <= len(pool) else [rng.choice(pool) for _ in range(n)]
-    return [Prompt(kind, text) for text in picks]
+    return picks
+
+
+def _pool(kind: str) -> list[Prompt]:
+    if kind == "chat":
+        return [Prompt(kind, t) for t in CHAT]
+    files = _stdlib_files(400)
+    if kind == "agent":
+        return [Prompt(kind, text, turns) for text, turns in grounded.agent_prompts(files)]
+    build = {"code": _code_prompts, "summarize": _summary_prompts, "rewrite": grounded.rewrite_prompts,
+             "qa": grounded.qa_prompts}[kind]
+    return [Prompt(kind, t) for t in build(files)]
+
+
+def all_bench_texts() -> list[str]:
+    """Every message any benchmark may send (all kinds, every turn): what training corpora must not contain."""
+    return [m["content"] for kind in KINDS for p in _pool(kind) for m in p.messages()]
 
 
 def mixed(n: int, mix: dict[str, float], seed: int = 0) -> list[Prompt]:

@@ -95,10 +95,10 @@ def summarize_records(records: Sequence[Record], wall_s: float) -> dict:
 
 def paired_speedup(records: dict[str, list[Record]], config: str, reference: str) -> float | None:
     """Median over jobs of latency(reference) / latency(config), matching runs of the same job and repeat."""
-    ref = {r.job.request_id.split("/", 1)[1]: r for r in records.get(reference, [])}
+    ref = {r.job.request_id.rsplit("/", 1)[1]: r for r in records.get(reference, [])}
     ratios = []
     for r in records.get(config, []):
-        other = ref.get(r.job.request_id.split("/", 1)[1])
+        other = ref.get(r.job.request_id.rsplit("/", 1)[1])
         if other and r.trace.latency_s and other.trace.latency_s and r.trace.num_tokens == other.trace.num_tokens:
             ratios.append(other.trace.latency_s / r.trace.latency_s)
     return statistics.median(ratios) if ratios else None
@@ -106,11 +106,11 @@ def paired_speedup(records: dict[str, list[Record]], config: str, reference: str
 
 def lossless(records: dict[str, list[Record]], config: str, reference: str) -> dict | None:
     """How many jobs produced exactly the reference configuration's tokens."""
-    ref = {r.job.request_id.split("/", 1)[1]: r.token_ids for r in records.get(reference, []) if not r.error}
+    ref = {r.job.request_id.rsplit("/", 1)[1]: r.token_ids for r in records.get(reference, []) if not r.error}
     pairs = [
         (r.token_ids, ref[key])
         for r in records.get(config, [])
-        if not r.error and (key := r.job.request_id.split("/", 1)[1]) in ref
+        if not r.error and (key := r.job.request_id.rsplit("/", 1)[1]) in ref
     ]
     if not pairs:
         return None

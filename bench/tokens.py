@@ -62,16 +62,17 @@ class PromptEncoder:
         eos = getattr(self.tokenizer, "eos_token_id", None) if self.tokenizer is not None else None
         return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
 
-    def encode(self, text: str) -> tuple[int, ...]:
+    def encode(self, text: str, messages: list[dict[str, str]] | None = None) -> tuple[int, ...]:
+        """``text`` as one user message, or ``messages`` (a multi-turn transcript ending with it)."""
+        messages = messages or [{"role": "user", "content": text}]
         if self.tokenizer is None:
             span = self.vocab_size - _RESERVED_IDS
-            return tuple(_RESERVED_IDS + b % span for b in text.encode("utf-8"))[: self.max_prompt_tokens]
-        encoded = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-        )
+            flat = "\n".join(m["content"] for m in messages)
+            return tuple(_RESERVED_IDS + b % span for b in flat.encode("utf-8"))[: self.max_prompt_tokens]
+        encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         ids = list(encoded["input_ids"]) if hasattr(encoded, "keys") else list(encoded)  # transformers 5: BatchEncoding
         # An over-long prompt keeps its end: the generation prompt of the template must survive.
         return tuple(ids[-self.max_prompt_tokens :])
 
     def encode_all(self, items: Sequence[WorkItem]) -> list[EncodedItem]:
-        return [EncodedItem(it, self.encode(it.prompt.text)) for it in items]
+        return [EncodedItem(it, self.encode(it.prompt.text, it.prompt.messages())) for it in items]

@@ -230,7 +230,9 @@ def start(config: LaunchConfig) -> LaunchedStack:
         }
         if draft is not None:
             envs["draft"] = _env(
-                config, draft, TANDEM_MODEL=draft_model, TANDEM_VOCAB_SIZE=_vocab_size(target_path), **shares["draft"]
+                config, draft, TANDEM_MODEL=draft_model, TANDEM_VOCAB_SIZE=_vocab_size(target_path),
+                TANDEM_TARGET_MODEL=str(target_path),  # a feature draft without an embedding borrows the target's
+                **shares["draft"]
             )
         # the model services answer only the scheduler: one random secret per launch unless one is configured
         secret = os.environ.get("TANDEM_INTERNAL_SECRET") or secrets.token_urlsafe(24)

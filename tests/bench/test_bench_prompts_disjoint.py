@@ -1,0 +1,22 @@
+"""Benchmark prompts never reach a training corpus: the EAGLE head's corpus drops every prompt that
+equals, contains or is contained in a benchmark message (all kinds, every agent turn)."""
+
+from __future__ import annotations
+
+from bench import prompts
+from shared.models.distill import corpus
+from shared.models.eagle.__main__ import exclude_bench
+
+
+def test_every_kind_builds_offline_and_the_training_corpus_is_disjoint():
+    texts = prompts.all_bench_texts()
+    for kind in prompts.KINDS:
+        assert prompts.load(kind, 3, seed=1), kind
+    agent = prompts.load("agent", 1)[0]
+    assert len(agent.messages()) == 5 and "<tool_output>" in agent.text  # multi-turn, tool output repeated
+    bench = [t.strip().lower() for t in texts]
+    kept = exclude_bench(corpus.build())
+    assert 0 < len(kept) < len(corpus.build())  # some templated questions collide with bench chat: dropped
+    for p in kept:
+        t = p.text.strip().lower()
+        assert not any(t in b or b in t for b in bench), p.text
