@@ -138,7 +138,7 @@ def test_environment_wiring() -> None:
     sched = env["scheduler"]
     assert sched["TANDEM_TARGET_ADDR"] == f"target:{ports['target']}"
     assert sched["TANDEM_DRAFT_ADDR"] == f"draft:{ports['draft']}"
-    assert re.fullmatch(r"redis://redis:6379/\d+", sched["TANDEM_REDIS_URL"])
+    assert re.fullmatch(r"redis://:[^@]+@redis:6379/\d+", sched["TANDEM_REDIS_URL"])  # with its password
     for name, e in env.items():
         assert e["TANDEM_SERVICE_NAME"] == name
         assert e["TANDEM_TRACE_EXPORTER"] == "otlp" and e["TANDEM_OTLP_ENDPOINT"] == "http://jaeger:4317"
@@ -150,6 +150,20 @@ def test_environment_wiring() -> None:
     # the scheduler is the only Tandem service published on the host
     assert "50051:50051" in services["scheduler"]["ports"] and "9400:9400" in services["scheduler"]["ports"]
     assert "ports" not in services["target"] and "ports" not in services["draft"]
+
+
+def test_internal_network_password_and_shared_secret() -> None:
+    doc = load({"TANDEM_REDIS_PASSWORD": "pw1", "TANDEM_INTERNAL_SECRET": "s3"})
+    services = doc["services"]
+    assert doc["networks"]["internal"]["internal"] is True
+    for name in ("redis", "target", "draft"):
+        assert services[name]["networks"] == ["internal"] and "ports" not in services[name]
+    assert set(services["scheduler"]["networks"]) == {"internal", "edge"}
+    assert services["redis"]["command"][-2:] == ["--requirepass", "pw1"]
+    assert services["redis"]["environment"]["REDISCLI_AUTH"] == "pw1"  # the healthcheck's redis-cli logs in
+    assert services["scheduler"]["environment"]["TANDEM_REDIS_URL"] == "redis://:pw1@redis:6379/0"
+    for name in ("target", "draft", "scheduler"):
+        assert services[name]["environment"]["TANDEM_INTERNAL_SECRET"] == "s3"
 
 
 def test_jaeger_receives_otlp_and_serves_its_ui() -> None:
