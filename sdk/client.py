@@ -25,7 +25,9 @@ caller's span becomes the parent of the request's trace.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import grpc
@@ -342,6 +344,20 @@ class _Endpoint:
         return self._health.Check, request, self._deadline(timeout, control=True), parse
 
 
+def _security(
+    api_key: str | None, tls: bool, root_certificates: str | Path | bytes | None, metadata: Sequence[tuple[str, str]]
+) -> tuple[grpc.ChannelCredentials | None, list[tuple[str, str]]]:
+    """Channel credentials (TLS when ``tls`` or a CA bundle is given) and the metadata with the API key.
+
+    ``api_key`` defaults to $TANDEM_API_KEY; it travels as ``authorization: Bearer <key>``."""
+    key = api_key if api_key is not None else os.environ.get("TANDEM_API_KEY") or None
+    metadata = [*metadata, *((("authorization", f"Bearer {key}"),) if key else ())]
+    if root_certificates is None and not tls:
+        return None, metadata
+    roots = Path(root_certificates).read_bytes() if isinstance(root_certificates, (str, Path)) else root_certificates
+    return grpc.ssl_channel_credentials(root_certificates=roots), metadata
+
+
 class Client(_Endpoint):
     """Blocking client. ``target`` is host:port of the scheduler."""
 
@@ -354,10 +370,14 @@ class Client(_Endpoint):
         metadata: Sequence[tuple[str, str]] = (),
         wait_for_ready: bool = False,
         tracing: bool = True,
+        api_key: str | None = None,
+        tls: bool = False,
+        root_certificates: str | Path | bytes | None = None,
     ) -> None:
+        credentials, metadata = _security(api_key, tls, root_certificates, metadata)
         super().__init__(
             target,
-            sync_channel(target, tracing=tracing),
+            sync_channel(target, tracing=tracing, credentials=credentials),
             timeout=timeout,
             control_timeout=control_timeout,
             metadata=metadata,
@@ -457,10 +477,14 @@ class AsyncClient(_Endpoint):
         metadata: Sequence[tuple[str, str]] = (),
         wait_for_ready: bool = False,
         tracing: bool = True,
+        api_key: str | None = None,
+        tls: bool = False,
+        root_certificates: str | Path | bytes | None = None,
     ) -> None:
+        credentials, metadata = _security(api_key, tls, root_certificates, metadata)
         super().__init__(
             target,
-            aio_channel(target, tracing=tracing),
+            aio_channel(target, tracing=tracing, credentials=credentials),
             timeout=timeout,
             control_timeout=control_timeout,
             metadata=metadata,

@@ -234,6 +234,14 @@ class ServiceSettings(BaseModel):
         description="Row count from which the prepacked weights are used; unset = measured at load on this CPU.",
     )
 
+    api_keys: SecretStr | None = Field(
+        None, description="Scheduler: API keys the public endpoint accepts (comma-separated; clients send "
+        "'authorization: Bearer <key>'); unset with no file = the endpoint is open."
+    )
+    api_keys_file: Path | None = Field(None, description="Scheduler: file of API keys, one per line (# comments).")
+    tls_cert: Path | None = Field(None, description="Scheduler: PEM certificate chain; with tls_key the public "
+                                  "endpoint speaks TLS.")
+    tls_key: Path | None = Field(None, description="Scheduler: PEM private key of tls_cert.")
     internal_secret: SecretStr | None = Field(
         None,
         description="Shared secret between the scheduler and the model services (metadata x-tandem-secret); "
@@ -353,6 +361,12 @@ class ServiceSettings(BaseModel):
         return cls.model_validate(values)
 
     # --- derived ------------------------------------------------------------------------------
+    def api_key_set(self) -> frozenset[str]:
+        from shared.rpc.api_keys import load_keys
+
+        value = self.api_keys.get_secret_value() if self.api_keys is not None else None
+        return load_keys(value, self.api_keys_file)
+
     def secret(self) -> str | None:
         """The internal secret (from the value or the file), or None when unset."""
         from shared.rpc.shared_secret import load_secret

@@ -65,6 +65,7 @@ from services.settings import ServiceSettings
 from shared.engine.errors import ModelLoadError
 from shared.metrics import TandemMetrics, start_http_server
 from shared.rpc.gen.tandem.v1 import common_pb2, tandem_pb2_grpc
+from shared.rpc.api_keys import ApiKeyInterceptor
 from shared.rpc.shared_secret import SecretClientInterceptor
 from shared.rpc.server import TANDEM_SERVICE, add_health, bind, create_server, public_options, set_serving
 from shared.state.ownership import Heartbeat, fail_orphaned, new_instance_id
@@ -235,10 +236,12 @@ async def _start(
         draft_info=draft.info if draft is not None else None,
         gate=QueueGate(settings.max_queue),
     )
-    server = create_server(tracer_provider=provider, options=public_options(settings.max_prompt_bytes))
+    keys = settings.api_key_set()  # the public endpoint's API keys; none = open
+    server = create_server(tracer_provider=provider, options=public_options(settings.max_prompt_bytes),
+                           interceptors=[ApiKeyInterceptor(keys)] if keys else [])
     tandem_pb2_grpc.add_TandemServicer_to_server(servicer, server)
     health = await add_health(server, [TANDEM_SERVICE])
-    port = bind(server, settings.listen_address("scheduler"))
+    port = bind(server, settings.listen_address("scheduler"), tls_cert=settings.tls_cert, tls_key=settings.tls_key)
     closers.append(lambda: server.stop(None))  # only reached when start() fails from here on
     await server.start()
     closers.pop()

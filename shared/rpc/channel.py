@@ -30,9 +30,12 @@ def aio_channel(
     tracing: bool = True,
     interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
     options: Sequence[tuple[str, int | str]] = CLIENT_OPTIONS,
+    credentials: grpc.ChannelCredentials | None = None,
 ) -> grpc.aio.Channel:
-    """An insecure grpc.aio channel; with ``tracing`` the current trace context rides along."""
+    """A grpc.aio channel (TLS with ``credentials``); with ``tracing`` the current trace context rides along."""
     chain = [*tracing_client_interceptors(), *interceptors] if tracing else list(interceptors)
+    if credentials is not None:
+        return grpc.aio.secure_channel(target, credentials, options=list(options), interceptors=chain or None)
     return grpc.aio.insecure_channel(target, options=list(options), interceptors=chain or None)
 
 
@@ -41,7 +44,11 @@ def sync_channel(
     *,
     tracing: bool = True,
     options: Sequence[tuple[str, int | str]] = CLIENT_OPTIONS,
+    credentials: grpc.ChannelCredentials | None = None,
 ) -> grpc.Channel:
-    """An insecure blocking channel; with ``tracing`` the current trace context rides along."""
-    channel = grpc.insecure_channel(target, options=list(options))
+    """A blocking channel (TLS with ``credentials``); with ``tracing`` the current trace context rides along."""
+    if credentials is not None:
+        channel = grpc.secure_channel(target, credentials, options=list(options))
+    else:
+        channel = grpc.insecure_channel(target, options=list(options))
     return grpc.intercept_channel(channel, SyncTracingClientInterceptor()) if tracing else channel

@@ -13,6 +13,7 @@ await server.stop(grace=5)
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import grpc
 import grpc.aio
@@ -77,9 +78,17 @@ async def set_serving(servicer: health.aio.HealthServicer, service_names: Iterab
         await servicer.set(name, status)
 
 
-def bind(server: grpc.aio.Server, address: str = "127.0.0.1:0") -> int:
-    """Listen on ``address`` without TLS; returns the port (the chosen one for port 0)."""
-    port = server.add_insecure_port(address)
+def bind(
+    server: grpc.aio.Server, address: str = "127.0.0.1:0", *, tls_cert: Path | None = None, tls_key: Path | None = None
+) -> int:
+    """Listen on ``address`` (TLS when a PEM certificate chain and its key are given); returns the port."""
+    if (tls_cert is None) != (tls_key is None):
+        raise ValueError("TLS needs both a certificate (TANDEM_TLS_CERT) and its key (TANDEM_TLS_KEY)")
+    if tls_cert is not None:
+        creds = grpc.ssl_server_credentials([(Path(tls_key).read_bytes(), Path(tls_cert).read_bytes())])
+        port = server.add_secure_port(address, creds)
+    else:
+        port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot listen on {address}")
     return port

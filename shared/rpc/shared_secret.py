@@ -61,10 +61,10 @@ class SecretServerInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None:
             return None
-        return _deny_like(handler, f"{reason} internal secret ({METADATA_KEY}); only the scheduler may call this")
+        return deny_like(handler, f"{reason} internal secret ({METADATA_KEY}); only the scheduler may call this")
 
 
-def _deny_like(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+def deny_like(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
     """A handler of the same kind (so deserialisation and streaming match) that aborts."""
 
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> None:
