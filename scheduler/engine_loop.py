@@ -20,42 +20,16 @@ Failure handling:
   everybody, and it is retried after an exponential backoff. What it held is
   then unknown, so on retry the loop first releases every id it may hold and
   re-prefills each speculating request with its full sequence so far.
-- target raises -> the requests of that call end FAILED with the error
-  (the call is atomic, so there is nothing to salvage), and the loop goes on.
+- target raises -> an outage (unreachable, timed out, restarted) is waited out: every request it
+  held queues again with its tokens and is re-prefilled once it answers (target_link.py); any
+  other error fails the requests of that call (the call is atomic), and the loop goes on.
 
-Preemption (the queue policy names running requests in ``Admission.preempt``):
-the request goes back to waiting and leaves the batch. With
-``keep_kv_on_preempt`` it stays *resident*: both workers keep its KV, its
-reservation stays counted, and readmission resumes it without any worker
-call. When the reservations of running + resident requests would exceed
-``max_tokens_in_flight`` (KV pressure), resident requests are evicted, the
-policy's last-ranked first: released on both workers and later re-prefilled
-with prompt + output so far (recompute). Either way the output is what an
-uninterrupted run produces: the target continues from exactly the committed
-tokens (greedy; with sampling the per-step randomness may differ).
+Preemption and KV pressure: scheduler/admission.py. Elastic draft memory (Nightjar §5):
+scheduler/elastic_control.py. Target outages: scheduler/target_link.py.
 
-Elastic draft memory (Nightjar §5, ``SchedulerConfig.draft_memory``): after
-each step the loop tells an ``ElasticDraftMemory`` whether the step
-speculated and how much of the KV token budget is unreserved; when it says
-offload, the draft drops every sequence and the loop marks them off the draft
-(speculation is then off: the policy is not asked); when it says reload, the
-draft comes back and each request is re-prefilled on it by the resync path
-the first time it speculates again. Output is unaffected either way.
-With ``SchedulerConfig.pool_growth`` (a co-located pair whose target may grow)
-the target's KV pool takes the draft's space while it is away::
-
-    offload:  draft.offload() ──▶ target.resize_kv(base + extra) ──▶ budget += extra tokens
-    reload:   target.resize_kv(base) ──▶ budget -= extra tokens ──▶ draft.reload()
-              (refused while a sequence owns an extra block: the draft stays offloaded, retried later)
-
-Both happen after commit, between admissions, so admission never sees a
-budget the pool cannot hold; requests are checked against the base budget at
-submit, so none is too large for the pool the draft leaves behind.
-
-Workers see releases only between calls (flushed right after admission and at
-the end of a step), never while one of their calls is in flight.
-
-No torch, grpc or redis here: workers, clock and observers are injected.
+Workers see releases only between calls (flushed after admission and at the end of a step),
+never while one of their calls is in flight. No torch, grpc or redis here: workers, clock and
+observers are injected.
 """
 
 from __future__ import annotations
@@ -64,16 +38,14 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 
-from pydantic import BaseModel, Field
-
+from scheduler.admission import AdmissionControl
 from scheduler.draft_link import DraftLink
 from scheduler.elastic_control import ElasticControl
 from scheduler.feature_relay import FeatureRelay
-from scheduler.frontier import FrontierConfig, FrontierPipeline
-from scheduler.policies.elastic_memory import ElasticDraftMemory, ElasticMemoryConfig, PoolGrowth
-from scheduler.policies.queue import FCFS, Capacity, QueuePolicy, reserved_tokens
+from scheduler.frontier import FrontierPipeline
+from scheduler.policies.elastic_memory import ElasticDraftMemory
+from scheduler.policies.queue import FCFS, QueuePolicy, reserved_tokens
 from scheduler.policies.selection import PassThrough, TreeSelector
 from scheduler.policies.speculation import (
     NoSpeculation,
@@ -83,110 +55,18 @@ from scheduler.policies.speculation import (
     plan_shapes,
     wants_draft,
 )
+from scheduler.loop_config import SchedulerConfig  # noqa: F401 - re-exported: callers build it from here
 from scheduler.report import RequestOutcome, StepReport
-from scheduler.target_link import TargetLink, TargetRecoveryConfig
+from scheduler.request_stream import RequestStream, TokenEvent  # noqa: F401 - re-exported too
+from scheduler.target_link import TargetLink, error_status
+from scheduler.tree_outcome import record_acceptance, tree_ok
 from scheduler.request import FinishReason, Request, RequestState, validate_request
 from scheduler.workers import Clock, DraftWorker, IterationObserver, RealClock, TargetWorker
 from shared.engine.types import AcceptResult, PrefillItem, TokenTree, VerifyItem
-from shared.profiling.cost_model import CostModel
 
 log = logging.getLogger(__name__)
 
 Detokenize = Callable[[Sequence[int]], str]
-
-
-class SchedulerConfig(BaseModel):
-    max_batch_size: int = Field(64, ge=1, description="Most requests running (verified) at once.")
-    max_tokens_in_flight: int = Field(
-        1 << 16,
-        ge=1,
-        description="Token budget over running requests, each reserving prompt + max_new_tokens from admission.",
-    )
-    draft_retry_initial_s: float = Field(1.0, ge=0, description="Wait after a draft failure before trying it again.")
-    draft_retry_max_s: float = Field(30.0, ge=0, description="Cap of the exponential draft retry backoff.")
-    stop_string_window: int = Field(
-        16, ge=1, description="Extra tokens decoded beyond the longest stop string when matching stop strings."
-    )
-    keep_kv_on_preempt: bool = Field(
-        True,
-        description="A preempted request keeps its KV on both workers while the token budget allows (resumed "
-        "without a prefill); False: always released and recomputed (re-prefilled) on readmission.",
-    )
-    token_budget: int | None = Field(
-        None,
-        ge=1,
-        description="Verify tokens per target forward before it turns compute-bound (AdaServe's B, from the "
-        "profiler); handed to the policies in SpecContext. None = not profiled (policies use their own default).",
-    )
-    cost_model: CostModel | None = Field(
-        None, description="The target's fitted T_fwd (profiler), handed to the policies in SpecContext."
-    )
-    draft_cost_model: CostModel | None = Field(
-        None, description="The draft's fitted T_fwd per forward, when it was profiled; in SpecContext."
-    )
-    frontier: FrontierConfig | None = Field(
-        None,
-        description="Frontier pipelining (FASER §4.3): verify chain speculation in chunks while the draft drafts "
-        "the next chunk concurrently; None = serial speculate then verify.",
-    )
-    draft_memory: ElasticMemoryConfig | None = Field(
-        None,
-        description="Offload the draft's weights under KV pressure while nothing speculates, reload when the "
-        "queue is empty (Nightjar §5.1); None = the draft stays resident.",
-    )
-    pool_growth: PoolGrowth | None = Field(
-        None,
-        description="With draft_memory: the target's KV pool grows by this while the draft is offloaded, and "
-        "max_tokens_in_flight (the budget with the draft resident) by as many tokens; None = it does not grow.",
-    )
-    target_recovery: TargetRecoveryConfig = Field(
-        default_factory=TargetRecoveryConfig,
-        description="How long requests wait for a target that went down (target_link.py) before they fail.",
-    )
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    """New output tokens of one request, or its end (``finished``); the last event of a stream is finished."""
-
-    request_id: str
-    token_ids: list[int]
-    index: int  # position of token_ids[0] in the request's output
-    time: float  # scheduler clock when emitted
-    state: RequestState
-    finished: bool = False
-    finish_reason: FinishReason | None = None
-    error: str | None = None
-    error_code: str | None = None
-
-
-class RequestStream:
-    """Async iterator over one request's ``TokenEvent``s; stops after the finished event."""
-
-    def __init__(self, request: Request) -> None:
-        self.request = request
-        self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        self._done = False
-
-    def _put(self, event: TokenEvent) -> None:
-        self._queue.put_nowait(event)
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> TokenEvent:
-        if self._done:
-            raise StopAsyncIteration
-        event = await self._queue.get()
-        self._done = event.finished
-        return event
-
-    async def collect(self) -> list[int]:
-        """All output tokens, once the request ends."""
-        out: list[int] = []
-        async for ev in self:
-            out.extend(ev.token_ids)
-        return out
 
 
 class Scheduler:
@@ -241,6 +121,9 @@ class Scheduler:
             else None
         )
         self.frontier = FrontierPipeline(cfg.frontier) if cfg.frontier is not None and draft is not None else None
+        # admission within the caps, preemption, eviction under KV pressure (admission.py)
+        self.admission = AdmissionControl(self.queue_policy, cfg.max_batch_size, cfg.keep_kv_on_preempt, self.link,
+                                          lambda seq_id: self._release_target.append(seq_id))
         # target health: an outage is waited out and its requests re-prefilled (target_link.py)
         self.target_link = TargetLink(getattr(target, "info", None), cfg.target_recovery)
         want = getattr(target, "want_features", None)  # through wrappers (tracing, ledger) to the worker itself
@@ -400,7 +283,7 @@ class Scheduler:
         if piped is None and any(len(tree) for tree in trees):
             try:
                 selected = self.selector.select(batch, trees, ctx)
-                if len(selected) != len(batch) or not all(_tree_ok(tree) for tree in selected):
+                if len(selected) != len(batch) or not all(tree_ok(tree) for tree in selected):
                     raise ValueError("selector must return one well-formed tree per request")
                 trees = selected
             except Exception:  # noqa: BLE001
@@ -448,46 +331,7 @@ class Scheduler:
     # ------------------------------------------------------------------ phases
     def _admit(self, report: StepReport) -> list[Request]:
         """Apply the queue policy's admission; returns the requests that need a prefill (not resumed ones)."""
-        cfg = self.config
-        budget = self.max_tokens_in_flight
-        capacity = Capacity(cfg.max_batch_size, budget)
-        running = list(self._running.values())
-        now = self.clock.now()
-        adm = self.queue_policy.schedule(list(self._waiting), running, capacity, now)
-        for req in adm.preempt:
-            if req.id in self._running:
-                self._preempt(req)
-                report.preempted_ids.append(req.id)
-        # the policy proposes, the loop enforces the caps (its own reservations only: resident
-        # requests' blocks are reclaimable, below)
-        num = len(self._running)
-        tokens = sum(reserved_tokens(r) for r in self._running.values())
-        new = []
-        for req in adm.admit:
-            if req not in self._waiting or req.id in report.preempted_ids:
-                continue
-            if num >= cfg.max_batch_size or tokens + reserved_tokens(req) > budget:
-                break
-            self._waiting.remove(req)
-            req.state = RequestState.RUNNING
-            self._running[req.id] = req
-            if req.resident:
-                req.resident = False  # resumed: both workers still hold everything it committed
-                report.resumed_ids.append(req.id)
-            else:
-                new.append(req)
-            num += 1
-            tokens += reserved_tokens(req)
-        # KV pressure: resident requests keep their blocks only while everything fits
-        resident = [r for r in self._waiting if r.resident]
-        excess = tokens + sum(reserved_tokens(r) for r in resident) - budget
-        if excess > 0:
-            for req in reversed(self.queue_policy.order(resident, now)):
-                if excess <= 0:
-                    break
-                self._evict(req)
-                excess -= reserved_tokens(req)
-        return new
+        return self.admission.admit(self._waiting, self._running, self.max_tokens_in_flight, self.clock.now(), report)
 
     async def _prefill(self, new: list[Request], report: StepReport) -> None:
         # a preempted request comes back with its output so far; the target continues after it
@@ -551,7 +395,7 @@ class Scheduler:
         self.link.recovered()
         for (i, r, _), tree in zip(spec, drafted):
             r.draft_seen = r.num_tokens
-            if _tree_ok(tree):
+            if tree_ok(tree):
                 trees[i] = tree
             else:
                 log.warning("draft returned a malformed tree for %s; verifying without it", r.id)
@@ -587,7 +431,7 @@ class Scheduler:
                 self._fail([req], "target verify returned no token", None, report)
                 continue
             if len(tree):
-                _record_acceptance(req, tree, res)
+                record_acceptance(req, tree, res)
             if self.features is not None and not self.features.on_verify(req, res):
                 self.link.drop(req)  # its held features were dropped: rebuilt from a recomputation if it speculates
             emitted = self._commit_tokens(req, res.tokens, now)
@@ -675,7 +519,7 @@ class Scheduler:
             self._target_lost(exc)
             return
         msg = what if exc is None else f"{what}: {type(exc).__name__}: {exc}"
-        code = _status_name(exc)
+        code = error_status(exc)
         log.error("%s; failing %d request(s)", msg, len(reqs))
         for req in reqs:
             if req.state is RequestState.RUNNING:
@@ -690,7 +534,7 @@ class Scheduler:
             if req not in self._waiting:
                 req.state = RequestState.WAITING
                 self._waiting.append(req)
-            self._evict(req)  # re-prefilled (prompt + output) once the target is back, as after a recompute
+            self.admission.evict(req)  # re-prefilled (prompt + output) once the target is back, as after a recompute
 
     async def _await_target(self, report: StepReport) -> bool:
         """Probe a target that is down; True once it serves again (the step goes on)."""
@@ -718,23 +562,6 @@ class Scheduler:
             if not req.state.done:
                 self._end(req, RequestState.FAILED, FinishReason.ERROR, error=msg, error_code="INTERNAL")
         self._waiting.clear()
-
-    def _preempt(self, req: Request) -> None:
-        del self._running[req.id]
-        req.state = RequestState.WAITING
-        req.num_preemptions += 1
-        self._waiting.append(req)
-        if self.config.keep_kv_on_preempt:
-            req.resident = True
-        else:
-            self._evict(req)
-
-    def _evict(self, req: Request) -> None:
-        """Release a waiting request's KV on both workers; it is prefilled again (prompt + output) on readmission."""
-        req.resident = False
-        self._release_target.append(req.id)
-        self.link.forget(req)
-        req.num_recomputes += 1
 
     # ------------------------------------------------------------------ workers
     def _holders(self) -> list[Request]:
@@ -771,47 +598,3 @@ class Scheduler:
                     await out
             except Exception:  # noqa: BLE001 - an observer never stops the loop
                 log.exception("observer %r failed", fn)
-
-
-def _record_acceptance(req: Request, tree: TokenTree, res: AcceptResult) -> None:
-    depth: list[int] = []
-    for p in tree.parent_ids:
-        depth.append(0 if p == -1 else depth[p] + 1)
-    max_depth = max(depth) + 1
-    for counts in (req.position_drafted, req.position_accepted):
-        counts.extend([0] * (max_depth - len(counts)))
-    for d in range(max_depth):
-        req.position_drafted[d] += 1
-    for d in range(res.num_accepted):
-        req.position_accepted[d] += 1
-    req.accepted_lens.append(res.num_accepted)
-    req.drafted_depths.append(max_depth)
-    req.num_drafted_tokens += len(tree)
-    req.num_accepted_tokens += res.num_accepted
-
-
-def _tree_ok(tree: TokenTree) -> bool:
-    n = len(tree.token_ids)
-    if len(tree.parent_ids) != n or (tree.draft_probs and len(tree.draft_probs) != n):
-        return False
-    return all(-1 <= p < i for i, p in enumerate(tree.parent_ids))
-
-
-def _status_name(exc: Exception | None) -> str:
-    """gRPC status name for an error: the engine's ``grpc_code``, a gRPC error's ``code()``, or a guess."""
-    if exc is None:
-        return "INTERNAL"
-    code = getattr(exc, "grpc_code", None)
-    if isinstance(code, str):
-        return code
-    code_fn = getattr(exc, "code", None)
-    if callable(code_fn):
-        try:
-            name = getattr(code_fn(), "name", None)
-            if isinstance(name, str):
-                return name
-        except Exception:  # noqa: BLE001
-            pass
-    if isinstance(exc, (ConnectionError, TimeoutError, OSError)):
-        return "UNAVAILABLE"
-    return "INTERNAL"

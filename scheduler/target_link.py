@@ -51,6 +51,16 @@ def status_name(exc: BaseException | None) -> str | None:
     return None
 
 
+def error_status(exc: BaseException | None) -> str:
+    """The status name a failed request carries: the error's own, UNAVAILABLE for connection trouble, else INTERNAL."""
+    name = status_name(exc)
+    if name is not None:
+        return name
+    if isinstance(exc, (ConnectionError, TimeoutError, OSError)):
+        return "UNAVAILABLE"
+    return "INTERNAL"
+
+
 class TargetLink:
     def __init__(self, probe: Callable[[], Awaitable[object]] | None, config: TargetRecoveryConfig | None = None):
         """``probe``: a cheap call that succeeds only when the target serves (its Info); None = no recovery."""
