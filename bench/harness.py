@@ -59,17 +59,29 @@ import sys
 import time
 from collections import defaultdict
 from contextlib import AsyncExitStack, ExitStack
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict
 from pathlib import Path
 
-import typer
 from rich.console import Console
 
 from bench import adaptive_goals, arrivals, offload, overhead, plots, prom, report
-from bench.configs import BATCH1_PEERS, SWEEP_PEERS, Config, StackKey, parse, parse_list, rotated
+from bench.configs import Config, StackKey, parse, parse_list, rotated
 from bench.drivers import Job, RealTimer, Record, Run, closed_loop, open_loop
 from bench.hf_peer import HFPeer
-from bench.slo import ADASERVE_MIX
+from bench.options import (  # noqa: F401 - presets re-exported: tests and the CLI reach them here
+    ADAPTIVE_SWEEP,
+    FASER_SWEEP,
+    OFFLOAD_SWEEP,
+    ORDER_SWEEP,
+    SLO_SWEEP,
+    BenchOptions,
+    adaptive_options,
+    faser_options,
+    offload_options,
+    order_options,
+    share_mix,
+    slo_options,
+)
 from bench.stack import Models, bench_stack
 from bench.tandem_sender import tandem_sender
 from bench.tokens import EncodedItem, PromptEncoder
@@ -77,120 +89,6 @@ from bench.workload import build
 from sdk.client import AsyncClient
 
 RESULTS_ROOT = Path(__file__).resolve().parent / "results"
-DEFAULT_PROMPT_MIX = {"chat": 0.5, "code": 0.25, "summarize": 0.25}
-# AdaServe's comparison (§6.2): no speculation, a fixed chain, the fixed SpecInfer tree, the two
-# budgeted greedy baselines, and AdaServe itself.
-SLO_SWEEP = ("target-only", "tandem-k3", "policy:specinfer", "policy:equal_greedy", "policy:global_greedy",
-             "policy:adaserve")  # fmt: skip
-SLO_STRINGENT_SHARES = (0.2, 0.4, 0.6, 0.8, 1.0)
-# Adaptive speculation length (issue 6): fixed k in {0, 1, 3, 5} against the learning policies.
-ADAPTIVE_SWEEP = ("target-only", "tandem-k1", "tandem-k3", "tandem-k5", "policy:smartspec", "policy:faser")
-
-
-@dataclass
-class BenchOptions:
-    """One harness run. Defaults: the short suite (`make bench`)."""
-
-    name: str = "default"
-    models: Models = field(default_factory=Models)
-    batch1: list[str] = field(default_factory=lambda: list(BATCH1_PEERS))
-    sweep: list[str] = field(default_factory=lambda: list(SWEEP_PEERS))
-    num_prompts: int = 6  # batch-1 prompts
-    repeats: int = 1  # batch-1 passes over the prompts
-    max_new_tokens: int = 64
-    sweep_requests: int = 8  # requests per rate (and per concurrency level)
-    sweep_max_new_tokens: int | tuple[int, int] = 32  # a (lo, hi) range draws each request's from length_dist
-    length_dist: str = "uniform"  # or "log-uniform" (bench.workload.build)
-    rates: list[float] = field(default_factory=list)  # req/s; empty: rate_factors x batch-1 capacity
-    rate_factors: list[float] = field(default_factory=lambda: [1.0, 2.0, 4.0])
-    sweep_repeats: int = 1
-    concurrency: list[int] = field(default_factory=list)  # closed-loop levels
-    closed_factor: int = 2  # closed loop at concurrency N serves max(sweep_requests, closed_factor * N) requests
-    prompt_mix: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_PROMPT_MIX))
-    slo_mix: dict[str, float] = field(default_factory=lambda: dict(ADASERVE_MIX))
-    seed: int = 0
-    warmup: int = 1  # requests per configuration before anything is recorded
-    threads: int = 2  # torch threads of the HF peers (the services use torch's default)
-    traces: bool = True  # span sink + overhead breakdown
-    max_prompt_tokens: int = 768
-    queue_policy: str = "fcfs"
-    stringent_shares: list[float] = field(default_factory=list)  # mix phase: shares of stringent requests
-    share_rate_factor: float = 2.0  # mix phase rate, x batch-1 capacity (or share_rate req/s when set)
-    share_rate: float | None = None
-    bursty: bool = False  # one on/off trace after the sweep (phase "bursty"), sent sweep_repeats times
-    interleave: bool = False  # all stacks up at once, configurations alternating (see Harness.run)
-    timeline: bool = False  # sample the scheduler's KV budget, offload state and load during each run (bench.offload)
-
-
-def slo_options(**overrides) -> BenchOptions:
-    """`make bench-slo`: the SLO_SWEEP configurations on the 60/20/20 mix, over rates and stringent shares."""
-    preset = BenchOptions(
-        name="slo",
-        batch1=[],
-        sweep=list(SLO_SWEEP),
-        sweep_requests=24,
-        rate_factors=[1.0, 2.0, 3.0, 4.0, 6.0],
-        slo_mix=dict(ADASERVE_MIX),
-        stringent_shares=list(SLO_STRINGENT_SHARES),
-        share_rate_factor=3.0,
-    )
-    return replace(preset, **overrides)
-
-
-def adaptive_options(**overrides) -> BenchOptions:
-    """`make bench-adaptive`: ADAPTIVE_SWEEP (+ the Nightjar variants), Poisson from low to high load, one bursty trace."""
-    from services.scheduler.policies import SPECULATION_POLICIES
-
-    sweep = list(ADAPTIVE_SWEEP) + [c for c in ("policy:nightjar", "policy:nightjar-global") if c.split(":")[1] in SPECULATION_POLICIES]
-    preset = BenchOptions(name="adaptive", batch1=[], sweep=sweep, sweep_requests=24,
-                          rate_factors=[0.5, 1.0, 2.0, 4.0, 8.0], bursty=True, interleave=True)  # fmt: skip
-    return replace(preset, **overrides)
-
-
-def share_mix(stringent: float) -> dict[str, float]:
-    """The SLO mix with ``stringent`` of the requests stringent, the rest split evenly (AdaServe §6.2)."""
-    if not 0.0 <= stringent <= 1.0:
-        raise ValueError(f"a share of stringent requests is in [0, 1], got {stringent}")
-    rest = (1.0 - stringent) / 2
-    return {"stringent": stringent, "moderate": rest, "relaxed": rest}
-
-
-# LAPS-SD's comparison (§5.2): N requests at once (N = 10..50), more than the batch holds.
-# laps-sd:est=1 is this project's variant: non-perceptible requests ranked by eq. 6 as well (laps_sd.py).
-ORDER_SWEEP = ("order:fcfs", "order:las", "order:lp-sjf", "order:laps-sd", "order:laps-sd:est=1")
-ORDER_MAX_BATCH_SIZE = "4"  # TANDEM_MAX_BATCH_SIZE of the launched schedulers unless set
-
-
-def order_options(**overrides) -> BenchOptions:
-    """`make bench-order`: ORDER_SWEEP, N = 10/30/50 requests sent at once, heavy-tailed output lengths 8..256."""
-    preset = BenchOptions(name="order", batch1=[], sweep=list(ORDER_SWEEP), rate_factors=[],
-                          concurrency=[10, 30, 50], closed_factor=1, sweep_max_new_tokens=(8, 256),
-                          length_dist="log-uniform")  # fmt: skip
-    return replace(preset, **overrides)
-
-
-# FASER's ablation (§6): serial SD, + frontier pipelining, + token-wise early exit, both; each variant a stack
-# whose draft and target split the machine (bench.configs FASER_*).
-FASER_SWEEP = ("faser:serial", "faser:pipe", "faser:ee", "faser:all")
-
-
-def faser_options(**overrides) -> BenchOptions:
-    """`make bench-faser`: FASER_SWEEP one request at a time (low load: TPOT), then Poisson at 0.5x and 4x capacity."""
-    preset = BenchOptions(name="faser", batch1=list(FASER_SWEEP), sweep=list(FASER_SWEEP), sweep_requests=16,
-                          rate_factors=[0.5, 4.0])  # fmt: skip
-    return replace(preset, **overrides)
-
-
-# Nightjar's elastic draft memory (§5.1) under a deliberately small KV pool: two stacks, offload on and off.
-OFFLOAD_SWEEP = ("offload:on", "offload:off")
-
-
-def offload_options(**overrides) -> BenchOptions:
-    """`make bench-offload`: OFFLOAD_SWEEP closed loop at 4 and 12 concurrent requests, the KV budget sampled."""
-    preset = BenchOptions(name="offload", batch1=[], sweep=list(OFFLOAD_SWEEP), rate_factors=[], concurrency=[4, 12],
-                          sweep_requests=24, sweep_max_new_tokens=offload.MAX_NEW_TOKENS,
-                          max_prompt_tokens=offload.MAX_PROMPT_TOKENS, timeline=True)  # fmt: skip
-    return replace(preset, **overrides)
 
 
 # --- one run --------------------------------------------------------------------------------------
@@ -605,143 +503,8 @@ def run_bench(opts: BenchOptions, out_dir: Path | None = None, console: Console 
     return results
 
 
-# --- CLI --------------------------------------------------------------------------------------------
-
-app = typer.Typer(add_completion=False)
-
-
-def _floats(s: str) -> list[float]:
-    return [float(x) for x in s.split(",") if x.strip()]
-
-
-def _ints(s: str) -> list[int]:
-    return [int(x) for x in s.split(",") if x.strip()]
-
-
-# --slo: these options (CLI name -> BenchOptions field) take slo_options()'s values unless given
-SLO_PRESET = {"name": "name", "batch1": "batch1", "sweep": "sweep", "sweep_requests": "sweep_requests",
-              "rate_factors": "rate_factors", "stringent_shares": "stringent_shares",
-              "share_rate_factor": "share_rate_factor"}  # fmt: skip
-
-
-@app.command()
-def main(
-    ctx: typer.Context,
-    name: str = typer.Option("default", help="Results go to bench/results/<name>/."),
-    pair: str = typer.Option("demo", help="Model pair (tandem models list)."),
-    home: Path | None = typer.Option(None, help="TANDEM_HOME with the prepared models."),
-    target: Path | None = typer.Option(None, help="Target model directory (overrides the pair's)."),
-    draft: Path | None = typer.Option(None, help="Draft model directory (overrides the pair's)."),
-    batch1: str = typer.Option(",".join(BATCH1_PEERS), help="Batch-1 configurations, comma-separated; '' = none."),
-    sweep: str = typer.Option(",".join(SWEEP_PEERS), help="Configurations under load; '' = no sweep."),
-    prompts: int = typer.Option(6, help="Batch-1 prompts."),
-    repeats: int = typer.Option(1, help="Batch-1 passes over the prompts (order rotated each pass)."),
-    max_new_tokens: int = typer.Option(64, help="Tokens per batch-1 request."),
-    sweep_requests: int = typer.Option(8, help="Requests per rate / concurrency level."),
-    sweep_max_new_tokens: int = typer.Option(32, help="Tokens per request under load."),
-    rates: str = typer.Option("", help="Request rates (req/s), comma-separated; '' = factors x capacity."),
-    rate_factors: str = typer.Option("1,2,4", help="Rates as multiples of the batch-1 request rate."),
-    concurrency: str = typer.Option("", help="Closed-loop concurrency levels, comma-separated."),
-    closed_factor: int = typer.Option(2, help="Closed loop at concurrency N serves max(sweep-requests, this x N)."),
-    sweep_repeats: int = typer.Option(1, min=1, help="Passes over the load points (and the bursty trace)."),
-    interleave: bool = typer.Option(False, help="All stacks up at once, configurations alternating at every load "
-                                    "point (on for --adaptive)."),
-    length_dist: str = typer.Option("uniform", help="Output-length bounds under load: uniform or log-uniform."),
-    seed: int = typer.Option(0),
-    threads: int = typer.Option(2, help="torch threads of the HF peers."),
-    traces: bool = typer.Option(True, help="Collect spans for the overhead breakdown."),
-    stringent_shares: str = typer.Option("", help="Mix phase: shares of stringent requests, e.g. 0.2,0.6,1."),
-    share_rate_factor: float = typer.Option(3.0, help="Mix phase rate, x the batch-1 request rate."),
-    long: bool = typer.Option(False, "--long", help="Longer suite: 16 prompts x 2, rates 0.5..4, concurrency 1..8."),
-    adaptive: bool = typer.Option(False, "--adaptive", help="Adaptive speculation length (make bench-adaptive): "
-                                  "ADAPTIVE_SWEEP, rates 0.5..8 x capacity, one bursty trace; options given refine it."),
-    slo: bool = typer.Option(False, "--slo", help="AdaServe's comparison (make bench-slo): SLO_SWEEP configurations, "
-                             "60/20/20 mix, rates 1..6 x capacity, stringent shares 0.2..1; options given refine it."),
-    faser: bool = typer.Option(False, "--faser", help="FASER's ablation (make bench-faser): serial SD, +pipelining, "
-                               "+early exit, all, threads split; batch 1, then 0.5x and 4x capacity; options refine it."),
-    order: bool = typer.Option(False, "--order", help="LAPS-SD's comparison (make bench-order): ORDER_SWEEP queue "
-                               "policies, 10,30,50 requests at once, 8..256 new tokens (log-uniform); options refine it."),
-    elastic: bool = typer.Option(False, "--offload", help="Draft offload under a small KV pool (make bench-offload): "
-                                 "offload:on vs offload:off, closed loop at 4 and 12; options refine it."),
-) -> None:
-    opts = BenchOptions(
-        name=name,
-        models=Models(pair=pair, home=home, target=target, draft=draft),
-        batch1=[c for c in batch1.split(",") if c],
-        sweep=[c for c in sweep.split(",") if c],
-        num_prompts=prompts,
-        repeats=repeats,
-        max_new_tokens=max_new_tokens,
-        sweep_requests=sweep_requests,
-        sweep_max_new_tokens=sweep_max_new_tokens,
-        rates=_floats(rates),
-        rate_factors=_floats(rate_factors),
-        concurrency=_ints(concurrency),
-        closed_factor=closed_factor,
-        sweep_repeats=sweep_repeats,
-        interleave=interleave,
-        length_dist=length_dist,
-        seed=seed,
-        threads=threads,
-        traces=traces,
-        stringent_shares=_floats(stringent_shares),
-        share_rate_factor=share_rate_factor,
-    )
-    if long:
-        opts.num_prompts, opts.repeats = max(prompts, 16), max(repeats, 2)
-        opts.sweep_requests = max(sweep_requests, 24)
-        opts.rate_factors = [0.5, 1.0, 2.0, 3.0, 4.0]
-        opts.concurrency = opts.concurrency or [1, 2, 4, 8]
-        opts.batch1 = opts.batch1 + [c for c in ("hf-assisted-heuristic",) if c not in opts.batch1 and opts.batch1]
-    if slo or adaptive:
-        preset = slo_options() if slo else adaptive_options()
-        # by name: typer may carry a click of its own, whose ParameterSource is another class
-        given = {k for k in ctx.params if getattr(ctx.get_parameter_source(k), "name", "") == "COMMANDLINE"}
-        for option, fld in SLO_PRESET.items():
-            if option not in given:
-                setattr(opts, fld, getattr(preset, fld))
-        opts.slo_mix = dict(preset.slo_mix)
-        opts.bursty = preset.bursty
-        if "interleave" not in given:
-            opts.interleave = preset.interleave
-    if order:
-        given = {k for k in ctx.params if getattr(ctx.get_parameter_source(k), "name", "") == "COMMANDLINE"}
-        preset = order_options()
-        for fld in ("name", "batch1", "sweep", "rate_factors", "concurrency", "sweep_max_new_tokens", "closed_factor",
-                    "length_dist"):
-            if fld not in given:
-                setattr(opts, fld, getattr(preset, fld))
-        os.environ.setdefault("TANDEM_MAX_BATCH_SIZE", ORDER_MAX_BATCH_SIZE)  # the launched services inherit it
-    if faser:
-        apply_preset(opts, faser_options(), _given(ctx))
-    if elastic:
-        apply_preset(opts, offload_options(), _given(ctx), OFFLOAD_PRESET)
-        pool = offload.pool_env(opts.models.target_dir(), opts.models.draft_dir(), opts.models.dtype)
-        for var, value in pool.items():
-            os.environ.setdefault(var, value)  # both stacks launch with them; set one to override it
-    results = run_bench(opts)
-    if elastic:
-        offload.write(results, RESULTS_ROOT / opts.name, pool={var: os.environ[var] for var in pool})
-    if order:
-        from bench import order as order_report
-
-        order_report.write(results, RESULTS_ROOT / opts.name)
-
-
-FASER_PRESET = ("name", "batch1", "sweep", "sweep_requests", "rate_factors")
-OFFLOAD_PRESET = ("name", "batch1", "sweep", "rate_factors", "concurrency", "sweep_requests", "sweep_max_new_tokens",
-                  "max_prompt_tokens", "timeline")  # fmt: skip
-
-
-def apply_preset(opts: BenchOptions, preset: BenchOptions, given: set[str], fields=FASER_PRESET) -> None:
-    """``preset``'s value for each of ``fields`` the command line did not give."""
-    for fld in fields:
-        if fld not in given:
-            setattr(opts, fld, getattr(preset, fld))
-
-
-def _given(ctx: typer.Context) -> set[str]:
-    return {k for k in ctx.params if getattr(ctx.get_parameter_source(k), "name", "") == "COMMANDLINE"}
+# --- CLI: bench/harness_cli.py (`python -m bench.harness`) -----------------------------------------------
+from bench.harness_cli import app  # noqa: E402 - after run_bench, which the CLI calls through this module
 
 
 if __name__ == "__main__":

@@ -38,7 +38,6 @@ verify at per-token acceptance a (the batch's measured rate, else
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field

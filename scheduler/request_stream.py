@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from scheduler.request import FinishReason, RequestState
+
+if TYPE_CHECKING:
+    from scheduler.request import Request
 
 
 @dataclass(frozen=True)
