@@ -45,18 +45,13 @@ import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-KIT_DIR = REPO_ROOT / ".gpu-kit"
-MANIFEST = "manifest.json"
-PLAN = "plan.json"
-MIB = 1024 * 1024
+from bench.gpu.kit_files import DEFAULT_SITE, KIT_DIR, MANIFEST, MIB, PLAN, REPO_ROOT, SITE_ENV, sha256  # noqa: F401
+
 CALL_LIMIT_BYTES = 64 * MIB  # working tree + carried paths, per device call
 DEFAULT_HEADROOM_BYTES = 3 * MIB  # room for the tree to grow between `make gpu-kit` and the calls
 MANIFEST_RESERVE_BYTES = 64 * 1024  # each load carries a copy of the manifest
 STAGE_TIMEOUT_S = 120
 RUN_TIMEOUT_S = 600
-SITE_ENV = "TANDEM_GPU_SITE"  # where the wheels are installed on the GPU machine (PYTHONPATH); default below
-DEFAULT_SITE = Path("/tmp/tandem-site")
 
 # The GPU machine (KINDS.md): python3 is CPython 3.12 with torch 2.11.0+cu130, nvcc 13.0, x86-64.
 GPU_PYTHON = "3.12"
@@ -161,14 +156,6 @@ def wheel_name(filename: str) -> tuple[str, str]:
     if len(parts) < 5 or not filename.endswith(".whl"):
         raise ValueError(f"not a wheel file name: {filename}")
     return normalize(parts[0]), parts[1]
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(8 * MIB), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def wheel_requirements(path: Path) -> list[str]:

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.gpu.kit import DEFAULT_SITE, KIT_DIR, MANIFEST, MIB, PLAN, REPO_ROOT, SITE_ENV, sha256
+from bench.gpu.kit_files import DEFAULT_SITE, KIT_DIR, MANIFEST, MIB, PLAN, REPO_ROOT, SITE_ENV, sha256
 
 
 def load_plan(kit_dir: Path = KIT_DIR) -> dict:
