@@ -64,7 +64,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from bench import adaptive_goals, arrivals, offload, overhead, plots, prom, report
+from bench import adaptive_goals, arrivals, offload, overhead, plots, prom, report, results_readme
 from bench.configs import Config, StackKey, parse, parse_list, rotated
 from bench.drivers import Job, RealTimer, Record, Run, closed_loop, open_loop
 from bench.hf_peer import HFPeer
@@ -494,6 +494,7 @@ def run_bench(opts: BenchOptions, out_dir: Path | None = None, console: Console 
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     results["plots"] = [p.name for p in plots.all_plots(results, out_dir)]
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    results_readme.write(out_dir)  # command, machine, date, tables, plots: generated, never by hand
     report.print_tables(results, console)
     if adaptive_goals.applies(results):  # issue 6's goals: adaptive policies against the best fixed k
         g = adaptive_goals.goals(results)
