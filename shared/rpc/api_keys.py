@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
-import grpc
-import grpc.aio
-
-from shared.rpc.shared_secret import OPEN_PREFIXES, deny_like
+from shared.rpc.shared_secret import MetadataGate
 
 log = logging.getLogger(__name__)
 
@@ -57,28 +54,17 @@ def bearer(value: str | bytes | None) -> str | None:
     return value[len(SCHEME) :].strip() or None
 
 
-class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+class ApiKeyInterceptor(MetadataGate):
     def __init__(self, keys: Iterable[str]) -> None:
+        super().__init__()
         self._keys = frozenset(keys)
         if not self._keys:
             raise ValueError("ApiKeyInterceptor needs at least one key")
-        self.num_denied = 0
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
-        if details.method.startswith(OPEN_PREFIXES):
-            return await continuation(details)
-        header = next((v for k, v in (details.invocation_metadata or ()) if k == HEADER), None)
+    def refusal(self, metadata: dict[str, str | bytes]) -> str | None:
+        header = metadata.get(HEADER)
         key = bearer(header)
         if key_matches(key, self._keys):
-            return await continuation(details)
-        self.num_denied += 1
-        reason = "missing API key" if header is None else "malformed authorization" if key is None else "invalid API key"
-        log.info("%s denied: %s", details.method, reason)
-        handler = await continuation(details)
-        if handler is None:
             return None
-        return deny_like(handler, f"{reason}: send 'authorization: Bearer <key>' (the SDK's api_key=)")
+        what = "missing API key" if header is None else "malformed authorization" if key is None else "invalid API key"
+        return f"{what}; send 'authorization: Bearer <key>' (the SDK's api_key=)"

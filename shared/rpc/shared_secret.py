@@ -39,10 +39,15 @@ def load_secret(value: str | None, path: Path | str | None = None) -> str | None
     return value
 
 
-class SecretServerInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, secret: str) -> None:
-        self._secret = secret.encode()
+class MetadataGate(grpc.aio.ServerInterceptor):
+    """Lets a call through when ``refusal`` (of its metadata) is None; else UNAUTHENTICATED with that reason.
+    grpc.health.v1 is always let through."""
+
+    def __init__(self) -> None:
         self.num_denied = 0
+
+    def refusal(self, metadata: dict[str, str | bytes]) -> str | None:
+        raise NotImplementedError
 
     async def intercept_service(
         self,
@@ -51,17 +56,27 @@ class SecretServerInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler | None:
         if details.method.startswith(OPEN_PREFIXES):
             return await continuation(details)
-        sent = next((v for k, v in (details.invocation_metadata or ()) if k == METADATA_KEY), None)
-        sent_bytes = sent.encode() if isinstance(sent, str) else (sent or b"")
-        if sent is not None and hmac.compare_digest(sent_bytes, self._secret):
+        reason = self.refusal(dict(details.invocation_metadata or ()))
+        if reason is None:
             return await continuation(details)
         self.num_denied += 1
-        reason = "missing" if sent is None else "wrong"
-        log.warning("%s denied: %s internal secret", details.method, reason)  # never the value
+        log.warning("%s denied: %s", details.method, reason.split(";")[0])  # the reason, never a value
         handler = await continuation(details)
-        if handler is None:
+        return None if handler is None else deny_like(handler, reason)
+
+
+class SecretServerInterceptor(MetadataGate):
+    def __init__(self, secret: str) -> None:
+        super().__init__()
+        self._secret = secret.encode()
+
+    def refusal(self, metadata: dict[str, str | bytes]) -> str | None:
+        sent = metadata.get(METADATA_KEY)
+        sent_bytes = sent.encode() if isinstance(sent, str) else (sent or b"")
+        if sent is not None and hmac.compare_digest(sent_bytes, self._secret):
             return None
-        return deny_like(handler, f"{reason} internal secret ({METADATA_KEY}); only the scheduler may call this")
+        what = "missing" if sent is None else "wrong"
+        return f"{what} internal secret ({METADATA_KEY}); only the scheduler may call this"
 
 
 def deny_like(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
