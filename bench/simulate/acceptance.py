@@ -1,0 +1,174 @@
+"""Acceptance traces: what a real draft got accepted, by prompt kind and position, and sampling from it.
+
+A trace (JSON, written by recorder.py from real runs) holds per prompt kind::
+
+    reached[i]    speculation steps whose position i (0 = first drafted token) the target compared
+                  (the draft proposed it and positions 0..i-1 were accepted)
+    accepted[i]   of which the token at position i was accepted
+    request_rates each request's accepted / drafted tokens (how much requests differ)
+
+so p_i = accepted[i] / reached[i] is the acceptance of position i given that the ones
+before it were accepted, and a chain of k drafted tokens accepts a tokens with
+
+    P(a) = p_0 ... p_(a-1) * (1 - p_a)          (a < k; the product alone for a = k)
+
+the distribution the real chains had, at any k up to the recorded one (positions past
+it reuse the last measured p). Each simulated request draws a rate from its kind's
+``request_rates`` and scales its p_i by rate / kind mean, so easy and hard requests
+stay easy and hard (LAPS-SD and FASER read per-request acceptance).
+
+Trees (AdaServe's policies) need the chance that the target's token is among the
+draft's top w at a position; chains record only the top 1. The simulator assumes
+each further candidate catches a share ``1 - SIBLING_MISS`` of the remaining misses:
+
+    P(hit within top w) = 1 - (1 - p_i) * SIBLING_MISS^(w - 1)
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from pathlib import Path
+
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+TRACE_VERSION = 1
+SIBLING_MISS = 0.7  # an assumption, not a measurement (docs/simulate.md)
+ALL = "all"  # the kind every step also counts under; the fallback for kinds a trace lacks
+
+
+class TraceError(ValueError):
+    """An acceptance trace that cannot be used; the message names the file and the problem."""
+
+
+class PositionCounts(BaseModel):
+    reached: list[int] = Field(default_factory=list, description="[position] steps whose target compared it.")
+    accepted: list[int] = Field(default_factory=list, description="[position] of which it was accepted.")
+    request_rates: list[float] = Field(default_factory=list, description="Accepted / drafted tokens per request.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PositionCounts:
+        if len(self.reached) != len(self.accepted):
+            raise ValueError(f"reached has {len(self.reached)} positions, accepted {len(self.accepted)}")
+        for i, (r, a) in enumerate(zip(self.reached, self.accepted)):
+            if r < 0 or a < 0 or a > r:
+                raise ValueError(f"position {i}: accepted {a} of reached {r} (need 0 <= accepted <= reached)")
+            if i and r > self.accepted[i - 1]:
+                raise ValueError(f"position {i} was reached {r} times but position {i - 1} accepted only "
+                                 f"{self.accepted[i - 1]}")  # fmt: skip
+        if any(not 0.0 <= x <= 1.0 for x in self.request_rates):
+            raise ValueError("request acceptance rates must lie in [0, 1]")
+        return self
+
+    def add_step(self, num_drafted: int, num_accepted: int) -> None:
+        """One chain step: ``num_drafted`` proposed, the first ``num_accepted`` accepted."""
+        compared = min(num_accepted + 1, num_drafted)
+        grow = compared - len(self.reached)
+        if grow > 0:
+            self.reached.extend([0] * grow)
+            self.accepted.extend([0] * grow)
+        for i in range(compared):
+            self.reached[i] += 1
+        for i in range(num_accepted):
+            self.accepted[i] += 1
+
+    def rates(self) -> list[float]:
+        """p_i for the positions with data (trailing positions never reached are dropped)."""
+        return [a / r for r, a in zip(self.reached, self.accepted) if r > 0]
+
+    @property
+    def num_steps(self) -> int:
+        return self.reached[0] if self.reached else 0
+
+
+class AcceptanceTrace(BaseModel):
+    version: int = TRACE_VERSION
+    draft: str = Field(description="The draft that was accepted (pair draft, ngram, suffix, eagle head).")
+    target: str = Field(description="The target that verified.")
+    source: str = Field("", description="How it was recorded: command, machine, date.")
+    kinds: dict[str, PositionCounts] = Field(description="Per prompt kind, plus 'all'.")
+
+    @model_validator(mode="after")
+    def _usable(self) -> AcceptanceTrace:
+        if not self.kinds or ALL not in self.kinds:
+            raise ValueError(f"a trace needs the kind {ALL!r} (every step) and may add one per prompt kind")
+        if self.kinds[ALL].num_steps == 0:
+            raise ValueError("the trace recorded no speculation step")
+        return self
+
+    def counts(self, kind: str) -> PositionCounts:
+        c = self.kinds.get(kind)
+        return c if c is not None and c.num_steps > 0 else self.kinds[ALL]
+
+    def mean_accepted(self, kind: str = ALL, k: int = 4) -> float:
+        """Expected accepted draft tokens of a chain of ``k`` (SmartSpec eq. 8 with measured p_i)."""
+        p, total, run = ChainSampler(self, kind).probs(k), 0.0, 1.0
+        for x in p:
+            run *= x
+            total += run
+        return total
+
+    def save(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.model_dump_json(indent=1) + "\n")
+        return path
+
+
+def load_trace(path: Path | str) -> AcceptanceTrace:
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: no such acceptance trace (record one: python -m bench.simulate trace)")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{path}: not JSON ({exc})") from None
+    if isinstance(raw, dict) and raw.get("version", TRACE_VERSION) != TRACE_VERSION:
+        raise TraceError(f"{path}: trace version {raw.get('version')}, this simulator reads {TRACE_VERSION}")
+    try:
+        return AcceptanceTrace.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "trace"
+        raise TraceError(f"{path}: not a usable acceptance trace ({where}: {first['msg']})") from None
+
+
+class ChainSampler:
+    """p_i of one prompt kind, optionally scaled to one request's own rate (cached: the simulator's hot path)."""
+
+    MAX_POSITIONS = 64
+
+    def __init__(self, trace: AcceptanceTrace, kind: str, scale: float = 1.0) -> None:
+        base = trace.counts(kind).rates() or [0.0]
+        self.scale = scale
+        self._p = [min(1.0, max(0.0, base[min(i, len(base) - 1)] * scale)) for i in range(self.MAX_POSITIONS)]
+        self._trees: dict[tuple[int, int], list[float]] = {}
+
+    def probs(self, k: int) -> list[float]:
+        return self._p[:k] if k <= self.MAX_POSITIONS else self._p + [self._p[-1]] * (k - self.MAX_POSITIONS)
+
+    def p(self, position: int) -> float:
+        return self._p[min(position, self.MAX_POSITIONS - 1)]
+
+    def hit_within(self, position: int, width: int) -> float:
+        """P(the target's token is among the draft's top ``width`` at ``position``)."""
+        if width <= 0:
+            return 0.0
+        return 1.0 - (1.0 - self.p(position)) * SIBLING_MISS ** (width - 1)
+
+    def tree_probs(self, depth: int, width: int) -> list[float]:
+        """Draft probabilities of a depth x width tree (level by level, rank 1..w): P(the target picks rank r)."""
+        key = (depth, width)
+        if key not in self._trees:
+            self._trees[key] = [self.hit_within(d, r) - self.hit_within(d, r - 1)
+                                for d in range(depth) for r in range(1, width + 1)]  # fmt: skip
+        return self._trees[key]
+
+
+def request_scale(trace: AcceptanceTrace, kind: str, rng: random.Random) -> float:
+    """A request's acceptance relative to its kind's: a rate drawn from the recorded requests / their mean."""
+    rates = trace.counts(kind).request_rates
+    if len(rates) < 2:
+        return 1.0
+    mean = statistics.fmean(rates)
+    return rng.choice(rates) / mean if mean > 0 else 1.0

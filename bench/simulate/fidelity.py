@@ -1,0 +1,197 @@
+"""How far the simulator is from the real thing: the same workload, real and simulated, compared cell by cell.
+
+    python -m bench.simulate fidelity            # CPU demo pair -> bench/results/simulate-fidelity/
+
+In one process, back to back, so both share the machine's load (the CPU is shared)::
+
+    profile (before)  `tandem profile`'s measurement of the target's and the draft's forwards
+    real              the real Scheduler, RealClock, the demo pair's engines in-process
+                      (LocalTargetWorker / LocalDraftWorker: the services' engines without gRPC),
+                      an AcceptanceRecorder on every speculating run -> the acceptance trace
+    profile (after)   measured again; the simulator charges the mean of the two fits
+    simulated         the same phases on SimTarget / SimDraft, with the real run's rates,
+                      SLO baseline and per-request output lengths (greedy: the same for every
+                      configuration), acceptance sampled from the trace just recorded
+
+Cells: batch 1, Poisson at two loads and the bursty trace, under target-only, a fixed
+k and one adaptive policy; mean latency, mean TPOT and throughput, real vs simulated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+from bench.configs import Config
+from bench.drivers import Job, RealTimer, Run
+from bench.simulate.acceptance import AcceptanceTrace
+from bench.simulate.recorder import AcceptanceRecorder
+from bench.simulate.runner import Phases, SimBackend, SimOptions, SimStack, drive
+from bench.simulate.step_costs import profile_costs
+from scheduler.engine_loop import Scheduler, SchedulerConfig
+
+CONFIGS = ["target-only", "tandem-k3", "policy:smartspec"]
+METRICS = {"latency_s": ("latency_s", "mean"), "tpot_s": ("tpot_s", "mean"), "throughput_tok_s": ("throughput_tok_s",)}
+
+
+class LocalBackend:
+    """The real scheduler over the real engines in this process, a fresh Scheduler per run."""
+
+    def __init__(self, target_engine, draft_engine, stop_token_ids: list[int], config: SchedulerConfig,
+                 recorder: AcceptanceRecorder) -> None:  # fmt: skip
+        from scheduler.local_workers import LocalDraftWorker, LocalTargetWorker
+
+        self.target = LocalTargetWorker(target_engine)
+        self.draft = LocalDraftWorker(draft_engine)
+        self.stop_token_ids = stop_token_ids
+        self.config = config
+        self.recorder = recorder
+
+    async def run(self, config: Config, jobs: list[Job], mode: str, concurrency: int) -> Run:
+        from services.scheduler.policies import queue_policy, speculation_policy
+
+        key = config.stack
+        sched = Scheduler(self.target, self.draft, config=self.config, spec_policy=speculation_policy(key.speculation_policy),
+                          queue_policy=queue_policy(key.queue_policy), observers=[self.recorder])  # fmt: skip
+        tag = lambda req, job: self.recorder.tag(req.id, job.encoded.item.prompt.kind)  # noqa: E731
+        return await drive(sched, config, jobs, RealTimer(), mode, concurrency, self.stop_token_ids, tag)
+
+
+def fidelity_options(**overrides) -> SimOptions:
+    base = SimOptions(name="simulate-fidelity", batch1=list(CONFIGS), sweep=list(CONFIGS), num_prompts=6,
+                      max_new_tokens=48, sweep_requests=24, sweep_max_new_tokens=32, rate_factors=[1.0, 2.0],
+                      bursty=True)  # fmt: skip
+    for k, v in overrides.items():
+        setattr(base, k, v)
+    return base
+
+
+def _measure(runner, name: str, quick: bool):
+    from shared.profiling.measure import measure
+
+    kwargs = {"grid": (1, 2, 4, 8, 16, 32), "context_grid": (4,), "long_context": 256, "repeats": 2} if quick else {}
+    return measure(runner, model=name, **kwargs)
+
+
+def _mean_profile(a, b):
+    """The two measurements' fits averaged coefficient by coefficient (the load drifts between them)."""
+    cm = {k: (getattr(a.cost_model, k) + getattr(b.cost_model, k)) / 2 for k in ("alpha_s", "gamma_s", "delta_s", "verify_s")}
+    return a.model_copy(update={"cost_model": a.cost_model.model_copy(update=cm)})
+
+
+def run_fidelity(out_dir: Path, opts: SimOptions | None = None, pair: str = "demo", quick_profile: bool = False,
+                 seed: int = 0, log=print) -> dict:  # fmt: skip
+    from bench.stack import Models
+    from bench.tokens import PromptEncoder
+    from shared.engine.factory import build_draft_engine, build_target_engine
+
+    opts = opts or fidelity_options()
+    models = Models(pair=pair)
+    target_dir, draft_dir = models.target_dir(), models.draft_dir()
+    encoder = PromptEncoder.for_model(target_dir)
+    target, t_loaded = build_target_engine(target_dir, device="cpu", dtype="float32", with_tokenizer=False)
+    draft, d_loaded = build_draft_engine(draft_dir, device="cpu", dtype="float32", with_tokenizer=False)
+    started, load_before = time.time(), os.getloadavg()
+
+    log("profiling target and draft (before) ...")
+    prof = {"before": (_measure(target.runner, t_loaded.name, quick_profile), _measure(draft.runner, d_loaded.name, quick_profile))}
+    recorder = AcceptanceRecorder(draft=d_loaded.name, target=t_loaded.name)
+    t0, d0 = prof["before"]  # what the services would read from `tandem profile`: the policies' cost models and B
+    sched_config = SchedulerConfig(max_batch_size=64, token_budget=t0.token_budget, cost_model=t0.cost_model,
+                                   draft_cost_model=d0.cost_model)  # fmt: skip
+    real = Phases(opts, LocalBackend(target, draft, encoder.eos_token_ids, sched_config, recorder),
+                  encoder, log)  # fmt: skip
+    asyncio.run(real.run())
+    real_results = real.results()
+    log("profiling target and draft (after) ...")
+    prof["after"] = (_measure(target.runner, t_loaded.name, quick_profile), _measure(draft.runner, d_loaded.name, quick_profile))
+    load_after = os.getloadavg()
+
+    trace = recorder.trace(source=f"bench.simulate fidelity real runs, {platform.node()}, {time.strftime('%Y-%m-%d')}")
+    trace.save(out_dir / "trace-demo.json")
+    t_prof, d_prof = (_mean_profile(prof["before"][i], prof["after"][i]) for i in (0, 1))
+    stack = SimStack(profile_costs(t_prof, "target profile"), profile_costs(d_prof, "draft profile"), trace,
+                     sched_config, give_cost_models=False)  # fmt: skip
+    lengths = _output_lengths(real)
+    sim_opts = fidelity_options(**{**opts.__dict__, "rates": real.rates(), "baseline_tpot_ms": real.baseline_tpot_ms,
+                                   "baseline_ttft_s": real.baseline_ttft_s})  # fmt: skip
+    sim = Phases(sim_opts, SimBackend(stack, seed, lambda job: lengths.get(_item_key(job), job.max_new_tokens)), encoder, log)
+    t = time.time()
+    asyncio.run(sim.run())
+    sim_seconds = time.time() - t
+    sim_results = sim.results()
+
+    out = {
+        "name": "simulate-fidelity", "command": "python -m bench.simulate fidelity", "pair": pair,
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "load_average_before": load_before,
+                    "load_average_after": load_after, "uptime": _uptime()},
+        "started_unix": started, "duration_s": time.time() - started, "simulation_wall_s": sim_seconds,
+        "profiles": {w: {"target": p[0].cost_model.model_dump(), "draft": p[1].cost_model.model_dump()} for w, p in prof.items()},
+        "trace": {"path": "trace-demo.json", "mean_accepted_k3": trace.mean_accepted("all", 3)},
+        "cells": compare(real_results, sim_results), "real": real_results, "simulated": sim_results,
+    }  # fmt: skip
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+def _item_key(job: Job) -> str:
+    return job.request_id.split("/", 1)[1]  # "<config>/<tag>-i<index>": the same item for every configuration
+
+
+def _output_lengths(real: Phases) -> dict[str, int]:
+    """Output length of each item as target-only produced it (greedy: every configuration's, lossless)."""
+    out = {}
+    for per_load in real.records.values():
+        for config, recs in ((c, rs) for per in per_load.values() for c, rs in per.items()):
+            for r in recs:
+                if r.trace.num_tokens and (config == "target-only" or _item_key(r.job) not in out):
+                    out[_item_key(r.job)] = r.trace.num_tokens
+    return out
+
+
+def _uptime() -> str:
+    try:
+        return Path("/proc/loadavg").read_text().strip()
+    except OSError:
+        return ""
+
+
+def compare(real: dict, sim: dict) -> list[dict]:
+    """One row per (phase, load, configuration, metric): real, simulated, relative error."""
+    rows = []
+    for phase in ("batch1", "sweep", "bursty"):
+        loads = {"batch=1": real["batch1"]} if phase == "batch1" else real.get(phase, {})
+        sim_loads = {"batch=1": sim["batch1"]} if phase == "batch1" else sim.get(phase, {})
+        for load, per in loads.items():
+            for config, row in per.items():
+                other = sim_loads.get(load, {}).get(config)
+                if other is None:
+                    continue
+                for metric, path in METRICS.items():
+                    r, s = _get(row["summary"], path), _get(other["summary"], path)
+                    err = (s - r) / r if r and s is not None else None
+                    rows.append({"phase": phase, "load": load, "config": config, "metric": metric, "real": r,
+                                 "simulated": s, "error": err})  # fmt: skip
+    return rows
+
+
+def _get(d: dict, path: tuple[str, ...]):
+    for k in path:
+        d = d.get(k) if isinstance(d, dict) else None
+    return d
+
+
+def table(cells: list[dict]) -> str:
+    """The cells as a markdown table (README)."""
+    lines = ["| phase | load | configuration | metric | real | simulated | error |", "|---|---|---|---|---|---|---|"]
+    for c in cells:
+        fmt = (lambda x: f"{x:.1f}") if c["metric"] == "throughput_tok_s" else (lambda x: f"{x * 1e3:.1f} ms")
+        err = "" if c["error"] is None else f"{c['error'] * 100:+.1f} %"
+        lines.append(f"| {c['phase']} | {c['load']} | {c['config']} | {c['metric']} | {fmt(c['real'])} | "
+                     f"{fmt(c['simulated'])} | {err} |")  # fmt: skip
+    return "\n".join(lines)
