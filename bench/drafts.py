@@ -43,12 +43,14 @@ WORKLOADS = {"chat": {"chat": 1.0}, "grounded": {k: 1.0 for k in GROUNDED}}
 _REP = re.compile(r"-r(\d+)-")
 
 
-def configs(feature_draft: str | None, model_free: tuple[str, ...] = MODEL_FREE, k: int = 4) -> list[str]:
+def configs(feature_draft: str | None, model_free: tuple[str, ...] = MODEL_FREE, k: int = 4,
+            extra: tuple[str, ...] = ()) -> list[str]:
+    """target-only, the feature draft at FEATURE_KS, the model-free drafts at k, then ``extra`` (draft:<x>:k<K> names)."""
     out = ["target-only"]
     if feature_draft:
         out += [f"draft:{feature_draft}:k{kk}" for kk in FEATURE_KS]
     out += [f"draft:{m}:k{k}" for m in model_free]
-    return out
+    return out + [f"draft:{e}" for e in extra]
 
 
 def _rep(record, phase: str) -> int:
@@ -143,14 +145,15 @@ def render(meta: dict, results: dict) -> str:
     return "\n".join(lines)
 
 
-def run(models: Models, feature_draft: str | None, *, name: str, prompts: int, repeats: int, max_new_tokens: int,
+def run(models: Models, feature_draft: str | None, *, name: str, extra: tuple[str, ...] = (), prompts: int, repeats: int, max_new_tokens: int,
         closed_requests: int, workloads: list[str], console: Console, root: Path = RESULTS_ROOT,
         max_prompt_tokens: int = 1536) -> dict:
     out_dir = root / name
     results, harness_dirs = {}, {}
     for workload in workloads:
         opts = BenchOptions(
-            name=f"{name}/{workload}", models=models, batch1=configs(feature_draft), sweep=configs(feature_draft),
+            name=f"{name}/{workload}", models=models, batch1=configs(feature_draft, extra=extra),
+            sweep=configs(feature_draft, extra=extra),
             num_prompts=prompts, repeats=repeats, max_new_tokens=max_new_tokens, rate_factors=[],
             concurrency=[4] * repeats, closed_factor=1, sweep_requests=closed_requests,
             sweep_max_new_tokens=max_new_tokens, prompt_mix=WORKLOADS[workload], interleave=True, traces=False,
@@ -195,11 +198,14 @@ def main(
     max_new_tokens: int = typer.Option(64),
     closed_requests: int = typer.Option(12, help="Requests per closed-loop pass at concurrency 4."),
     workloads: str = typer.Option("chat,grounded"),
+    extra: str = typer.Option("smollm2-draft:k2", help="More drafts to compare, comma-separated <draft>:k<K> "
+                              "(default: the demo pair's distilled draft)."),
     home: Path | None = typer.Option(None),
     target: Path | None = typer.Option(None, help="Target model directory (overrides the pair's)."),
 ) -> None:
     models = Models(pair=pair, home=home, target=target)
-    run(models, feature_draft or None, name=name or f"drafts-{pair}", prompts=prompts, repeats=repeats,
+    run(models, feature_draft or None, name=name or f"drafts-{pair}", extra=tuple(e for e in extra.split(",") if e),
+        prompts=prompts, repeats=repeats,
         max_new_tokens=max_new_tokens, closed_requests=closed_requests,
         workloads=[w for w in workloads.split(",") if w], console=Console())
 
