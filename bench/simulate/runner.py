@@ -154,8 +154,10 @@ class SimBackend:
     """Each (configuration, load) on a fresh simulated stack and clock: nothing carries over between runs."""
 
     def __init__(self, stack: SimStack, seed: int = 0, output_len: Callable[[Job], int] | None = None,
-                 observers: Callable[[], list[IterationObserver]] | None = None) -> None:  # fmt: skip
+                 observers: Callable[[], list[IterationObserver]] | None = None,
+                 per_config: Callable[[Config, SchedulerConfig], SchedulerConfig] | None = None) -> None:  # fmt: skip
         self.stack = stack
+        self.per_config = per_config  # a configuration's own scheduler settings (e.g. offload:on's elastic memory)
         self.seed = seed
         self.output_len = output_len or (lambda job: job.max_new_tokens)
         self.observers = observers
@@ -174,6 +176,8 @@ class SimBackend:
         if self.stack.draft is not None:
             draft = SimDraft(book, self.stack.draft, clock, self.stack.draft_reload_s)
         cfg, key = self.sched_config, config.stack
+        if self.per_config is not None:
+            cfg = self.per_config(config, cfg)
         scheduler = Scheduler(
             target, draft, config=cfg, clock=clock,
             spec_policy=speculation_policy(key.speculation_policy) if key else None,

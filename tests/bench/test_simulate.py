@@ -1,0 +1,160 @@
+"""bench.simulate: step costs reproduce their profile, runs are deterministic by seed, bad inputs fail clearly."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from bench.simulate.acceptance import ALL, AcceptanceTrace, PositionCounts, TraceError, load_trace
+from bench.simulate.recorder import AcceptanceRecorder
+from bench.simulate.roofline import checks, roofline
+from bench.simulate.runner import Phases, SimBackend, SimOptions, SimStack
+from bench.simulate.step_costs import ConstantCosts, ProfileCosts, ProfileError, load_profile_costs
+from bench.simulate.workers import SimBook, SimDraft, SimTarget
+from bench.tokens import PromptEncoder
+from scheduler.report import RequestOutcome, StepReport
+from scheduler.spec_shape import SpecShape
+from scheduler.workers import FakeClock
+from shared.engine.types import PrefillItem, SpecItem, TokenTree, VerifyItem
+from shared.profiling.cost_model import CostModel, Knee, Profile
+
+CM = CostModel(alpha_s=2e-6, gamma_s=1.5e-3, delta_s=0.03, verify_s=0.004)
+
+
+def _trace() -> AcceptanceTrace:
+    counts = PositionCounts(reached=[100, 70, 50, 30], accepted=[70, 50, 30, 15], request_rates=[0.4, 0.6])
+    return AcceptanceTrace(draft="d", target="t", kinds={ALL: counts})
+
+
+def _profile(cm: CostModel = CM) -> Profile:
+    knee = Knee(budget=30, method="ridge", slope_before_s=cm.gamma_s, slope_after_s=cm.gamma_s,
+                latency_at_budget_s=0.07, latency_at_one_s=0.03)  # fmt: skip
+    return Profile(model="m", hardware="cpu", device="cpu", dtype="float32", token_budget=30, knee=knee,
+                   cost_model=cm, sweep=[(1, 0.03), (8, 0.04), (32, 0.08)])  # fmt: skip
+
+
+def test_step_costs_reproduce_the_profile(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(_profile().model_dump_json())
+    costs = load_profile_costs(path)
+
+    async def go():
+        clock = FakeClock()
+        book = SimBook(_trace())
+        book.add("a", "chat", 100, 10)
+        book.add("b", "chat", 50, 10)
+        target = SimTarget(book, costs, clock)
+        await target.prefill([PrefillItem("a", [5] * 100), PrefillItem("b", [5] * 50)])
+        assert clock.now() == pytest.approx(CM.predict(150, 150))
+        t = clock.now()
+        chain = TokenTree.chain([1, 1, 1], [0.7, 0.7, 0.6])
+        await target.verify([VerifyItem("a", chain), VerifyItem("b", TokenTree())])
+        # 101 + 51 tokens held; 1 + 3 and 1 batched; drafted tokens: a verify
+        assert clock.now() - t == pytest.approx(CM.predict(101 + 51, 5, verify=True))
+        t = clock.now()
+        await target.verify([VerifyItem("b", TokenTree())])
+        assert clock.now() - t == pytest.approx(CM.predict(target.lens["b"] - 1, 1))
+
+    asyncio.run(go())
+
+
+def test_draft_chain_costs_one_forward_per_position():
+    async def go():
+        clock = FakeClock()
+        book = SimBook(_trace())
+        book.add("a", "chat", 10, 10)
+        costs = ProfileCosts("d", CostModel(gamma_s=1e-3, delta_s=0.01), call_s=0.002)
+        draft = SimDraft(book, costs, clock)
+        await draft.prefill([PrefillItem("a", [5] * 10)])
+        t = clock.now()
+        trees = await draft.speculate([SpecItem("a", new_tokens=[1, 1], chain_len=3)])
+        assert len(trees[0]) == 3
+        assert clock.now() - t == pytest.approx(0.002 + (0.01 + 2e-3) + 2 * (0.01 + 1e-3))
+
+    asyncio.run(go())
+
+
+def _sim(seed: int) -> dict:
+    opts = SimOptions(batch1=["target-only", "tandem-k3"], sweep=["target-only", "tandem-k3", "policy:smartspec"],
+                      num_prompts=2, max_new_tokens=16, sweep_requests=8, sweep_max_new_tokens=16,
+                      rate_factors=[1.0, 3.0], bursty=True, seed=seed)  # fmt: skip
+    stack = SimStack(ProfileCosts("t", CM, 30), ProfileCosts("d", CostModel(gamma_s=2e-4, delta_s=0.004)), _trace())
+    phases = Phases(opts, SimBackend(stack, seed), PromptEncoder(None, 1000, 256), log=lambda _: None)
+    asyncio.run(phases.run())
+    return phases.results()
+
+
+def test_same_seed_same_result():
+    a, b = _sim(3), _sim(3)
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    k3 = a["batch1"]["tandem-k3"]["summary"]
+    assert k3["mean_accepted_length"] > 1.5  # the trace's chains accept ~1.5 of 3
+    assert a["batch1"]["target-only"]["summary"]["mean_accepted_length"] == 1.0
+    assert set(a["sweep"]) and set(a["bursty"])
+
+
+def test_bad_profiles_fail_clearly(tmp_path):
+    with pytest.raises(ProfileError, match="no such profile"):
+        load_profile_costs(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ProfileError, match="not JSON"):
+        load_profile_costs(bad)
+    bad.write_text(json.dumps({"model": "m"}))
+    with pytest.raises(ProfileError, match="not a `tandem profile` profile"):
+        load_profile_costs(bad)
+    bad.write_text(_profile(CostModel(alpha_s=-1e-3, gamma_s=1e-3, delta_s=0.01)).model_dump_json())
+    with pytest.raises(ProfileError, match="negative"):
+        load_profile_costs(bad)
+    bad.write_text(_profile(CostModel()).model_dump_json())
+    with pytest.raises(ProfileError, match="must predict > 0"):
+        load_profile_costs(bad)
+
+
+def test_bad_traces_fail_clearly(tmp_path):
+    path = tmp_path / "t.json"
+    with pytest.raises(TraceError, match="no such acceptance trace"):
+        load_trace(path)
+    path.write_text("[")
+    with pytest.raises(TraceError, match="not JSON"):
+        load_trace(path)
+    good = json.loads(_trace().model_dump_json())
+    for broken, msg in [
+        ({**good, "kinds": {"chat": good["kinds"][ALL]}}, "needs the kind 'all'"),
+        ({**good, "kinds": {ALL: {"reached": [5], "accepted": [6]}}}, "accepted 6 of reached 5"),
+        ({**good, "kinds": {ALL: {"reached": [5, 4], "accepted": [3, 1]}}}, "position 0 accepted only 3"),
+        ({**good, "kinds": {ALL: {"reached": [], "accepted": []}}}, "no speculation step"),
+        ({**good, "version": 99}, "version 99"),
+    ]:
+        path.write_text(json.dumps(broken))
+        with pytest.raises(TraceError, match=msg):
+            load_trace(path)
+
+
+def test_recorder_counts_compared_and_accepted_positions(tmp_path):
+    rec = AcceptanceRecorder("d", "t")
+    rec.tag("r1", "code")
+    chain = SpecShape.chain(4)
+    report = StepReport(step=0, started_at=0.0, outcomes=[
+        RequestOutcome("r1", chain, num_drafted=4, num_accepted=2, num_emitted=3),
+        RequestOutcome("r2", chain, num_drafted=4, num_accepted=4, num_emitted=5),
+        RequestOutcome("r3", SpecShape.tree(2, 2), num_drafted=4, num_accepted=1, num_emitted=2),
+    ])  # fmt: skip
+    rec.on_step(report)
+    trace = rec.trace()
+    assert trace.kinds["code"].reached == [1, 1, 1] and trace.kinds["code"].accepted == [1, 1, 0]
+    assert trace.kinds[ALL].reached == [2, 2, 2, 1] and trace.kinds[ALL].accepted == [2, 2, 1, 1]
+    assert rec.num_tree_steps == 1
+    assert load_trace(trace.save(tmp_path / "x.json")).counts("chat").reached == [2, 2, 2, 1]  # unknown kind: all
+
+
+def test_roofline_matches_published_step_times():
+    for check in checks():
+        assert 0.75 <= check.ratio <= 1.35, check
+    h100 = roofline("h100", "llama-3-8b")
+    assert h100.forward_s(64, 512, 64 * 512) > 1.5 * h100.forward_s(1, 1, 512)  # compute-bound past the ridge
+    with pytest.raises(ValueError, match="unknown GPU"):
+        roofline("tpu", "llama-3-8b")
+    assert ConstantCosts("ngram", 0.001).forward_s(4, 100, 1000) == 0.0
