@@ -38,6 +38,14 @@ DEFAULT_ADDR = "127.0.0.1:50051"
 AddrOption = Annotated[str, typer.Option("--addr", envvar="TANDEM_ADDR", help="host:port of the scheduler.")]
 
 
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
+def simulate(ctx: typer.Context) -> None:
+    """Serving on a virtual clock (bench.simulate): run, fidelity, gpu; `tandem simulate --help` for each."""
+    from bench.simulate.cli import app as simulate_app  # the benches sit above the SDK: imported only when asked
+
+    simulate_app(args=ctx.args, prog_name="tandem simulate")
+
 class Role(StrEnum):
     target = "target"
     draft = "draft"
