@@ -77,6 +77,8 @@ def up(
     pair: Annotated[str, typer.Option(help="Model pair (tandem models list).")] = "demo",
     port: Annotated[int, typer.Option(help="Public port of the scheduler.")] = 50051,
     metrics_port: Annotated[int, typer.Option(help="Prometheus /metrics port; 0 = any free port.")] = 9400,
+    http_port: Annotated[int | None, typer.Option(help="OpenAI-compatible HTTP API port (/v1/...); 0 = any free "
+                                                  "port; unset = none.")] = None,
     redis_url: Annotated[
         str | None,
         typer.Option(envvar=["TANDEM_REDIS_URL", "REDIS_URL"], help="Redis to use; unset = start a local one."),
@@ -115,7 +117,7 @@ def up(
     console = Console()
     try:
         config = LaunchConfig(
-            pair=pair, port=port, metrics_port=metrics_port, redis_url=redis_url,
+            pair=pair, port=port, metrics_port=metrics_port, http_port=http_port, redis_url=redis_url,
             speculation_policy=speculation_policy, draft=draft, draft_model=draft_model, home=home, device=device,
             log_dir=log_dir, draft_share=draft_share, share_batch=share_batch, share_chunk=share_chunk,
             draft_threads=draft_threads, target_threads=target_threads,
@@ -153,6 +155,7 @@ def _print_endpoints(console: Console, e) -> None:
     table.add_row("draft", e.draft or "[yellow]none (no speculation)[/]")
     table.add_row("redis", e.redis_url)
     table.add_row("metrics", e.metrics_url or "-")
+    table.add_row("HTTP (OpenAI-compatible)", f"{e.http_url}/v1" if e.http_url else "-")
     table.add_row("logs", str(e.log_dir))
     console.print(table)
     console.print(f'try:  tandem generate "Once upon a time" --addr {e.scheduler}     (Ctrl-C stops everything)')

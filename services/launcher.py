@@ -83,6 +83,8 @@ class LaunchConfig(BaseModel):
     host: str = Field("127.0.0.1", description="Interface every service listens on.")
     port: int = Field(50051, ge=0, le=65535, description="Public port of the scheduler; 0 = any free port.")
     metrics_port: int | None = Field(0, ge=0, le=65535, description="Prometheus port; 0 = any free; None = off.")
+    http_port: int | None = Field(None, ge=0, le=65535, description="OpenAI-compatible HTTP API port of the "
+                                  "scheduler; 0 = any free; None = off.")
     redis_url: str | None = Field(None, description="Redis to use; unset = start a local one.")
     speculation_policy: str = Field("fixed", description="Scheduler policy for AUTO requests (fixed[:K], none).")
     device: str = Field("auto", description="Device of both model services.")
@@ -115,6 +117,7 @@ class Endpoints:
     redis_url: str
     metrics_url: str | None
     log_dir: Path
+    http_url: str | None = None
 
 
 @dataclass
@@ -190,7 +193,7 @@ def start(config: LaunchConfig) -> LaunchedStack:
     redis = start_redis() if config.redis_url is None else None
     host = config.host
     try:
-        free = iter(_free_ports(host, 4))
+        free = iter(_free_ports(host, 5))
     except BaseException:
         if redis is not None:
             redis.stop()
@@ -199,6 +202,7 @@ def start(config: LaunchConfig) -> LaunchedStack:
     draft = f"{_dial(host)}:{next(free)}" if draft_model is not None else None
     scheduler = f"{_dial(host)}:{config.port or next(free)}"
     metrics_port = None if config.metrics_port is None else (config.metrics_port or next(free))
+    http_port = None if config.http_port is None else (config.http_port or next(free))
     endpoints = Endpoints(
         scheduler=scheduler,
         target=target,
@@ -206,6 +210,7 @@ def start(config: LaunchConfig) -> LaunchedStack:
         redis_url=config.redis_url or redis.url,
         metrics_url=None if metrics_port is None else f"http://{_dial(host)}:{metrics_port}/metrics",
         log_dir=log_dir,
+        http_url=None if http_port is None else f"http://{_dial(host)}:{http_port}",
     )
     stack = LaunchedStack(endpoints, redis=redis, stop_timeout_s=config.stop_timeout_s)
     try:
@@ -225,6 +230,7 @@ def start(config: LaunchConfig) -> LaunchedStack:
                 TANDEM_DRAFT_ADDR=draft or "none",
                 TANDEM_REDIS_URL=endpoints.redis_url,
                 TANDEM_METRICS_PORT="" if metrics_port is None else str(metrics_port),
+                TANDEM_HTTP_PORT="" if http_port is None else str(http_port),
                 TANDEM_SPECULATION_POLICY=config.speculation_policy,
             ),
         }

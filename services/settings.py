@@ -258,6 +258,10 @@ class ServiceSettings(BaseModel):
     redis_url: str | None = Field(
         None, description="Redis URL for request state and statistics; unset = start a local one."
     )
+    http_port: int | None = Field(
+        None, ge=0, le=65535, description="Scheduler: port of the OpenAI-compatible HTTP API (/v1/completions, "
+        "/v1/chat/completions, /v1/models, /health); unset = none; 0 = any free port."
+    )
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint; unset = none."
     )

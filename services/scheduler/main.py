@@ -94,6 +94,7 @@ class RunningScheduler:
     health: Any
     grace_s: float
     metrics_port: int | None = None
+    http_port: int | None = None
     redis_url: str = ""
     budget: Budget | None = None  # B and the target's cost model (services.scheduler.budget)
     role: str = "scheduler"
@@ -245,6 +246,9 @@ async def _start(
     closers.append(lambda: server.stop(None))  # only reached when start() fails from here on
     await server.start()
     closers.pop()
+    http_port = None
+    if settings.http_port is not None:  # the OpenAI-compatible API, in this process (http_api.py)
+        http_port = await _start_http(settings, servicer, target_info.model_name, keys, closers)
 
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "[::]", "") else settings.host
     address = f"{host}:{port}"  # where clients on this machine dial it
@@ -264,10 +268,37 @@ async def _start(
         health=health,
         grace_s=settings.shutdown_grace_s,
         metrics_port=metrics_port,
+        http_port=http_port,
         redis_url=redis_url,
         budget=budget,
         _closers=list(closers),
     )
+
+
+async def _start_http(settings: ServiceSettings, servicer, model_name: str, keys, closers) -> int:
+    import uvicorn
+
+    from services.scheduler.http_api import build_app
+
+    app = build_app(servicer, model_name=model_name, keys=keys)
+    config = uvicorn.Config(app, host=settings.host, port=settings.http_port, log_level="warning", lifespan="off",
+                            access_log=False)  # fmt: skip
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # the scheduler's own handlers stop everything
+    task = asyncio.get_running_loop().create_task(server.serve(), name="http-api")
+
+    async def stop() -> None:
+        server.should_exit = True
+        await asyncio.gather(task, return_exceptions=True)
+
+    closers.append(stop)
+    while not server.started:
+        if task.done():
+            raise RuntimeError(f"the HTTP API did not start on port {settings.http_port}: {task.exception()}")
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    log.info("OpenAI-compatible HTTP API on %s:%d", settings.host, port)
+    return port
 
 
 async def serve(settings: ServiceSettings, *, ready: asyncio.Event | None = None) -> None:

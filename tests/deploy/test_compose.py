@@ -149,6 +149,7 @@ def test_environment_wiring() -> None:
     assert "/srv/models:/models" in overridden["target"]["volumes"]
     # the scheduler is the only Tandem service published on the host
     assert "50051:50051" in services["scheduler"]["ports"] and "9400:9400" in services["scheduler"]["ports"]
+    assert "8000:8000" in services["scheduler"]["ports"] and sched["TANDEM_HTTP_PORT"] == "8000"  # the HTTP API
     assert "ports" not in services["target"] and "ports" not in services["draft"]
 
 

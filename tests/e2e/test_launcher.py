@@ -90,3 +90,19 @@ def test_launch_with_draft_share_auto_reads_the_share_profiles(tiny_pair, tmp_pa
     assert json.loads((tmp_path / "logs" / "share.json").read_text()) == share
     threads = int(share["env"]["draft"]["TANDEM_THREADS"])
     assert f"torch uses {threads} threads" in (tmp_path / "logs" / "draft.log").read_text()
+
+
+def test_launch_with_the_http_api(tiny_pair, reference, tmp_path):
+    """`tandem up --http-port 0`: the scheduler also serves the OpenAI-compatible API (token-id prompts here)."""
+    import httpx
+
+    target_dir, draft_dir = tiny_pair
+    config = LaunchConfig(target_model=str(target_dir), draft_model=str(draft_dir), port=0, metrics_port=None,
+                          http_port=0, device="cpu", log_dir=tmp_path / "logs", startup_timeout_s=120)
+    with launch(config) as stack:
+        url = stack.endpoints.http_url
+        assert httpx.get(url + "/health").json() == {"status": "SERVING"}
+        r = httpx.post(url + "/v1/completions", json={"prompt": [3, 1, 4, 1, 5], "max_tokens": 12, "temperature": 0,
+                                                      "speculation": 2}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 12 and r.json()["usage"]["tandem"]["num_draft_tokens"] > 0
