@@ -30,18 +30,21 @@ class ForgetsRequests(Protocol):
     def forget(self, req: Request) -> None: ...  # the draft side drops the request (DraftLink.forget)
 
 
+class AdmissionConfig(Protocol):
+    max_batch_size: int
+    keep_kv_on_preempt: bool
+
+
 class AdmissionControl:
     def __init__(
         self,
         queue_policy: QueuePolicy,
-        max_batch_size: int,
-        keep_kv_on_preempt: bool,
+        config: "AdmissionConfig",
         draft: ForgetsRequests,
         release_target: Callable[[str], None],
     ) -> None:
         self.queue_policy = queue_policy
-        self.max_batch_size = max_batch_size
-        self.keep_kv_on_preempt = keep_kv_on_preempt
+        self.config = config  # read live: an operator (or a test) may change the caps on a running loop
         self.draft = draft
         self.release_target = release_target  # queues a target release for the next flush
 
@@ -49,7 +52,7 @@ class AdmissionControl:
         self, waiting: list[Request], running: dict[str, Request], budget: int, now: float, report: StepReport
     ) -> list[Request]:
         """Move admitted requests from ``waiting`` to ``running``; returns those that need a prefill."""
-        capacity = Capacity(self.max_batch_size, budget)
+        capacity = Capacity(self.config.max_batch_size, budget)
         adm = self.queue_policy.schedule(list(waiting), list(running.values()), capacity, now)
         for req in adm.preempt:
             if req.id in running:
@@ -63,7 +66,7 @@ class AdmissionControl:
         for req in adm.admit:
             if req not in waiting or req.id in report.preempted_ids:
                 continue
-            if num >= self.max_batch_size or tokens + reserved_tokens(req) > budget:
+            if num >= self.config.max_batch_size or tokens + reserved_tokens(req) > budget:
                 break
             waiting.remove(req)
             req.state = RequestState.RUNNING
@@ -91,7 +94,7 @@ class AdmissionControl:
         req.state = RequestState.WAITING
         req.num_preemptions += 1
         waiting.append(req)
-        if self.keep_kv_on_preempt:
+        if self.config.keep_kv_on_preempt:
             req.resident = True
         else:
             self.evict(req)

@@ -122,7 +122,7 @@ class Scheduler:
         )
         self.frontier = FrontierPipeline(cfg.frontier) if cfg.frontier is not None and draft is not None else None
         # admission within the caps, preemption, eviction under KV pressure (admission.py)
-        self.admission = AdmissionControl(self.queue_policy, cfg.max_batch_size, cfg.keep_kv_on_preempt, self.link,
+        self.admission = AdmissionControl(self.queue_policy, cfg, self.link,
                                           lambda seq_id: self._release_target.append(seq_id))
         # target health: an outage is waited out and its requests re-prefilled (target_link.py)
         self.target_link = TargetLink(getattr(target, "info", None), cfg.target_recovery)

@@ -117,6 +117,9 @@ CARRIED_WHEELS: tuple[Wheel, ...] = (
     Wheel("opentelemetry-exporter-otlp-proto-common", "1.45.2", "OTLP exporter"),
     Wheel("opentelemetry-exporter-otlp-common", "0.66b2", "OTLP exporter"),
     Wheel("googleapis-common-protos", "1.76.0", "OTLP exporter"),
+    Wheel("fastapi", "0.165.0", "Tandem dependency (the OpenAI-compatible HTTP API)"),
+    Wheel("starlette", "1.10.0", "fastapi"),
+    Wheel("uvicorn", "0.54.0", "Tandem dependency (serves the HTTP API)"),
     Wheel("fakeredis", "2.40.0", "a test module imports it: `pytest -m gpu tests` collects every module"),
 )
 

@@ -4,6 +4,7 @@ ElasticControl (offload/reload and the KV pool) and AdmissionControl (caps, pree
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
@@ -161,7 +162,8 @@ class PreemptFirst(FCFS):
 @pytest.mark.parametrize("keep_kv", [True, False])
 def test_admission_caps_preempts_and_evicts_under_kv_pressure(keep_kv):
     released, link = [], Link()
-    control = AdmissionControl(PreemptFirst(), 2, keep_kv, link, released.append)
+    caps = SimpleNamespace(max_batch_size=2, keep_kv_on_preempt=keep_kv)
+    control = AdmissionControl(PreemptFirst(), caps, link, released.append)
     reqs = [Request(f"r{i}", [1] * 4, max_new_tokens=6, arrival_time=float(i)) for i in range(3)]  # 10 tokens each
     waiting, running = list(reqs), {}
     new = control.admit(waiting, running, budget=100, now=0.0, report=StepReport(step=0, started_at=0.0))
