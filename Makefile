@@ -20,7 +20,7 @@ TORCH := torch==2.13.0
 PAIR ?= demo
 PYTEST_ARGS ?=
 
-.PHONY: help setup protos models test demo trace-ui profile bench-engine bench bench-serving bench-slo bench-adaptive bench-order bench-faser bench-offload bench-drafts soak clean distclean
+.PHONY: help setup protos models test demo trace-ui profile bench-engine bench bench-serving bench-slo bench-adaptive bench-order bench-faser bench-offload bench-drafts bench-http soak clean distclean
 
 help:
 	@sed -n '4,8p' Makefile | sed 's/^# \{0,1\}//'
@@ -133,6 +133,11 @@ bench-offload: setup models
 bench-drafts: setup models
 	$(VENV)/bin/tandem models prepare --pair eagle
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.drafts --pair $(PAIR) $(BENCH_ARGS)
+
+# Issue 23's HTTP API against the gRPC endpoint (bench.http_overhead): the same greedy requests both ways on one
+# stack, interleaved, at batch 1 (time per token) and under load (tokens/s). Results: bench/results/http-$(PAIR)/.
+bench-http: setup models
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.http_overhead --pair $(PAIR) $(BENCH_ARGS)
 
 # Issue 21's soak with faults (bench.soak): SOAK_REQUESTS requests at SOAK_CONCURRENCY while the draft, the
 # target and Redis are each killed and restarted SOAK_FAULTS times; lost requests, greedy outputs against a
