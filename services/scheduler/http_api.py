@@ -30,7 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from opentelemetry import context as otel_context
 from opentelemetry.propagate import extract
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.scheduler.servicer import TandemServicer
 from shared.rpc.api_keys import bearer, key_matches
@@ -59,6 +59,8 @@ class StreamOptions(BaseModel):
 
 
 class _Common(BaseModel):
+    model_config = ConfigDict(extra="allow")  # unknown fields: ignored, except UNSUPPORTED ones (below)
+
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -101,9 +103,20 @@ def _error_for(exc: BaseException) -> ApiError:
     return ApiError(STATUS.get(code, 500), str(exc), kind, code=code.lower(), headers=headers)
 
 
+# OpenAI fields that would change the answer and that Tandem does not serve: refused, never silently ignored
+# (a value equal to the field's neutral default is accepted, as clients often send those).
+UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+               "suffix": (None, ""), "logit_bias": (None, {}), "frequency_penalty": (None, 0, 0.0),
+               "presence_penalty": (None, 0, 0.0), "tools": (None, []), "functions": (None, []),
+               "response_format": (None, {"type": "text"})}  # fmt: skip
+
+
 def _request(body: _Common, prompt_ids: list[int] | None, text: str | None) -> tandem_pb2.GenerateRequest:
     if body.n != 1:
         raise ApiError(400, "n > 1 is not supported: send one request per choice", param="n", code="unsupported")
+    for name, neutral in UNSUPPORTED.items():
+        if name in (body.model_extra or {}) and body.model_extra[name] not in neutral:
+            raise ApiError(400, f"'{name}' is not supported by this server", param=name, code="unsupported")
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     sampling = common_pb2.SamplingParams(temperature=1.0 if body.temperature is None else body.temperature)
     if body.top_p is not None:

@@ -96,6 +96,10 @@ def test_errors_are_openai_shaped(http_stack):
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model="x", prompt="hi", max_tokens=100_000)
     assert info.value.status_code == 400 and "context window" in info.value.message
+    with pytest.raises(openai.BadRequestError) as info:  # would change the answer: refused, not ignored
+        client.completions.create(model="x", prompt="hi", max_tokens=4, logprobs=3)
+    assert "'logprobs' is not supported" in info.value.message
+    assert client.completions.create(model="x", prompt="hi", max_tokens=2, presence_penalty=0).choices  # neutral: fine
     r = httpx.post(http_stack["http"] + "/v1/completions", content=b"{not json", headers={"authorization": f"Bearer {KEY}"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     assert httpx.get(http_stack["http"] + "/health").json() == {"status": "SERVING"}
