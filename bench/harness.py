@@ -136,8 +136,9 @@ class Harness:
         o = self.opts
         if times is None and rate is not None:
             times = arrivals.poisson(rate, n, o.seed + seed_offset)
+        seed = o.seed + seed_offset if o.distinct_prompts else o.seed
         items = build(n, arrivals=times, prompt_mix=o.prompt_mix, slo_mix=slo_mix or o.slo_mix,
-                      max_new_tokens=max_new_tokens, seed=o.seed, length_dist=o.length_dist)  # fmt: skip
+                      max_new_tokens=max_new_tokens, seed=seed, length_dist=o.length_dist)  # fmt: skip
         return self.encoder.encode_all(items)
 
     # ------------------------------------------------------------------ the run
@@ -287,7 +288,10 @@ class Harness:
         o = self.opts
         t = time.perf_counter()
         for rep in range(o.repeats):
-            for i, enc in enumerate(self.b1_items):
+            items = self.b1_items
+            if o.distinct_prompts and rep:
+                items = self._items(o.num_prompts, None, o.max_new_tokens, seed_offset=7919 * rep)
+            for i, enc in enumerate(items):
                 for c in rotated(configs, i + rep):
                     job = Job(enc, None, f"{c.name}/b1-r{rep}-i{enc.index}")
                     await self._send("batch1", "batch=1", c, [job], senders, requests, "closed")

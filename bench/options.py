@@ -57,6 +57,10 @@ class BenchOptions:
     share_rate: float | None = None
     bursty: bool = False  # one on/off trace after the sweep (phase "bursty"), sent sweep_repeats times
     interleave: bool = False  # all stacks up at once, configurations alternating (see Harness.run)
+    # every batch-1 repeat, closed pass and the warm-up draw their own prompts (seed + phase offset) instead of
+    # the same ones: a draft that remembers earlier outputs (the suffix draft's global tree) must not be
+    # measured on a prompt whose answer it has already seen
+    distinct_prompts: bool = False
     timeline: bool = False  # sample the scheduler's KV budget, offload state and load during each run (bench.offload)
 
 

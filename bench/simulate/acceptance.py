@@ -15,7 +15,12 @@ before it were accepted, and a chain of k drafted tokens accepts a tokens with
 the distribution the real chains had, at any k up to the recorded one (positions past
 it reuse the last measured p). Each simulated request draws a rate from its kind's
 ``request_rates`` and scales its p_i by rate / kind mean, so easy and hard requests
-stay easy and hard (LAPS-SD and FASER read per-request acceptance).
+stay easy and hard (LAPS-SD and FASER read per-request acceptance); the scale is the one
+at which a chain of the kind's typical k accepts the drawn rate (``scale_for_rate``: a
+chain's rate is a sum of products of p_i, not linear in the scale). A request whose prompt
+the trace saw (``prompts``: ``prompt_key`` -> that prompt's own reached/accepted) uses
+those p_i instead: greedy decoding makes acceptance a property of the prompt, so a
+simulator replaying the recorded prompts must not reshuffle which ones are easy.
 
 Trees (AdaServe's policies) need the chance that the target's token is among the
 draft's top w at a position; chains record only the top 1. The simulator assumes
@@ -26,6 +31,7 @@ each further candidate catches a share ``1 - SIBLING_MISS`` of the remaining mis
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import statistics
@@ -42,13 +48,13 @@ class TraceError(ValueError):
     """An acceptance trace that cannot be used; the message names the file and the problem."""
 
 
-class PositionCounts(BaseModel):
+class Positions(BaseModel):
     reached: list[int] = Field(default_factory=list, description="[position] steps whose target compared it.")
     accepted: list[int] = Field(default_factory=list, description="[position] of which it was accepted.")
-    request_rates: list[float] = Field(default_factory=list, description="Accepted / drafted tokens per request.")
+    drafted: int = Field(0, ge=0, description="Tokens drafted over all steps (drafted / steps: the typical k).")
 
     @model_validator(mode="after")
-    def _consistent(self) -> PositionCounts:
+    def _consistent(self) -> Positions:
         if len(self.reached) != len(self.accepted):
             raise ValueError(f"reached has {len(self.reached)} positions, accepted {len(self.accepted)}")
         for i, (r, a) in enumerate(zip(self.reached, self.accepted)):
@@ -57,13 +63,12 @@ class PositionCounts(BaseModel):
             if i and r > self.accepted[i - 1]:
                 raise ValueError(f"position {i} was reached {r} times but position {i - 1} accepted only "
                                  f"{self.accepted[i - 1]}")  # fmt: skip
-        if any(not 0.0 <= x <= 1.0 for x in self.request_rates):
-            raise ValueError("request acceptance rates must lie in [0, 1]")
         return self
 
     def add_step(self, num_drafted: int, num_accepted: int) -> None:
         """One chain step: ``num_drafted`` proposed, the first ``num_accepted`` accepted."""
         compared = min(num_accepted + 1, num_drafted)
+        self.drafted += num_drafted
         grow = compared - len(self.reached)
         if grow > 0:
             self.reached.extend([0] * grow)
@@ -73,6 +78,12 @@ class PositionCounts(BaseModel):
         for i in range(num_accepted):
             self.accepted[i] += 1
 
+    def merge(self, other: Positions) -> None:
+        n = max(len(self.reached), len(other.reached))
+        self.reached = [_at(self.reached, i) + _at(other.reached, i) for i in range(n)]
+        self.accepted = [_at(self.accepted, i) + _at(other.accepted, i) for i in range(n)]
+        self.drafted += other.drafted
+
     def rates(self) -> list[float]:
         """p_i for the positions with data (trailing positions never reached are dropped)."""
         return [a / r for r, a in zip(self.reached, self.accepted) if r > 0]
@@ -80,6 +91,33 @@ class PositionCounts(BaseModel):
     @property
     def num_steps(self) -> int:
         return self.reached[0] if self.reached else 0
+
+    @property
+    def typical_k(self) -> int:
+        """The chain length its steps drafted on average (the positions seen, for traces without ``drafted``)."""
+        if self.drafted and self.num_steps:
+            return max(1, round(self.drafted / self.num_steps))
+        return max(1, len(self.reached))
+
+
+class PositionCounts(Positions):
+    """One prompt kind: its positions, each request's rate, and each recorded prompt's own positions."""
+
+    request_rates: list[float] = Field(default_factory=list, description="Accepted / drafted tokens per request.")
+    prompts: dict[str, Positions] = Field(default_factory=dict, description="prompt_key -> that prompt's positions.")
+
+    @model_validator(mode="after")
+    def _rates_in_range(self) -> PositionCounts:
+        if any(not 0.0 <= x <= 1.0 for x in self.request_rates):
+            raise ValueError("request acceptance rates must lie in [0, 1]")
+        return self
+
+    def add_prompt_step(self, prompt: str, num_drafted: int, num_accepted: int) -> None:
+        self.prompts.setdefault(prompt, Positions()).add_step(num_drafted, num_accepted)
+
+
+def _at(xs: list[int], i: int) -> int:
+    return xs[i] if i < len(xs) else 0
 
 
 class AcceptanceTrace(BaseModel):
@@ -100,6 +138,16 @@ class AcceptanceTrace(BaseModel):
     def counts(self, kind: str) -> PositionCounts:
         c = self.kinds.get(kind)
         return c if c is not None and c.num_steps > 0 else self.kinds[ALL]
+
+    def prompt(self, key: str | None) -> Positions | None:
+        """The positions recorded for one prompt (any kind), or None when the trace never saw it."""
+        if key is None:
+            return None
+        for counts in self.kinds.values():
+            found = counts.prompts.get(key)
+            if found is not None and found.num_steps > 0:
+                return found
+        return None
 
     def mean_accepted(self, kind: str = ALL, k: int = 4) -> float:
         """Expected accepted draft tokens of a chain of ``k`` (SmartSpec eq. 8 with measured p_i)."""
@@ -134,12 +182,16 @@ def load_trace(path: Path | str) -> AcceptanceTrace:
 
 
 class ChainSampler:
-    """p_i of one prompt kind, optionally scaled to one request's own rate (cached: the simulator's hot path)."""
+    """p_i of one recorded prompt, or of one prompt kind scaled to a request's own rate (cached: the hot path)."""
 
     MAX_POSITIONS = 64
 
-    def __init__(self, trace: AcceptanceTrace, kind: str, scale: float = 1.0) -> None:
-        base = trace.counts(kind).rates() or [0.0]
+    def __init__(self, trace: AcceptanceTrace, kind: str, scale: float = 1.0, prompt: str | None = None) -> None:
+        seen = trace.prompt(prompt)
+        if seen is not None:  # the prompt's own positions: nothing to scale
+            base, scale = seen.rates() or [0.0], 1.0
+        else:
+            base = trace.counts(kind).rates() or [0.0]
         self.scale = scale
         self._p = [min(1.0, max(0.0, base[min(i, len(base) - 1)] * scale)) for i in range(self.MAX_POSITIONS)]
         self._trees: dict[tuple[int, int], list[float]] = {}
@@ -165,10 +217,39 @@ class ChainSampler:
         return self._trees[key]
 
 
+def prompt_key(prompt_ids) -> str:
+    """What identifies a prompt across runs and processes (its token ids), short."""
+    return hashlib.sha1(",".join(map(str, prompt_ids)).encode()).hexdigest()[:16]
+
+
+def chain_rate(p: list[float], k: int, scale: float = 1.0) -> float:
+    """Accepted / drafted tokens of a chain of ``k`` with p_i scaled: (1/k) sum_j prod_{i<=j} min(1, scale p_i)."""
+    total, run = 0.0, 1.0
+    for i in range(k):
+        run *= min(1.0, scale * p[min(i, len(p) - 1)])
+        total += run
+    return total / k
+
+
+def scale_for_rate(p: list[float], k: int, rate: float) -> float:
+    """The scale of p_i at which a chain of ``k`` accepts ``rate`` of its tokens (bisection: monotone in scale)."""
+    positive = [x for x in p if x > 0]
+    if not positive:
+        return 1.0
+    lo, hi = 0.0, 1.0 / min(positive)  # at hi every p_i is 1: the rate is 1
+    if rate >= 1.0:
+        return hi
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if chain_rate(p, k, mid) < rate else (lo, mid)
+    return (lo + hi) / 2
+
+
 def request_scale(trace: AcceptanceTrace, kind: str, rng: random.Random) -> float:
-    """A request's acceptance relative to its kind's: a rate drawn from the recorded requests / their mean."""
-    rates = trace.counts(kind).request_rates
+    """A request's p_i scale: a rate drawn from its kind's recorded requests, and the scale at which the kind's
+    p_i give a chain of the recorded typical k that rate (the chain's rate is not linear in the scale)."""
+    counts = trace.counts(kind)
+    rates = counts.request_rates
     if len(rates) < 2:
         return 1.0
-    mean = statistics.fmean(rates)
-    return rng.choice(rates) / mean if mean > 0 else 1.0
+    return scale_for_rate(counts.rates() or [0.0], counts.typical_k, rng.choice(rates))

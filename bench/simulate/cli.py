@@ -4,6 +4,7 @@
     tandem simulate run --gpu h100 --target-model llama-3-8b --draft-model llama-3.2-1b --trace ...
     tandem simulate fidelity          real vs simulated on the CPU demo pair (bench/results/simulate-fidelity/)
     tandem simulate gpu               the papers' GPU regime by simulation (bench/results/simulate-gpu/)
+    tandem simulate trace --draft D   record an acceptance trace (bench/results/simulate-traces/)
 
 Heavy imports happen inside the commands.
 """
@@ -93,7 +94,8 @@ def fidelity(
 @app.command()
 def gpu(
     name: str = typer.Option("simulate-gpu", help="Results go to bench/results/<name>/."),
-    trace: Path = typer.Option(RESULTS_ROOT / "simulate-fidelity" / "trace-demo.json", help="Acceptance trace."),
+    trace: Path = typer.Option(RESULTS_ROOT / "simulate-traces" / "trace-eagle.json",
+                               help="Acceptance trace (default: the EAGLE-3 head's, `tandem simulate trace --draft eagle`)."),
     only: str = typer.Option("", help="Comma-separated experiments (adaserve, smartspec, laps, nightjar); '' = all."),
     requests: int = typer.Option(200, help="Requests per load point."),
 ) -> None:
@@ -101,3 +103,17 @@ def gpu(
     from bench.simulate.gpu_regime import run_all
 
     run_all(RESULTS_ROOT / name, trace, [x for x in only.split(",") if x], requests)
+
+
+@app.command()
+def trace(
+    draft: str = typer.Option("demo", help="demo (the pair's draft), ngram, suffix or eagle."),
+    prompts: int = typer.Option(3, help="Prompts per kind."),
+    k: int = typer.Option(4, help="Chain length drafted per step."),
+    max_new_tokens: int = typer.Option(64),
+    out: Path = typer.Option(RESULTS_ROOT / "simulate-traces", help="Folder of trace-<draft>.json."),
+) -> None:
+    """Record an acceptance trace from real in-process runs of one draft on the demo target (bench.simulate.traces)."""
+    from bench.simulate.traces import record_trace
+
+    typer.echo(f"trace in {record_trace(draft, out, prompts, k, max_new_tokens)}")

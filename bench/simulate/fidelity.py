@@ -4,11 +4,12 @@
 
 In one process, back to back, so both share the machine's load (the CPU is shared)::
 
-    profile (before)  `tandem profile`'s measurement of the target's and the draft's forwards
+    profile (before)  `tandem profile`'s measurement of the target's and the draft's forwards (what the
+                      policies plan with), and the grid the simulator charges (grid_costs.py)
     real              the real Scheduler, RealClock, the demo pair's engines in-process
                       (LocalTargetWorker / LocalDraftWorker: the services' engines without gRPC),
                       an AcceptanceRecorder on every speculating run -> the acceptance trace
-    profile (after)   measured again; the simulator charges the mean of the two fits
+    profile (after)   measured again; the simulator charges the mean of the two grids
     simulated         the same phases on SimTarget / SimDraft, with the real run's rates,
                       SLO baseline and per-request output lengths (greedy: the same for every
                       configuration), acceptance sampled from the trace just recorded
@@ -28,10 +29,10 @@ from pathlib import Path
 
 from bench.configs import Config
 from bench.drivers import Job, RealTimer, Run
-from bench.simulate.acceptance import AcceptanceTrace
+from bench.simulate.acceptance import prompt_key
 from bench.simulate.recorder import AcceptanceRecorder
 from bench.simulate.runner import Phases, SimBackend, SimOptions, SimStack, drive
-from bench.simulate.step_costs import profile_costs
+from bench.simulate.grid_costs import GridProfile, grid_costs, measure_grid, pooled
 from scheduler.engine_loop import Scheduler, SchedulerConfig
 
 CONFIGS = ["target-only", "tandem-k3", "policy:smartspec"]
@@ -57,7 +58,8 @@ class LocalBackend:
         key = config.stack
         sched = Scheduler(self.target, self.draft, config=self.config, spec_policy=speculation_policy(key.speculation_policy),
                           queue_policy=queue_policy(key.queue_policy), observers=[self.recorder])  # fmt: skip
-        tag = lambda req, job: self.recorder.tag(req.id, job.encoded.item.prompt.kind)  # noqa: E731
+        tag = lambda req, job: self.recorder.tag(req.id, job.encoded.item.prompt.kind,  # noqa: E731
+                                                 prompt_key(job.encoded.prompt_ids))  # fmt: skip
         return await drive(sched, config, jobs, RealTimer(), mode, concurrency, self.stop_token_ids, tag)
 
 
@@ -77,20 +79,20 @@ def _measure(runner, name: str, quick: bool):
     return measure(runner, model=name, **kwargs)
 
 
-def _mean_profile(a, b):
-    """The two measurements' fits averaged coefficient by coefficient (the load drifts between them)."""
-    cm = {k: (getattr(a.cost_model, k) + getattr(b.cost_model, k)) / 2 for k in ("alpha_s", "gamma_s", "delta_s", "verify_s")}
-    return a.model_copy(update={"cost_model": a.cost_model.model_copy(update=cm)})
+def _grid(runner, name: str, quick: bool) -> GridProfile:
+    if quick:
+        return measure_grid(runner, name, seqs=(1, 2, 4), depths=(1, 2, 4), prefill_tokens=(16, 64), repeats=1)
+    return measure_grid(runner, name)
 
 
 def run_fidelity(out_dir: Path, opts: SimOptions | None = None, pair: str = "demo", quick_profile: bool = False,
-                 seed: int = 0, log=print) -> dict:  # fmt: skip
+                 seed: int = 0, log=print, models=None) -> dict:  # fmt: skip
     from bench.stack import Models
     from bench.tokens import PromptEncoder
     from shared.engine.factory import build_draft_engine, build_target_engine
 
     opts = opts or fidelity_options()
-    models = Models(pair=pair)
+    models = models or Models(pair=pair)
     target_dir, draft_dir = models.target_dir(), models.draft_dir()
     encoder = PromptEncoder.for_model(target_dir)
     target, t_loaded = build_target_engine(target_dir, device="cpu", dtype="float32", with_tokenizer=False)
@@ -99,6 +101,7 @@ def run_fidelity(out_dir: Path, opts: SimOptions | None = None, pair: str = "dem
 
     log("profiling target and draft (before) ...")
     prof = {"before": (_measure(target.runner, t_loaded.name, quick_profile), _measure(draft.runner, d_loaded.name, quick_profile))}
+    grids = {"before": (_grid(target.runner, t_loaded.name, quick_profile), _grid(draft.runner, d_loaded.name, quick_profile))}
     recorder = AcceptanceRecorder(draft=d_loaded.name, target=t_loaded.name)
     t0, d0 = prof["before"]  # what the services would read from `tandem profile`: the policies' cost models and B
     sched_config = SchedulerConfig(max_batch_size=64, token_budget=t0.token_budget, cost_model=t0.cost_model,
@@ -109,13 +112,17 @@ def run_fidelity(out_dir: Path, opts: SimOptions | None = None, pair: str = "dem
     real_results = real.results()
     log("profiling target and draft (after) ...")
     prof["after"] = (_measure(target.runner, t_loaded.name, quick_profile), _measure(draft.runner, d_loaded.name, quick_profile))
+    grids["after"] = (_grid(target.runner, t_loaded.name, quick_profile), _grid(draft.runner, d_loaded.name, quick_profile))
     load_after = os.getloadavg()
 
     trace = recorder.trace(source=f"bench.simulate fidelity real runs, {platform.node()}, {time.strftime('%Y-%m-%d')}")
     trace.save(out_dir / "trace-demo.json")
-    t_prof, d_prof = (_mean_profile(prof["before"][i], prof["after"][i]) for i in (0, 1))
-    stack = SimStack(profile_costs(t_prof, "target profile"), profile_costs(d_prof, "draft profile"), trace,
-                     sched_config, give_cost_models=False)  # fmt: skip
+    # what the simulator charges: the measured grids (grid_costs.py), before and after pooled; what the policies
+    # plan with: the `tandem profile` cost models the real run's policies had (sched_config)
+    t_grid, d_grid = (pooled(grids["before"][i], grids["after"][i]) for i in (0, 1))
+    t_grid.save(out_dir / "grid-target.json")
+    d_grid.save(out_dir / "grid-draft.json")
+    stack = SimStack(grid_costs(t_grid), grid_costs(d_grid), trace, sched_config, give_cost_models=False)
     lengths = _output_lengths(real)
     sim_opts = fidelity_options(**{**opts.__dict__, "rates": real.rates(), "baseline_tpot_ms": real.baseline_tpot_ms,
                                    "baseline_ttft_s": real.baseline_ttft_s})  # fmt: skip
@@ -131,12 +138,34 @@ def run_fidelity(out_dir: Path, opts: SimOptions | None = None, pair: str = "dem
                     "load_average_after": load_after, "uptime": _uptime()},
         "started_unix": started, "duration_s": time.time() - started, "simulation_wall_s": sim_seconds,
         "profiles": {w: {"target": p[0].cost_model.model_dump(), "draft": p[1].cost_model.model_dump()} for w, p in prof.items()},
+        "grids": {"target": "grid-target.json", "draft": "grid-draft.json"},
         "trace": {"path": "trace-demo.json", "mean_accepted_k3": trace.mean_accepted("all", 3)},
         "cells": compare(real_results, sim_results), "real": real_results, "simulated": sim_results,
     }  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(out, indent=1) + "\n")
+    (out_dir / "README.md").write_text(readme(out))
     return out
+
+
+def readme(out: dict) -> str:
+    """The folder's README.md: command, machine, date, how many cells are within 10 %, every cell."""
+    cells = out["cells"]
+    within = [c for c in cells if c["error"] is not None and abs(c["error"]) <= 0.10]
+    worst = max((c for c in cells if c["error"] is not None), key=lambda c: abs(c["error"]), default=None)
+    m = out["machine"]
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(out["started_unix"]))
+    lines = [f"# Simulator fidelity: real vs simulated, {date}", "",
+             f"Command: `{out['command']}`  ", f"Machine: {m['platform']}, {m['cpu_count']} CPUs, load average "
+             f"{m['load_average_before'][0]:.2f} before, {m['load_average_after'][0]:.2f} after  ",
+             f"Pair: {out['pair']}; the real Scheduler over the real engines in-process vs the same Scheduler on "
+             f"simulated workers (step costs: the forward grids measured before and after, averaged, `grid-*.json`; acceptance: the trace the "
+             f"real runs recorded, `trace-demo.json`, mean accepted of a k = 3 chain {out['trace']['mean_accepted_k3']:.2f})  ",
+             f"Run: {out['duration_s']:.0f} s, of which simulation {out['simulation_wall_s']:.1f} s", "",
+             f"**{len(within)} of {len(cells)} cells within 10 %**"
+             + (f"; the worst: {worst['phase']} {worst['load']} {worst['config']} {worst['metric']} "
+                f"{worst['error'] * 100:+.1f} %" if worst else ""), "", table(cells), ""]  # fmt: skip
+    return "\n".join(lines)
 
 
 def _item_key(job: Job) -> str:

@@ -2,8 +2,9 @@
 
     python -m bench.simulate gpu [--only adaserve,smartspec,laps,nightjar]
 
-Step costs: H100 rooflines (roofline.py) of Llama-3-shaped models; acceptance: the
-trace recorded from this project's demo draft (fidelity.py). Each experiment is the
+Step costs: H100 rooflines (roofline.py) of Llama-3-shaped models; acceptance: a trace
+recorded from this project's strongest draft (default: the EAGLE-3 head on the demo target,
+`tandem simulate trace --draft eagle`). Each experiment is the
 paper's comparison with the benches' configuration names::
 
     adaserve   §6.2: 60/20/20 stringent/moderate/relaxed, target-only, a fixed chain, SpecInfer's

@@ -26,7 +26,7 @@ from typing import Protocol
 from bench import arrivals, report
 from bench.configs import Config, parse_list
 from bench.drivers import Job, OnChunk, Outcome, Record, Run, Sender, closed_loop, open_loop
-from bench.simulate.acceptance import AcceptanceTrace
+from bench.simulate.acceptance import AcceptanceTrace, prompt_key
 from bench.simulate.step_costs import StepCosts, fitted
 from bench.simulate.workers import STOP_TOKEN, SimBook, SimDraft, SimTarget
 from bench.slo import ADASERVE_MIX
@@ -170,7 +170,8 @@ class SimBackend:
         clock = FakeClock()
         book = SimBook(self.stack.trace, self.seed)
         for j in jobs:
-            book.add(j.request_id, j.encoded.item.prompt.kind, len(j.encoded.prompt_ids), self.output_len(j))
+            book.add(j.request_id, j.encoded.item.prompt.kind, len(j.encoded.prompt_ids), self.output_len(j),
+                     prompt_key(j.encoded.prompt_ids))  # fmt: skip
         target = SimTarget(book, self.stack.target, clock, self.seed)
         draft = None
         if self.stack.draft is not None:

@@ -50,10 +50,13 @@ class SimBook:
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed ^ 0xACCE)
 
-    def add(self, request_id: str, kind: str, prompt_len: int, output_len: int) -> None:
+    def add(self, request_id: str, kind: str, prompt_len: int, output_len: int, prompt: str | None = None) -> None:
+        """``prompt``: the prompt's key (acceptance.prompt_key); a prompt the trace saw replays its own p_i."""
         sampler = None
         if self.trace is not None:
-            sampler = ChainSampler(self.trace, kind, request_scale(self.trace, kind, self._rng))
+            seen = self.trace.prompt(prompt) is not None
+            scale = 1.0 if seen else request_scale(self.trace, kind, self._rng)
+            sampler = ChainSampler(self.trace, kind, scale, prompt)
         self.requests[request_id] = SimRequest(kind, prompt_len, output_len, sampler)
 
 

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
+from types import SimpleNamespace
 
 import pytest
 
-from bench.simulate.acceptance import ALL, AcceptanceTrace, PositionCounts, TraceError, load_trace
+from bench.simulate.acceptance import (ALL, AcceptanceTrace, PositionCounts, TraceError, load_trace, chain_rate,
+                                       prompt_key, request_scale, scale_for_rate)  # fmt: skip
+from bench.simulate.grid_costs import GridProfile, grid_costs, measure_grid
 from bench.simulate.recorder import AcceptanceRecorder
 from bench.simulate.roofline import checks, roofline
 from bench.simulate.runner import Phases, SimBackend, SimOptions, SimStack
@@ -127,6 +131,8 @@ def test_bad_traces_fail_clearly(tmp_path):
         ({**good, "kinds": {ALL: {"reached": [5, 4], "accepted": [3, 1]}}}, "position 0 accepted only 3"),
         ({**good, "kinds": {ALL: {"reached": [], "accepted": []}}}, "no speculation step"),
         ({**good, "version": 99}, "version 99"),
+        ({**good, "kinds": {ALL: {**good["kinds"][ALL], "prompts": {"p": {"reached": [2], "accepted": [3]}}}}},
+         "accepted 3 of reached 2"),
     ]:
         path.write_text(json.dumps(broken))
         with pytest.raises(TraceError, match=msg):
@@ -158,3 +164,88 @@ def test_roofline_matches_published_step_times():
     with pytest.raises(ValueError, match="unknown GPU"):
         roofline("tpu", "llama-3-8b")
     assert ConstantCosts("ngram", 0.001).forward_s(4, 100, 1000) == 0.0
+
+
+def test_a_recorded_prompt_keeps_its_own_acceptance(tmp_path):
+    """Greedy acceptance is the prompt's: a prompt the trace saw is replayed with its own p_i, not a drawn rate."""
+    rec = AcceptanceRecorder("d", "t")
+    easy, hard = prompt_key([1, 2, 3]), prompt_key([4, 5, 6])
+    chain = SpecShape.chain(4)
+    for rid, prompt, accepted in (("r1", easy, 4), ("r2", hard, 0), ("r3", None, 1)):
+        rec.tag(rid, "chat", prompt)
+        rec.on_step(StepReport(step=0, started_at=0.0, outcomes=[
+            RequestOutcome(rid, chain, num_drafted=4, num_accepted=accepted, num_emitted=accepted + 1)]))  # fmt: skip
+        rec.on_finish(SimpleNamespace(id=rid, num_drafted_tokens=4, num_accepted_tokens=accepted))
+    trace = load_trace(rec.trace().save(tmp_path / "t.json"))
+    assert trace.prompt(easy).rates() == [1.0, 1.0, 1.0, 1.0] and trace.prompt(hard).rates() == [0.0]
+    assert trace.prompt(prompt_key([9])) is None and trace.kinds["chat"].typical_k == 4
+    book = SimBook(trace)
+    book.add("a", "chat", 3, 10, easy)
+    book.add("b", "chat", 3, 10, hard)
+    assert book.requests["a"].sampler.probs(4) == [1.0] * 4 and book.requests["b"].sampler.p(0) == 0.0
+    drawn = {request_scale(trace, "chat", random.Random(s)) for s in range(20)}
+    assert len(drawn) > 1  # an unseen prompt draws its rate from the recorded requests
+
+
+def test_a_drawn_rate_is_what_the_scaled_chain_accepts():
+    p = [0.5, 0.6, 0.4, 0.3]
+    for rate in (0.05, 0.2, 0.5, 0.9):
+        assert chain_rate(p, 3, scale_for_rate(p, 3, rate)) == pytest.approx(rate, abs=1e-6)
+    assert chain_rate(p, 3, scale_for_rate(p, 3, 1.0)) == 1.0 and scale_for_rate([0.0], 3, 0.5) == 1.0
+
+
+def _grid() -> GridProfile:
+    # T = 10 ms + 2 ms per sequence + 1 ms per drafted token per sequence; prefill 0.5 ms per token
+    seqs, depths = [1, 2, 4], [1, 2, 4]
+    seconds = [[0.010 + 0.002 * s + 0.001 * s * (d - 1) for d in depths] for s in seqs]
+    return GridProfile(model="m", seqs=seqs, depths=depths, seconds=seconds, alpha_s=1e-5, prefill_tokens=[16, 64],
+                       prefill_seconds=[0.008, 0.032], short_context=64)  # fmt: skip
+
+
+def test_grid_costs_reproduce_the_grid_and_interpolate():
+    costs = grid_costs(_grid())
+    for s in (1, 2, 4):
+        for d in (1, 2, 4):
+            assert costs.forward_s(s, s * d, s * 64) == pytest.approx(0.010 + 0.002 * s + 0.001 * s * (d - 1))
+    assert costs.forward_s(1, 3, 64) == pytest.approx(0.014)  # between depths 2 and 4
+    assert costs.forward_s(3, 3, 3 * 64) == pytest.approx(0.016)  # between 2 and 4 sequences
+    assert costs.forward_s(8, 8, 8 * 64) == pytest.approx(0.026)  # beyond the grid: the last slope
+    assert costs.forward_s(1, 1, 64 + 1000) == pytest.approx(0.012 + 0.01)  # context beyond the grid's: alpha
+    assert costs.forward_s(1, 40, 40) == pytest.approx(0.020)  # a prompt, not a chain: the prefill curve
+    bad = _grid().model_copy(update={"seconds": [[0.01, 0.02]]})
+    with pytest.raises(ValueError, match="not 3 x 3"):
+        grid_costs(bad)
+    with pytest.raises(ValueError, match="> 0 s"):
+        grid_costs(_grid().model_copy(update={"prefill_seconds": [0.0, 0.01]}))
+
+
+def test_grid_is_measured_on_a_real_runner_and_leaves_it_clean(tmp_path, tiny_model_dir):
+    from shared.engine.factory import build_target_engine
+
+    engine, loaded = build_target_engine(tiny_model_dir, device="cpu", dtype="float32", with_tokenizer=False)
+    free = engine.runner.cache.num_free_blocks
+    grid = measure_grid(engine.runner, loaded.name, seqs=(1, 2), depths=(1, 3), prefill_tokens=(8, 32), repeats=1)
+    assert engine.runner.cache.num_free_blocks == free
+    assert len(grid.seconds) == 2 and all(len(r) == 2 and min(r) > 0 for r in grid.seconds)
+    again = grid_costs(GridProfile.model_validate_json(grid.save(tmp_path / "g.json").read_text()))
+    assert again.forward_s(2, 6, 128) == pytest.approx(grid.seconds[1][1])
+
+
+def test_fidelity_smoke_on_the_tiny_pair(tmp_path):
+    """Real and simulated halves, grids, trace with prompt keys, cells and README, on the tiny pair."""
+    from bench.simulate.fidelity import fidelity_options, run_fidelity
+    from bench.stack import Models
+    from tests.support.tiny_stack import save_tiny_pair
+
+    target, draft = save_tiny_pair(tmp_path / "models")
+    opts = fidelity_options(num_prompts=1, max_new_tokens=6, sweep_requests=3, sweep_max_new_tokens=6,
+                            rate_factors=[1.0], bursty=False)  # fmt: skip
+    out = run_fidelity(tmp_path / "fid", opts, quick_profile=True, models=Models(target=target, draft=draft),
+                       log=lambda _: None)  # fmt: skip
+    metrics = {(c["phase"], c["config"], c["metric"]) for c in out["cells"]}
+    assert ("batch1", "tandem-k3", "tpot_s") in metrics and ("sweep", "policy:smartspec", "latency_s") in metrics
+    trace = load_trace(tmp_path / "fid" / "trace-demo.json")
+    assert any(c.prompts for c in trace.kinds.values())  # the real half tagged its prompts
+    grid = GridProfile.model_validate_json((tmp_path / "fid" / "grid-target.json").read_text())
+    assert grid_costs(grid).forward_s(1, 1, 64) > 0
+    assert "cells within 10 %" in (tmp_path / "fid" / "README.md").read_text()
