@@ -43,7 +43,11 @@ def run(
     """Simulate the benches' phases for the given configurations; results.json + PNGs like bench.harness."""
     import asyncio
 
-    from bench import plots
+    import sys
+    import time
+
+    from bench import plots, results_readme
+    from bench.harness import machine
     from bench.simulate.acceptance import load_trace
     from bench.simulate.roofline import roofline
     from bench.simulate.runner import Phases, SimBackend, SimOptions, SimStack
@@ -66,13 +70,17 @@ def run(
                       sweep_max_new_tokens=max_new_tokens, bursty=bursty, seed=seed)  # fmt: skip
     stack = SimStack(target, draft, load_trace(trace), SchedulerConfig(max_batch_size=max_batch_size))
     phases = Phases(opts, SimBackend(stack, seed), PromptEncoder.for_model(Models().target_dir()))
+    started = time.time()
     asyncio.run(phases.run())
     results = phases.results(simulated=True, pair=f"simulated: {target.name}", target=target.name, draft=draft.name)
+    results |= {"command": "python -m bench.simulate " + " ".join(sys.argv[1:]), "started_unix": started,
+                "duration_s": time.time() - started, "machine": machine(0)}  # fmt: skip
     out = RESULTS_ROOT / name
     out.mkdir(parents=True, exist_ok=True)
     results["plots"] = [p.name for p in plots.all_plots(results, out)]
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    typer.echo(f"results in {out}")
+    results_readme.write(out)
+    typer.echo(f"simulated in {results['duration_s']:.1f} s; results in {out}")
 
 
 @app.command()

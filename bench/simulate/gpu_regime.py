@@ -11,7 +11,7 @@ paper's comparison with the benches' configuration names::
                tree, EqualGreedy, GlobalGreedy, AdaServe; Poisson over rates; 8B+1B on 1 H100 and
                70B+8B on 4 H100 (tensor parallel, like the paper's 70B on 4 A100)
     smartspec  §7: target-only, k = 1, 3, 5 and SmartSpec over load (8B+1B)
-    laps       §5.2: FCFS vs LAPS-SD, N = 10/30/50 requests at once, 8..256 new tokens
+    laps       §5.2: FCFS, LAS, LP-SJF, LAPS-SD and LAPS-SD est=1 (bench-order's set), N = 10/30/50 requests at once, 8..256 new tokens
                (log-uniform), batch capped at 4 (bench.harness ORDER_MAX_BATCH_SIZE)
     nightjar   §5.1/§6.3.2: SmartSpec-driven speculation with the draft's memory elastic
                (offload:on) or resident (offload:off), 8B+1B on an H100 capped at 30 % of
@@ -25,8 +25,10 @@ import json
 import time
 from pathlib import Path
 
-from bench import plots
+from bench import plots, results_readme
+from bench.harness import machine
 from bench.configs import OFFLOAD_SPEC
+from bench.options import ORDER_SWEEP
 from bench.simulate.acceptance import load_trace
 from bench.simulate.roofline import checks, roofline
 from bench.simulate.runner import Phases, SimBackend, SimOptions, SimStack
@@ -64,7 +66,7 @@ def experiments(trace_path: Path, requests: int) -> dict[str, list[tuple[str, Si
     ]  # fmt: skip
     out["laps"] = [
         ("laps-8b", _stack("8b", trace, max_batch_size=4),
-         SimOptions(name="laps-8b", batch1=[], sweep=["order:fcfs", "order:laps-sd"], rate_factors=[],
+         SimOptions(name="laps-8b", batch1=[], sweep=list(ORDER_SWEEP), rate_factors=[],
                     concurrency=[10, 30, 50], closed_factor=1, sweep_requests=1, sweep_max_new_tokens=(8, 256),
                     length_dist="log-uniform"))
     ]  # fmt: skip
@@ -117,11 +119,14 @@ def run_all(out_dir: Path, trace_path: Path, only: list[str], requests: int, see
         for name, stack, opts in runs:
             t = time.time()
             res = asyncio.run(_run_one(stack, opts, seed))
-            res["simulation_wall_s"] = time.time() - t
+            res |= {"simulation_wall_s": time.time() - t, "started_unix": t, "duration_s": time.time() - t,
+                    "command": f"python -m bench.simulate gpu --trace {trace_path.name} (SIMULATED: {name})",
+                    "machine": machine(0)}  # fmt: skip
             sub = out_dir / name
             sub.mkdir(exist_ok=True)
             res["plots"] = [p.name for p in plots.all_plots(res, sub)]
             (sub / "results.json").write_text(json.dumps(res, indent=1) + "\n")
+            results_readme.write(sub)
             summary["experiments"][name] = _headline(res)
             print(f"{name}: {res['simulation_wall_s']:.1f} s")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -68,4 +68,25 @@ def record_trace(draft: str, out_dir: Path, prompts_per_kind: int = 3, k: int = 
     source = (f"python -m bench.simulate trace --draft {draft}: {prompts_per_kind} prompts per kind, k={k}, "
               f"{max_new_tokens} new tokens, batch 1, {platform.node()}, {time.strftime('%Y-%m-%d')}, "
               f"{time.time() - started:.0f} s")  # fmt: skip
-    return recorder.trace(source).save(out_dir / f"trace-{draft}.json")
+    path = recorder.trace(source).save(out_dir / f"trace-{draft}.json")
+    write_readme(out_dir)
+    return path
+
+
+def write_readme(out_dir: Path) -> Path:
+    """README.md of the traces folder: per trace, how it was recorded and p_i per prompt kind."""
+    from bench.simulate.acceptance import load_trace
+
+    lines = ["# Acceptance traces", "", "Recorded by `python -m bench.simulate trace --draft <draft>` "
+             "(bench/simulate/traces.py); read by `tandem simulate` (docs/simulate.md).", ""]  # fmt: skip
+    for path in sorted(out_dir.glob("trace-*.json")):
+        trace = load_trace(path)
+        lines += [f"## {path.name}: {trace.draft} on {trace.target}", "", f"{trace.source}", "",
+                  "| kind | chain steps | p_i by position | mean accepted of a k = 3 chain |", "|---|---|---|---|"]  # fmt: skip
+        for kind, c in sorted(trace.kinds.items()):
+            lines.append(f"| {kind} | {c.num_steps} | {', '.join(f'{p:.2f}' for p in c.rates())} | "
+                         f"{trace.mean_accepted(kind, 3):.2f} |")  # fmt: skip
+        lines.append("")
+    out = out_dir / "README.md"
+    out.write_text("\n".join(lines))
+    return out
