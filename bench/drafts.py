@@ -39,12 +39,12 @@ import typer
 from rich.console import Console
 
 from bench.harness import RESULTS_ROOT, BenchOptions, Harness, machine
-from bench.prompts import GROUNDED
+from bench.options import WORKLOADS as ALL_WORKLOADS
 from bench.stack import Models
 
 FEATURE_KS = (2, 4)
 MODEL_FREE = ("ngram", "suffix")
-WORKLOADS = {"chat": {"chat": 1.0}, "grounded": {k: 1.0 for k in GROUNDED}}
+WORKLOADS = {k: ALL_WORKLOADS[k] for k in ("chat", "grounded")}
 _REP = re.compile(r"-r(\d+)-")
 
 

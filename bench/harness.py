@@ -51,6 +51,7 @@ token may end a request sooner), with the scheduler's batch capped
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import platform
@@ -120,6 +121,8 @@ class Harness:
     def _configs(self) -> tuple[list[Config], list[Config]]:
         q = self.opts.queue_policy
         b1, sw = parse_list(self.opts.batch1, queue_policy=q), parse_list(self.opts.sweep, queue_policy=q)
+        if self.opts.stack_draft:  # every stack drafts with it unless the configuration names its own
+            b1, sw = [self._with_draft(c) for c in b1], [self._with_draft(c) for c in sw]
         if any(not c.is_tandem for c in sw):
             raise ValueError("HF peers run at batch 1 only; leave them out of the sweep")
         if self.draft_dir is None:  # configurations that bring their own draft (draft:<x>:k<K>) stay
@@ -130,6 +133,11 @@ class Harness:
                 self.log(f"[yellow]{self.notes[-1]}")
             b1, sw = [c for c in b1 if not c.speculates or own(c)], [c for c in sw if not c.speculates or own(c)]
         return b1, sw
+
+    def _with_draft(self, c: Config) -> Config:
+        if not c.is_tandem or c.stack is None or c.stack.draft_model is not None:
+            return c
+        return dataclasses.replace(c, stack=dataclasses.replace(c.stack, draft_model=self.opts.stack_draft))
 
     def _items(self, n: int, rate: float | None, max_new_tokens: int, seed_offset: int = 0,
                slo_mix: dict[str, float] | None = None, times: list[float] | None = None) -> list[EncodedItem]:  # fmt: skip
@@ -372,14 +380,15 @@ class Harness:
 
     async def _closed(self, configs: list[Config], senders, requests) -> None:
         o = self.opts
-        for ci, conc in enumerate(o.concurrency):
-            items = self._items(max(o.sweep_requests, o.closed_factor * conc), None, o.sweep_max_new_tokens,
-                                seed_offset=100 + ci)  # fmt: skip
-            load = f"concurrency={conc}"
-            for c in rotated(configs, ci):
-                run = await self._send("closed", load, c, self._jobs(c, f"closed{ci}", 0, items), senders,
-                                       requests, "closed", conc)  # fmt: skip
-                self.log(f"closed {load} {c.name}: {run.wall_s:.1f} s")
+        for rep in range(o.sweep_repeats):  # passes over the levels, the order of configurations rotated each time
+            for ci, conc in enumerate(o.concurrency):
+                items = self._items(max(o.sweep_requests, o.closed_factor * conc), None, o.sweep_max_new_tokens,
+                                    seed_offset=100 + ci + 50 * rep)  # fmt: skip
+                load = f"concurrency={conc}"
+                for c in rotated(configs, ci + rep):
+                    run = await self._send("closed", load, c, self._jobs(c, f"closed{ci}", rep, items), senders,
+                                           requests, "closed", conc)  # fmt: skip
+                    self.log(f"closed {load} {c.name}: {run.wall_s:.1f} s")
 
     # ------------------------------------------------------------------ results
     def _results(self, b1: list[Config], sw: list[Config]) -> dict:
@@ -391,7 +400,7 @@ class Harness:
             "started_unix": self.t_start,
             "duration_s": time.time() - self.t_start,
             "pair": o.models.pair if o.models.target is None else "custom",
-            "models": {"target": str(self.target_dir), "draft": str(self.draft_dir) if self.draft_dir else None},
+            "models": {"target": str(self.target_dir), "draft": o.stack_draft or (str(self.draft_dir) if self.draft_dir else None)},
             "options": _jsonable(asdict(o)),
             "baseline_tpot_ms": self.baseline_tpot_ms,
             "workload": {
@@ -415,7 +424,8 @@ class Harness:
             recs = b1_records.get(c.name, [])
             if not recs:
                 continue
-            row = {"summary": report.summarize_records(recs, report.batch1_wall_s(recs))}
+            row = {"summary": report.summarize_records(recs, report.batch1_wall_s(recs)),
+                   "by_run": report.by_run(recs, batch1=True)}
             row.update(self._extras("batch1", "batch=1", c.name))
             out["batch1"][c.name] = row
         tok = {n: r["summary"]["throughput_tok_s"] for n, r in out["batch1"].items()}
@@ -433,7 +443,7 @@ class Harness:
                 out[phase][load] = {}
                 for name, recs in per_config.items():
                     run_wall = self.walls[(phase, load, name)]
-                    row = {"summary": report.summarize_records(recs, run_wall)}
+                    row = {"summary": report.summarize_records(recs, run_wall), "by_run": report.by_run(recs)}
                     row.update(self._extras(phase, load, name))
                     out[phase][load][name] = row
         return out
@@ -445,6 +455,8 @@ class Harness:
         delta = self.prom.get((phase, load, name))
         if delta:
             extra["per_position_acceptance"] = prom.per_position_acceptance(delta)
+            if (ee := prom.early_exit(delta)) is not None:
+                extra["early_exit"] = ee
             if events := prom.memory_events(delta):
                 extra["memory_events"] = events
         if timeline := self.timelines.get((phase, load, name)):

@@ -10,9 +10,11 @@ import typer
 from bench import offload
 from bench.configs import BATCH1_PEERS, SWEEP_PEERS
 from bench.options import (
+    GROUNDED_MAX_PROMPT_TOKENS,
     OFFLOAD_PRESET,
     ORDER_MAX_BATCH_SIZE,
     SLO_PRESET,
+    WORKLOADS,
     BenchOptions,
     _given,
     adaptive_options,
@@ -58,10 +60,15 @@ def main(
     rate_factors: str = typer.Option("1,2,4", help="Rates as multiples of the batch-1 request rate."),
     concurrency: str = typer.Option("", help="Closed-loop concurrency levels, comma-separated."),
     closed_factor: int = typer.Option(2, help="Closed loop at concurrency N serves max(sweep-requests, this x N)."),
-    sweep_repeats: int = typer.Option(1, min=1, help="Passes over the load points (and the bursty trace)."),
+    sweep_repeats: int = typer.Option(1, min=1, help="Passes over the load points (open and closed loop) and the bursty trace."),
     interleave: bool = typer.Option(False, help="All stacks up at once, configurations alternating at every load "
                                     "point (on for --adaptive)."),
     length_dist: str = typer.Option("uniform", help="Output-length bounds under load: uniform or log-uniform."),
+    workload: str = typer.Option("mixed", help="Prompt set: mixed (chat, code, summarise), chat, or grounded "
+                                 "(summarise, rewrite, qa over context, agent transcripts)."),
+    draft_model: str | None = typer.Option(None, "--draft-model", help="Every stack's draft instead of the pair's: "
+                                           "a model name/directory, ngram[:..] or suffix[:..] (e.g. "
+                                           "suffix:global_tokens=0)."),
     seed: int = typer.Option(0),
     threads: int = typer.Option(2, help="torch threads of the HF peers."),
     traces: bool = typer.Option(True, help="Collect spans for the overhead breakdown."),
@@ -81,6 +88,8 @@ def main(
 ) -> None:
     from bench import harness
 
+    if workload not in WORKLOADS:
+        raise typer.BadParameter(f"--workload: one of {', '.join(WORKLOADS)}, got {workload!r}")
     opts = BenchOptions(
         name=name,
         models=Models(pair=pair, home=home, target=target, draft=draft),
@@ -103,6 +112,9 @@ def main(
         traces=traces,
         stringent_shares=_floats(stringent_shares),
         share_rate_factor=share_rate_factor,
+        prompt_mix=dict(WORKLOADS[workload]),
+        max_prompt_tokens=GROUNDED_MAX_PROMPT_TOKENS if workload == "grounded" else BenchOptions.max_prompt_tokens,
+        stack_draft=draft_model or None,
     )
     if long:
         opts.num_prompts, opts.repeats = max(prompts, 16), max(repeats, 2)

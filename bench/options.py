@@ -12,17 +12,26 @@ import typer
 
 from bench import offload
 from bench.configs import BATCH1_PEERS, SWEEP_PEERS
+from bench.prompts import GROUNDED
 from bench.slo import ADASERVE_MIX
 from bench.stack import Models
 
 DEFAULT_PROMPT_MIX = {"chat": 0.5, "code": 0.25, "summarize": 0.25}
+# --workload: the prompt mixes a policy bench can run on (bench/prompts.py kinds)
+WORKLOADS = {
+    "mixed": dict(DEFAULT_PROMPT_MIX),
+    "chat": {"chat": 1.0},
+    "grounded": {kind: 1.0 for kind in GROUNDED},  # the answer is largely in the prompt
+}
+GROUNDED_MAX_PROMPT_TOKENS = 1536  # grounded prompts carry a passage, a file or a transcript
 # AdaServe's comparison (§6.2): no speculation, a fixed chain, the fixed SpecInfer tree, the two
 # budgeted greedy baselines, and AdaServe itself.
 SLO_SWEEP = ("target-only", "tandem-k3", "policy:specinfer", "policy:equal_greedy", "policy:global_greedy",
              "policy:adaserve")  # fmt: skip
 SLO_STRINGENT_SHARES = (0.2, 0.4, 0.6, 0.8, 1.0)
-# Adaptive speculation length (issue 6): fixed k in {0, 1, 3, 5} against the learning policies.
-ADAPTIVE_SWEEP = ("target-only", "tandem-k1", "tandem-k3", "tandem-k5", "policy:smartspec", "policy:faser")
+# Adaptive speculation length (issues 6, 20): fixed k in {0, 1, 2, 3, 5, 7} against the learning policies.
+ADAPTIVE_SWEEP = ("target-only", "tandem-k1", "tandem-k2", "tandem-k3", "tandem-k5", "tandem-k7", "policy:smartspec",
+                  "policy:faser")  # fmt: skip
 
 
 @dataclass
@@ -61,6 +70,9 @@ class BenchOptions:
     # the same ones: a draft that remembers earlier outputs (the suffix draft's global tree) must not be
     # measured on a prompt whose answer it has already seen
     distinct_prompts: bool = False
+    # every stack's draft (a model directory/name, or ngram[:..] / suffix[:..]) instead of the pair's; configurations
+    # naming their own (draft:<x>:k<K>) keep theirs
+    stack_draft: str | None = None
     timeline: bool = False  # sample the scheduler's KV budget, offload state and load during each run (bench.offload)
 
 

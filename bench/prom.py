@@ -75,3 +75,12 @@ def per_position_acceptance(delta: Scrape, namespace: str = "tandem") -> list[di
         )
         prev_accepted = a
     return rows
+
+
+def early_exit(delta: Scrape, namespace: str = "tandem") -> dict | None:
+    """Drafted tokens the target's early exit stopped (FASER §4.2), of those proposed; None when none were proposed."""
+    proposed = delta.get((f"{namespace}_draft_tokens_proposed_total", ()), 0.0)
+    pruned = delta.get((f"{namespace}_draft_tokens_pruned_total", ()), 0.0)
+    if proposed <= 0:
+        return None
+    return {"proposed": int(proposed), "pruned": int(pruned), "pruned_share": pruned / proposed}

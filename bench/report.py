@@ -15,6 +15,7 @@ client-side traces, plus what only the whole run can say:
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import Counter
 from collections.abc import Sequence
@@ -90,6 +91,30 @@ def summarize_records(records: Sequence[Record], wall_s: float) -> dict:
     out["output_lengths"] = output_lengths(records)
     out["errors"] = [r.error for r in records if r.error][:5]
     out["num_errors"] = sum(1 for r in records if r.error)
+    return out
+
+
+_REPEAT = re.compile(r"-r(\d+)-")
+
+
+def by_run(records: Sequence[Record], *, batch1: bool = False) -> list[dict]:
+    """One compact summary per repeat (the ``-r<rep>-`` of the request ids): the spread a pooled summary hides.
+
+    Batch 1: the repeat's busy time is the sum of its latencies; under load, from its first send to its last answer.
+    """
+    groups: dict[int, list[Record]] = {}
+    for r in records:
+        m = _REPEAT.search(r.job.request_id)
+        groups.setdefault(int(m.group(1)) if m else 0, []).append(r)
+    out = []
+    for rep in sorted(groups):
+        recs = groups[rep]
+        ends = [(r.trace.latency_s or 0.0) + r.trace.sent_s for r in recs]
+        wall = batch1_wall_s(recs) if batch1 else (max(ends) - min(r.trace.sent_s for r in recs)) or 1e-9
+        s = summarize([r.trace for r in recs], wall).as_dict()
+        out.append({"repeat": rep, "requests": len(recs), "latency_mean_s": s["latency_s"]["mean"],
+                    "tpot_mean_s": s["tpot_s"]["mean"], "throughput_tok_s": s["throughput_tok_s"],
+                    "goodput_tok_s": s["goodput_tok_s"], "attainment": s["attainment"]})  # fmt: skip
     return out
 
 

@@ -71,6 +71,10 @@ class TandemMetrics:
         self.draft_tokens_accepted_total = Counter(
             "draft_tokens_accepted_total", "Draft tokens accepted by the target.", namespace=ns, registry=reg
         )
+        self.draft_tokens_pruned_total = Counter(
+            "draft_tokens_pruned_total", "Draft tokens the target's token-wise early exit stopped before its last layer "
+            "(FASER §4.2); counted among the proposed, never accepted.", namespace=ns, registry=reg,
+        )  # fmt: skip
         self.feature_bytes_total = Counter(
             "feature_bytes_total", "Target feature bytes relayed for a feature-level draft (hop: target->scheduler, "
             "scheduler->draft); their rate per step is what the EAGLE boundary costs on the wire.",
@@ -159,10 +163,13 @@ class TandemMetrics:
         depth: int | None = None,
         ema_acceptance_rate: float | None = None,
         ema_accepted_length: float | None = None,
+        num_pruned: int = 0,
     ) -> None:
         """Record one request's verification step (``depth`` defaults to num_proposed: a chain)."""
         self.draft_tokens_proposed_total.inc(num_proposed)
         self.draft_tokens_accepted_total.inc(num_accepted)
+        if num_pruned:
+            self.draft_tokens_pruned_total.inc(num_pruned)
         self.accepted_length.observe(num_accepted + 1)
         depth = num_proposed if depth is None else depth
         for position in range(min(depth, self.max_positions)):

@@ -30,6 +30,7 @@ from pathlib import Path
 from bench.configs import Config
 from bench.drivers import Job, RealTimer, Run
 from bench.simulate.acceptance import prompt_key
+from bench.simulate.host_time import HostSamples, HostTimeRecorder, timed_workers, with_host
 from bench.simulate.recorder import AcceptanceRecorder
 from bench.simulate.runner import Phases, SimBackend, SimOptions, SimStack, drive
 from bench.simulate.grid_costs import GridProfile, grid_costs, measure_grid, pooled
@@ -43,11 +44,9 @@ class LocalBackend:
     """The real scheduler over the real engines in this process, a fresh Scheduler per run."""
 
     def __init__(self, target_engine, draft_engine, stop_token_ids: list[int], config: SchedulerConfig,
-                 recorder: AcceptanceRecorder) -> None:  # fmt: skip
-        from scheduler.local_workers import LocalDraftWorker, LocalTargetWorker
-
-        self.target = LocalTargetWorker(target_engine)
-        self.draft = LocalDraftWorker(draft_engine)
+                 recorder: AcceptanceRecorder, host: HostSamples | None = None) -> None:  # fmt: skip
+        self.host = host or HostSamples()
+        self.target, self.draft = timed_workers(target_engine, draft_engine, self.host)  # what the grids miss
         self.stop_token_ids = stop_token_ids
         self.config = config
         self.recorder = recorder
@@ -57,7 +56,8 @@ class LocalBackend:
 
         key = config.stack
         sched = Scheduler(self.target, self.draft, config=self.config, spec_policy=speculation_policy(key.speculation_policy),
-                          queue_policy=queue_policy(key.queue_policy), observers=[self.recorder])  # fmt: skip
+                          queue_policy=queue_policy(key.queue_policy),
+                          observers=[self.recorder, HostTimeRecorder(self.host)])  # fmt: skip
         tag = lambda req, job: self.recorder.tag(req.id, job.encoded.item.prompt.kind,  # noqa: E731
                                                  prompt_key(job.encoded.prompt_ids))  # fmt: skip
         return await drive(sched, config, jobs, RealTimer(), mode, concurrency, self.stop_token_ids, tag)
@@ -106,8 +106,8 @@ def run_fidelity(out_dir: Path, opts: SimOptions | None = None, pair: str = "dem
     t0, d0 = prof["before"]  # what the services would read from `tandem profile`: the policies' cost models and B
     sched_config = SchedulerConfig(max_batch_size=64, token_budget=t0.token_budget, cost_model=t0.cost_model,
                                    draft_cost_model=d0.cost_model)  # fmt: skip
-    real = Phases(opts, LocalBackend(target, draft, encoder.eos_token_ids, sched_config, recorder),
-                  encoder, log)  # fmt: skip
+    backend = LocalBackend(target, draft, encoder.eos_token_ids, sched_config, recorder)
+    real = Phases(opts, backend, encoder, log)
     asyncio.run(real.run())
     real_results = real.results()
     log("profiling target and draft (after) ...")
@@ -122,15 +122,24 @@ def run_fidelity(out_dir: Path, opts: SimOptions | None = None, pair: str = "dem
     t_grid, d_grid = (pooled(grids["before"][i], grids["after"][i]) for i in (0, 1))
     t_grid.save(out_dir / "grid-target.json")
     d_grid.save(out_dir / "grid-draft.json")
-    stack = SimStack(grid_costs(t_grid), grid_costs(d_grid), trace, sched_config, give_cost_models=False)
+    # the host time the grids miss (host_time.py): engine calls minus their forwards, the scheduler's own step time
+    host = backend.host.fit()
+    (out_dir / "host-times.json").write_text(host.model_dump_json(indent=1) + "\n")
     lengths = _output_lengths(real)
     sim_opts = fidelity_options(**{**opts.__dict__, "rates": real.rates(), "baseline_tpot_ms": real.baseline_tpot_ms,
                                    "baseline_ttft_s": real.baseline_ttft_s})  # fmt: skip
-    sim = Phases(sim_opts, SimBackend(stack, seed, lambda job: lengths.get(_item_key(job), job.max_new_tokens)), encoder, log)
-    t = time.time()
-    asyncio.run(sim.run())
-    sim_seconds = time.time() - t
-    sim_results = sim.results()
+
+    def simulate(target_costs, draft_costs) -> tuple[dict, float]:
+        stack = SimStack(target_costs, draft_costs, trace, sched_config, give_cost_models=False)
+        sim = Phases(sim_opts, SimBackend(stack, seed, lambda job: lengths.get(_item_key(job), job.max_new_tokens)),
+                     encoder, log)  # fmt: skip
+        t = time.time()
+        asyncio.run(sim.run())
+        return sim.results(), time.time() - t
+
+    t_costs, d_costs = grid_costs(t_grid), grid_costs(d_grid)
+    forwards_only, _ = simulate(t_costs, d_costs)  # the forward grids alone: what the host model adds
+    sim_results, sim_seconds = simulate(with_host(t_costs, host.target, host.scheduler), with_host(d_costs, host.draft))
 
     out = {
         "name": "simulate-fidelity", "command": "python -m bench.simulate fidelity", "pair": pair,
@@ -139,6 +148,7 @@ def run_fidelity(out_dir: Path, opts: SimOptions | None = None, pair: str = "dem
         "started_unix": started, "duration_s": time.time() - started, "simulation_wall_s": sim_seconds,
         "profiles": {w: {"target": p[0].cost_model.model_dump(), "draft": p[1].cost_model.model_dump()} for w, p in prof.items()},
         "grids": {"target": "grid-target.json", "draft": "grid-draft.json"},
+        "host_times": host.model_dump(), "cells_forwards_only": compare(real_results, forwards_only),
         "trace": {"path": "trace-demo.json", "mean_accepted_k3": trace.mean_accepted("all", 3)},
         "cells": compare(real_results, sim_results), "real": real_results, "simulated": sim_results,
     }  # fmt: skip
@@ -162,10 +172,29 @@ def readme(out: dict) -> str:
              f"simulated workers (step costs: the forward grids measured before and after, averaged, `grid-*.json`; acceptance: the trace the "
              f"real runs recorded, `trace-demo.json`, mean accepted of a k = 3 chain {out['trace']['mean_accepted_k3']:.2f})  ",
              f"Run: {out['duration_s']:.0f} s, of which simulation {out['simulation_wall_s']:.1f} s", "",
+             *_host_lines(out),
              f"**{len(within)} of {len(cells)} cells within 10 %**"
              + (f"; the worst: {worst['phase']} {worst['load']} {worst['config']} {worst['metric']} "
                 f"{worst['error'] * 100:+.1f} %" if worst else ""), "", table(cells), ""]  # fmt: skip
     return "\n".join(lines)
+
+
+def _within(cells: list[dict]) -> int:
+    return sum(1 for c in cells if c["error"] is not None and abs(c["error"]) <= 0.10)
+
+
+def _host_lines(out: dict) -> list[str]:
+    """The host-time model (host_time.py) and what it changes: cells within 10 % with the forward grids alone."""
+    host, plain = out.get("host_times"), out.get("cells_forwards_only")
+    if not host:
+        return []
+    ms = lambda line: f"{line['base_s'] * 1e3:.2f} ms + {line['per_seq_s'] * 1e3:.2f} ms/sequence"  # noqa: E731
+    lines = [f"Host time charged on top of the grids (`host-times.json`, fitted on the real runs' calls and steps): "
+             f"target call {ms(host['target'])}, draft call {ms(host['draft'])} (per sequence of each forward), "
+             f"scheduler step {ms(host['scheduler'])}  "]  # fmt: skip
+    if plain:
+        lines.append(f"With the forward grids alone: {_within(plain)} of {len(plain)} cells within 10 %  ")
+    return lines + [""]
 
 
 def _item_key(job: Job) -> str:

@@ -26,3 +26,16 @@ def test_difference_and_per_position_rates():
 
 def test_no_url_means_no_scrape():
     assert scrape(None) == {} and per_position_acceptance(parse("")) == []
+
+
+def test_early_exit_share_from_the_schedulers_counters():
+    from bench.prom import early_exit
+    from shared.metrics import TandemMetrics
+
+    m = TandemMetrics()
+    before = parse(m.render())
+    m.observe_step(num_proposed=8, num_accepted=2, num_pruned=3)
+    m.observe_step(num_proposed=4, num_accepted=4)
+    ee = early_exit(parse(m.render()) - before)
+    assert ee == {"proposed": 12, "pruned": 3, "pruned_share": pytest.approx(3 / 12)}
+    assert early_exit(parse("")) is None

@@ -5,14 +5,14 @@ import pytest
 from bench.drivers import Job, Record
 from bench.metrics import RequestTrace
 from bench.prompts import Prompt
-from bench.report import acceptance, batch1_wall_s, lossless, paired_speedup
+from bench.report import acceptance, batch1_wall_s, by_run, lossless, paired_speedup
 from bench.slo import STRINGENT
 from bench.tokens import EncodedItem
 from bench.workload import WorkItem
 
 
-def rec(config, i, latency, tokens, steps=(), drafted=0):
-    job = Job(EncodedItem(WorkItem(i, None, Prompt("chat", "q"), STRINGENT, 4), (1, 2)), None, f"{config}/b1-r0-i{i}")
+def rec(config, i, latency, tokens, steps=(), drafted=0, rep=0):
+    job = Job(EncodedItem(WorkItem(i, None, Prompt("chat", "q"), STRINGENT, 4), (1, 2)), None, f"{config}/b1-r{rep}-i{i}")
     times = [latency * (k + 1) / len(tokens) for k in range(len(tokens))]
     trace = RequestTrace(job.request_id, "stringent", None, 0.0, times, num_steps=len(steps),
                          num_draft_tokens=drafted, num_accepted_tokens=sum(steps))
@@ -52,3 +52,12 @@ def test_output_lengths_tell_how_well_the_bound_predicts_the_length():
     out = output_lengths(reversed_)
     assert out["stopped_early"] == 1.0 and out["rank_corr"] == pytest.approx(-1.0)
     assert output_lengths([])["rank_corr"] is None
+
+
+def test_by_run_splits_the_repeats():
+    records = [rec("spec", 0, 1.0, [1] * 4, rep=0), rec("spec", 1, 3.0, [1] * 4, rep=0), rec("spec", 0, 2.0, [1] * 4, rep=1)]
+    runs = by_run(records, batch1=True)
+    assert [(r["repeat"], r["requests"]) for r in runs] == [(0, 2), (1, 1)]
+    assert runs[0]["latency_mean_s"] == pytest.approx(2.0) and runs[1]["latency_mean_s"] == pytest.approx(2.0)
+    assert runs[0]["throughput_tok_s"] == pytest.approx(8 / 4.0)  # batch 1: busy time = the sum of latencies
+    assert runs[1]["tpot_mean_s"] == pytest.approx(0.5)  # tokens at 0.5, 1.0, 1.5, 2.0 s

@@ -13,6 +13,7 @@ from bench.simulate.acceptance import (ALL, AcceptanceTrace, PositionCounts, Tra
                                        prompt_key, request_scale, scale_for_rate)  # fmt: skip
 from bench.simulate.grid_costs import GridProfile, grid_costs, measure_grid
 from bench.simulate.recorder import AcceptanceRecorder
+from bench.simulate.host_time import HostLine, HostSamples, HostTimeRecorder, HostTimes, fit_line, with_host
 from bench.simulate.roofline import checks, roofline
 from bench.simulate.runner import Phases, SimBackend, SimOptions, SimStack
 from bench.simulate.step_costs import ConstantCosts, ProfileCosts, ProfileError, load_profile_costs
@@ -249,3 +250,29 @@ def test_fidelity_smoke_on_the_tiny_pair(tmp_path):
     grid = GridProfile.model_validate_json((tmp_path / "fid" / "grid-target.json").read_text())
     assert grid_costs(grid).forward_s(1, 1, 64) > 0
     assert "cells within 10 %" in (tmp_path / "fid" / "README.md").read_text()
+    # the host time the grids miss was measured on the real half: calls of both engines and the scheduler's steps
+    host = HostTimes.model_validate_json((tmp_path / "fid" / "host-times.json").read_text())
+    assert host.target.samples > 0 and host.draft.samples > 0 and host.scheduler.samples > 0
+    assert len(out["cells_forwards_only"]) == len(out["cells"])
+
+
+def test_host_line_fit_and_charge():
+    line = fit_line([(1, 0.003), (2, 0.005), (4, 0.009), (8, 0.017)])  # 1 ms + 2 ms per sequence
+    assert line.base_s == pytest.approx(0.001) and line.per_seq_s == pytest.approx(0.002) and line.samples == 4
+    assert fit_line([(3, 0.002), (3, 0.004), (3, 0.003)]) == HostLine(base_s=0.003, samples=3)  # no spread in rows
+    assert fit_line([(1, 0.01), (8, 0.001)]).per_seq_s == 0.0  # never a negative slope
+    assert fit_line([]) == HostLine()
+    inner = ConstantCosts("const", call_s=0.5)
+    costs = with_host(inner, HostLine(base_s=0.01, per_seq_s=0.002), HostLine(base_s=0.001, per_seq_s=0.001))
+    assert costs.call_s == pytest.approx(0.511) and costs.forward_s(4, 8, 100) == pytest.approx(0.012)
+    assert with_host(inner, HostLine()) is inner
+
+
+def test_host_time_recorder_takes_the_schedulers_own_time():
+    from scheduler.report import PhaseTimes, StepReport
+
+    samples = HostSamples()
+    rec = HostTimeRecorder(samples)
+    rec.on_step(StepReport(1, 0.0, PhaseTimes(select=0.001, verify=0.05, commit=0.002, overhead=0.003), batch_size=3))
+    rec.on_step(StepReport(2, 0.0, PhaseTimes(prefill=0.1), batch_size=0))  # prefill only: nothing verified
+    assert samples.scheduler == [(3, pytest.approx(0.006))]

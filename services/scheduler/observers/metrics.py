@@ -54,6 +54,7 @@ class MetricsObserver:
                 depth=o.num_drafted if o.shape.kind == "chain" else o.shape.max_depth,
                 ema_acceptance_rate=self._ema_rate,
                 ema_accepted_length=self._ema_length,
+                num_pruned=o.num_pruned,
             )
         self.metrics.observe_speculation([o.shape.max_depth for o in report.outcomes])
         relay = self.scheduler.features

@@ -1,0 +1,257 @@
+"""Issue 20's goals table: the five papers' policies, each goal checked on the results of its own bench run.
+
+    python -m bench.goals_table            # reads bench/results/{adaptive,slo,order,faser}-grounded/results.json
+    python -m bench.goals_table --suffix demo --out bench/results/goals-demo
+
+Every goal is a ratio between configurations measured side by side in one run (interleaved), pooled over the
+repeats, with the per-repeat ratios as the spread. A goal counts as met only when the pooled value meets it
+*and* so does a majority of the repeats (2 of 3; never on one repeat of three: the project's rule).
+
+    adaptive   each policy's mean latency within 5 % of the best fixed k (hindsight) at every load and on the
+               bursty trace (bench/adaptive_goals.py); at the lowest load >= 1.2x target-only's goodput
+    adaserve   SLO attainment >= 1.3x the best baseline at every load where that baseline attains < 70 %
+    laps-sd    mean latency >= 25 % below FCFS at 30 and at 50 requests sent at once
+    faser      frontier pipelining + early exit: batch-1 TPOT >= 15 % below serial SD; early exit pruning
+               (share of drafted tokens stopped early, from the scheduler's counters)
+
+Writes goals.json, README.md (the table) and summary.png (one panel per paper) under --out.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import typer
+
+from bench import adaptive_goals
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ADAPTIVE_POLICIES = ("policy:smartspec", "policy:faser", "policy:nightjar", "policy:nightjar-global")
+SLO_BASELINES = ("target-only", "tandem-k3", "policy:specinfer", "policy:equal_greedy", "policy:global_greedy")
+LAPS = ("order:laps-sd", "order:laps-sd:est=1")
+
+
+def _met(pooled_ok: bool, runs_ok: list[bool]) -> bool:
+    """The pooled value meets the goal, and so does a strict majority of the repeats (when known)."""
+    return pooled_ok and (not runs_ok or 2 * sum(runs_ok) > len(runs_ok))
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    return f"{format(min(values), fmt)} .. {format(max(values), fmt)}" if len(values) > 1 else "–"
+
+
+def _runs(row: dict, key: str) -> list[float]:
+    return [r[key] for r in row.get("by_run") or [] if r.get(key) is not None]
+
+
+def _commit(folder: Path) -> str:
+    try:
+        out = subprocess.run(["git", "log", "-1", "--format=%h", "--", str(folder / "results.json")], cwd=folder,
+                             capture_output=True, text=True, timeout=10).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    return out or "this commit"
+
+
+def _goal(paper: str, goal: str, value: str, spread: str, met: bool, results: dict, folder: Path, **extra) -> dict:
+    return {"paper": paper, "goal": goal, "value": value, "spread": spread, "met": met,
+            "command": results.get("command"), "commit": _commit(folder), "folder": folder.name, **extra}  # fmt: skip
+
+
+def adaptive(results: dict, folder: Path) -> list[dict]:
+    g = adaptive_goals.goals(results)
+    rows = []
+    loads = [*g["sweep"].values(), *g["bursty"].values()]
+    for p in ADAPTIVE_POLICIES:
+        per = [lg["policies"][p] for lg in loads if p in lg["policies"]]
+        if not per:
+            continue
+        worst = max(x["vs_best_fixed"] for x in per)
+        runs = [d for x in per for d in x["vs_best_fixed_by_run"]]
+        # each load on its own: pooled within the margin, and the repeats mostly so
+        met = all(_met(x["vs_best_fixed"] <= adaptive_goals.MARGIN,
+                       [d <= adaptive_goals.MARGIN for d in x["vs_best_fixed_by_run"]]) for x in per)  # fmt: skip
+        within = sum(x["vs_best_fixed"] <= adaptive_goals.MARGIN for x in per)
+        rows.append(_goal("SmartSpec / FASER-AD / Nightjar", f"{p}: mean latency within 5 % of the best fixed k at "
+                          "every load and on the bursty trace", f"{within}/{len(per)} loads; worst {worst:+.1%}",
+                          _spread(runs, "+.1%") + " (per repeat, all loads)", met, results, folder))  # fmt: skip
+    sweep = results.get("sweep") or {}
+    if sweep:
+        lowest = min(sweep, key=lambda load: float(load.split("=")[1]))
+        per = sweep[lowest]
+        base = per.get("target-only")
+        for p in ADAPTIVE_POLICIES:
+            if p not in per or base is None:
+                continue
+            ratio = per[p]["summary"]["goodput_tok_s"] / max(base["summary"]["goodput_tok_s"], 1e-9)
+            runs = [a / max(b, 1e-9) for a, b in zip(_runs(per[p], "goodput_tok_s"), _runs(base, "goodput_tok_s"))]
+            rows.append(_goal("SmartSpec / FASER-AD / Nightjar", f"{p}: goodput >= 1.2x target-only at the lowest load "
+                              f"({lowest} req/s)", f"{ratio:.2f}x", _spread(runs, ".2f"), _met(ratio >= 1.2,
+                              [r >= 1.2 for r in runs]), results, folder))  # fmt: skip
+    return rows
+
+
+def adaserve(results: dict, folder: Path) -> list[dict]:
+    ratios, runs, capped = [], [], []
+    for load, per in (results.get("sweep") or {}).items():
+        if "policy:adaserve" not in per:
+            continue
+        base = {n: per[n]["summary"]["attainment"] for n in SLO_BASELINES if n in per}
+        best = max(base, key=base.get)
+        if base[best] >= 0.7:
+            capped.append(load)
+            continue
+        ours = per["policy:adaserve"]["summary"]["attainment"]
+        ratios.append((load, best, ours / max(base[best], 1e-9)))
+        runs += [a / max(b, 1e-9) for a, b in zip(_runs(per["policy:adaserve"], "attainment"), _runs(per[best], "attainment"))]
+    if not ratios:
+        value = f"every load's best baseline attains >= 70 % ({', '.join(capped)})"
+        return [_goal("AdaServe", "SLO attainment >= 1.3x the best baseline where it falls below 70 %", value, "–",
+                      False, results, folder)]  # fmt: skip
+    value = "; ".join(f"{load}: {r:.2f}x {best}" for load, best, r in ratios)
+    met = all(r >= 1.3 for _, _, r in ratios) and _met(True, [r >= 1.3 for r in runs])
+    return [_goal("AdaServe", "SLO attainment >= 1.3x the best baseline where it falls below 70 %", value,
+                  _spread(runs, ".2f"), met, results, folder)]  # fmt: skip
+
+
+def laps(results: dict, folder: Path) -> list[dict]:
+    rows = []
+    closed = results.get("closed") or {}
+    for name in LAPS:
+        cells, runs, ok = [], [], True
+        for n in (30, 50):
+            per = closed.get(f"concurrency={n}") or {}
+            if name not in per or "order:fcfs" not in per:
+                continue
+            ratio = per[name]["summary"]["latency_s"]["mean"] / per["order:fcfs"]["summary"]["latency_s"]["mean"]
+            r = [a / b for a, b in zip(per[name].get("latency_mean_by_run_s") or [],
+                                         per["order:fcfs"].get("latency_mean_by_run_s") or [])]  # fmt: skip
+            cells.append(f"{n}: {ratio - 1:+.0%}")
+            runs += r
+            ok = ok and _met(ratio <= 0.75, [x <= 0.75 for x in r])
+        if cells:
+            rows.append(_goal("LAPS-SD", f"{name}: mean latency >= 25 % below FCFS at 30 and 50 requests at once",
+                              "; ".join(cells), _spread([x - 1 for x in runs], "+.0%"), ok, results, folder))  # fmt: skip
+    return rows
+
+
+def faser(results: dict, folder: Path) -> list[dict]:
+    b1 = results.get("batch1") or {}
+    if "faser:all" not in b1 or "faser:serial" not in b1:
+        return []
+    tpot = lambda n: b1[n]["summary"]["tpot_s"]["mean"]  # noqa: E731
+    ratio = tpot("faser:all") / tpot("faser:serial")
+    runs = [a / b for a, b in zip(_runs(b1["faser:all"], "tpot_mean_s"), _runs(b1["faser:serial"], "tpot_mean_s"))]
+    rows = [_goal("FASER", "pipelining + early exit: batch-1 TPOT >= 15 % below serial SD", f"{ratio - 1:+.1%}",
+                  _spread([r - 1 for r in runs], "+.1%"), _met(ratio <= 0.85, [r <= 0.85 for r in runs]), results,
+                  folder)]  # fmt: skip
+    ee = {n: b1[n].get("early_exit") for n in ("faser:ee", "faser:all") if b1.get(n, {}).get("early_exit")}
+    if ee:
+        value = "; ".join(f"{n}: {e['pruned_share']:.1%} of {e['proposed']} drafted tokens" for n, e in ee.items())
+        rows.append(_goal("FASER", "early exit measurably pruning", value, "–",
+                          all(e["pruned"] > 0 for e in ee.values()), results, folder))  # fmt: skip
+    return rows
+
+
+CHECKS = {"adaptive": adaptive, "slo": adaserve, "order": laps, "faser": faser}
+
+
+def collect(root: Path, suffix: str) -> list[dict]:
+    rows = []
+    for bench, check in CHECKS.items():
+        folder = root / f"{bench}-{suffix}"
+        if (folder / "results.json").is_file():
+            rows += check(json.loads((folder / "results.json").read_text()), folder)
+    return rows
+
+
+def markdown(rows: list[dict], link_prefix: str = "") -> str:
+    lines = ["| paper | goal | measured (pooled) | spread over repeats | met | commit | command |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        lines.append(f"| {r['paper']} | {r['goal']} | {r['value']} | {r['spread']} | {'yes' if r['met'] else 'no'} | "
+                     f"{r['commit']} | [`{r['command']}`]({link_prefix}{r['folder']}/README.md) |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], root: Path, suffix: str, path: Path) -> None:
+    """One panel per paper: the policy's ratio to its reference per load, the goal as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
+    ad = root / f"adaptive-{suffix}" / "results.json"
+    if ad.is_file():
+        g = adaptive_goals.goals(json.loads(ad.read_text()))
+        loads = [*g["sweep"], *g["bursty"]]
+        labels = [lo.split(",")[0] if lo.startswith("on=") else lo for lo in loads]
+        for p in ADAPTIVE_POLICIES:
+            ys = [({**g["sweep"], **g["bursty"]}[lo]["policies"].get(p) or {}).get("vs_best_fixed") for lo in loads]
+            axes[0].plot(range(len(loads)), [y if y is not None else float("nan") for y in ys], marker="o", label=p)
+        axes[0].set_xticks(range(len(loads)), labels, rotation=20, fontsize=7)
+        axes[0].axhline(adaptive_goals.MARGIN, ls="--", c="grey")
+        axes[0].set_title("adaptive length: latency vs best fixed k")
+        axes[0].legend(fontsize=7)
+    sl = root / f"slo-{suffix}" / "results.json"
+    if sl.is_file():
+        sweep = json.loads(sl.read_text()).get("sweep") or {}
+        loads = sorted(sweep, key=lambda lo: float(lo.split("=")[1]))
+        for name in [*SLO_BASELINES, "policy:adaserve"]:
+            axes[1].plot([float(lo.split("=")[1]) for lo in loads],
+                         [sweep[lo][name]["summary"]["attainment"] if name in sweep[lo] else float("nan") for lo in loads],
+                         marker="o", label=name, lw=2.5 if name == "policy:adaserve" else 1)  # fmt: skip
+        axes[1].axhline(0.7, ls="--", c="grey")
+        axes[1].set_xlabel("req/s")
+        axes[1].set_title("AdaServe: SLO attainment")
+        axes[1].legend(fontsize=7)
+    od = root / f"order-{suffix}" / "results.json"
+    if od.is_file():
+        closed = json.loads(od.read_text()).get("closed") or {}
+        loads = sorted(closed, key=lambda lo: int(lo.split("=")[1]))
+        names = list(dict.fromkeys(n for lo in loads for n in closed[lo]))
+        for i, name in enumerate(names):
+            ys = [closed[lo][name]["summary"]["latency_s"]["mean"] / closed[lo]["order:fcfs"]["summary"]["latency_s"]["mean"]
+                  for lo in loads if name in closed[lo] and "order:fcfs" in closed[lo]]  # fmt: skip
+            axes[2].bar([j * (len(names) + 1) + i for j in range(len(ys))], ys, label=name)
+        axes[2].set_xticks([j * (len(names) + 1) + len(names) / 2 for j in range(len(loads))], loads)
+        axes[2].axhline(0.75, ls="--", c="grey")
+        axes[2].set_title("LAPS-SD: mean latency / FCFS")
+        axes[2].legend(fontsize=7)
+    fa = root / f"faser-{suffix}" / "results.json"
+    if fa.is_file():
+        b1 = json.loads(fa.read_text()).get("batch1") or {}
+        names = list(b1)
+        axes[3].bar(names, [b1[n]["summary"]["tpot_s"]["mean"] * 1e3 for n in names])
+        if "faser:serial" in b1:
+            axes[3].axhline(b1["faser:serial"]["summary"]["tpot_s"]["mean"] * 1e3 * 0.85, ls="--", c="grey")
+        axes[3].set_title("FASER: batch-1 TPOT (ms)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(
+    suffix: str = typer.Option("grounded", help="Results folders <bench>-<suffix> under bench/results/."),
+    out: Path = typer.Option(RESULTS / "goals", help="Where goals.json, README.md and summary.png go."),
+    root: Path = typer.Option(RESULTS, help="The results root."),
+) -> None:
+    rows = collect(root, suffix)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "goals.json").write_text(json.dumps(rows, indent=2) + "\n")
+    plot(rows, root, suffix, out / "summary.png")
+    met = sum(r["met"] for r in rows)
+    text = [f"# Issue 20's goals: the policies where speculation pays ({suffix})", "",
+            f"Generated by `python -m bench.goals_table --suffix {suffix}` from the results folders linked in the table; "
+            f"{met} of {len(rows)} goals met. A goal is met when the pooled value meets it and so does "
+            "a majority of the repeats.", "", markdown(rows, "../"), "", "![summary](summary.png)", ""]  # fmt: skip
+    (out / "README.md").write_text("\n".join(text))
+    print(markdown(rows, "bench/results/"))
+    print(f"{met}/{len(rows)} met; written to {out}")
+
+
+if __name__ == "__main__":
+    typer.run(main)
