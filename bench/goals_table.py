@@ -85,11 +85,16 @@ def adaptive(results: dict, folder: Path) -> list[dict]:
         for p in ADAPTIVE_POLICIES:
             if p not in per or base is None:
                 continue
-            ratio = per[p]["summary"]["goodput_tok_s"] / max(base["summary"]["goodput_tok_s"], 1e-9)
-            runs = [a / max(b, 1e-9) for a, b in zip(_runs(per[p], "goodput_tok_s"), _runs(base, "goodput_tok_s"))]
+            # SmartSpec's goodput (eq. 3): tokens generated per second of serving; at the lowest load a request
+            # is mostly alone, so it is 1 / TPOT. The SLO-meeting tokens/s of the whole run cannot show it there:
+            # an open loop's throughput is its offered load, whatever serves it (a cap of 1 / attainment)
+            ratio = base["summary"]["tpot_s"]["mean"] / per[p]["summary"]["tpot_s"]["mean"]
+            runs = [b / a for a, b in zip(_runs(per[p], "tpot_mean_s"), _runs(base, "tpot_mean_s")) if a]
+            slo_tok = per[p]["summary"]["goodput_tok_s"] / max(base["summary"]["goodput_tok_s"], 1e-9)
             rows.append(_goal("SmartSpec / FASER-AD / Nightjar", f"{p}: goodput >= 1.2x target-only at the lowest load "
-                              f"({lowest} req/s)", f"{ratio:.2f}x", _spread(runs, ".2f"), _met(ratio >= 1.2,
-                              [r >= 1.2 for r in runs]), results, folder))  # fmt: skip
+                              f"({lowest} req/s)", f"{ratio:.2f}x (1/TPOT; SLO-meeting tokens/s {slo_tok:.2f}x, capped "
+                              f"by the offered load)", _spread(runs, ".2f"), _met(ratio >= 1.2, [r >= 1.2 for r in runs]),
+                              results, folder))  # fmt: skip
     return rows
 
 
