@@ -140,10 +140,11 @@ class Harness:
         return dataclasses.replace(c, stack=dataclasses.replace(c.stack, draft_model=self.opts.stack_draft))
 
     def _items(self, n: int, rate: float | None, max_new_tokens: int, seed_offset: int = 0,
-               slo_mix: dict[str, float] | None = None, times: list[float] | None = None) -> list[EncodedItem]:  # fmt: skip
+               slo_mix: dict[str, float] | None = None, times: list[float] | None = None,
+               arrival_offset: int = 0) -> list[EncodedItem]:  # fmt: skip
         o = self.opts
         if times is None and rate is not None:
-            times = arrivals.poisson(rate, n, o.seed + seed_offset)
+            times = arrivals.poisson(rate, n, o.seed + seed_offset + arrival_offset)
         seed = o.seed + seed_offset if o.distinct_prompts else o.seed
         items = build(n, arrivals=times, prompt_mix=o.prompt_mix, slo_mix=slo_mix or o.slo_mix,
                       max_new_tokens=max_new_tokens, seed=seed, length_dist=o.length_dist)  # fmt: skip
@@ -340,7 +341,10 @@ class Harness:
         o = self.opts
         for rep in range(o.sweep_repeats):
             for ri, rate in enumerate(self._rates()):
-                items = self._items(o.sweep_requests, rate, o.sweep_max_new_tokens, seed_offset=ri)
+                # each repeat draws its own Poisson arrivals (the same for every configuration within it): with
+                # one trace repeated, a configuration whose steps happened to line up with it kept its luck
+                items = self._items(o.sweep_requests, rate, o.sweep_max_new_tokens, seed_offset=ri,
+                                    arrival_offset=1000 * rep)  # fmt: skip
                 load = f"rate={rate:.3g}"
                 for c in rotated(configs, ri + rep):
                     run = await self._send("sweep", load, c, self._jobs(c, f"sweep{ri}", rep, items), senders,

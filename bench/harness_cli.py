@@ -41,6 +41,17 @@ def _ints(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x.strip()]
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM (kill, a CI timeout) as Ctrl-C: the stacks' context managers stop their services on the way out
+    instead of leaving them running without a parent."""
+    import signal
+
+    def interrupt(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 @app.command()
 def main(
     ctx: typer.Context,
@@ -88,6 +99,7 @@ def main(
 ) -> None:
     from bench import harness
 
+    _stop_on_sigterm()
     if workload not in WORKLOADS:
         raise typer.BadParameter(f"--workload: one of {', '.join(WORKLOADS)}, got {workload!r}")
     opts = BenchOptions(
