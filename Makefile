@@ -20,7 +20,7 @@ TORCH := torch==2.13.0
 PAIR ?= demo
 PYTEST_ARGS ?=
 
-.PHONY: help setup protos models test demo trace-ui profile bench-engine bench bench-serving bench-slo bench-adaptive bench-order bench-faser bench-offload bench-drafts bench-http soak clean distclean
+.PHONY: help setup protos models test demo trace-ui profile bench-engine bench bench-serving bench-slo bench-adaptive bench-order bench-faser bench-offload bench-drafts bench-grounded bench-http soak clean distclean
 
 help:
 	@sed -n '4,8p' Makefile | sed 's/^# \{0,1\}//'
@@ -126,6 +126,19 @@ bench-offload: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing --draft
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --offload --pair $(PAIR) --name offload-$(PAIR) $(BENCH_ARGS)
+
+# Issue 20: the policy benches where speculation pays, grounded prompts with the suffix draft (per-request trees:
+# configurations sharing a stack must not feed each other), 3 interleaved repeats each, then the goals table
+# (bench/results/goals/). About 2 hours on the 2-core CPU. LAS is left out of the order bench: with 1,500-token
+# prompts its preemptions re-prefill constantly (5-7x the others' time per run).
+GROUNDED := --workload grounded --draft-model suffix:global_tokens=0 --interleave
+bench-grounded: setup models
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --adaptive --pair $(PAIR) --name adaptive-grounded $(GROUNDED) --sweep-requests 8 --rate-factors 0.5,1,2,4 --sweep-repeats 3
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --order --pair $(PAIR) --name order-grounded $(GROUNDED) --sweep order:fcfs,order:lp-sjf,order:laps-sd,order:laps-sd:est=1 --concurrency 30,50 --sweep-repeats 3
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --faser --pair $(PAIR) --name faser-grounded $(GROUNDED) --repeats 3 --sweep ''
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --slo --pair $(PAIR) --name slo-grounded $(GROUNDED) --sweep-requests 10 --rate-factors 2,4 --stringent-shares '' --sweep-repeats 3
+	$(PY) -m bench.goals_table --suffix grounded
 
 # Issue 17's drafts side by side (bench.drafts): target-only, the EAGLE-3 feature draft (chains of 2 and 4; needs
 # `tandem models prepare --pair eagle`, done here), the ngram and the suffix draft (chains of 4), on open chat and on
