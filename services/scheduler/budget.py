@@ -72,12 +72,24 @@ async def load_budget(settings: ServiceSettings, target_info, store=None) -> Bud
     return Budget(None, None, "none")
 
 
+# A model-free draft (ngram, suffix: the draft service reports dtype "none") runs no forward: a speculate is a
+# lookup of tens of microseconds. Its cost model says so, so that the policies planning with one (FASER's
+# frontier gate, SmartSpec's and Nightjar's priors) do not assume a model's cost: with the generic prior the
+# frontier gate was open and chunked free drafts into extra verify passes (bench-faser on grounded prompts).
+MODEL_FREE_DRAFT = CostModel(alpha_s=0.0, gamma_s=0.0, delta_s=1e-4)
+
+
 def load_draft_cost_model(settings: ServiceSettings, draft_info) -> CostModel | None:
-    """T_fwd of the draft from the newest matching profile under <home>/profiles/<draft model>/, if any.
+    """T_fwd of the draft from the newest matching profile under <home>/profiles/<draft model>/, if any;
+    MODEL_FREE_DRAFT for a model-free draft.
 
     Optional: without one the speculation-length policies measure the draft online (step_cost.py).
     """
     from shared.models.paths import Paths
+
+    if getattr(draft_info, "dtype", None) == "none":
+        log.info("model-free draft %s: cost model %s", getattr(draft_info, "model_name", "?"), MODEL_FREE_DRAFT)
+        return MODEL_FREE_DRAFT
 
     folder = Paths.resolve(settings.home).home / "profiles" / slug(draft_info.model_name)
     paths = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True) if folder.is_dir() else []

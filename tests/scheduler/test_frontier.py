@@ -91,3 +91,17 @@ def test_chunk_choice_follows_the_cost_models():
     # without cost models a configured chunk size is used as is
     assert choose_chunk(6, 1, 100, None, None, FrontierConfig(chunk_size=2)) == 2
     assert choose_chunk(6, 1, 100, None, None, FrontierConfig()) is None
+
+
+def test_a_model_free_draft_is_priced_as_free_and_not_pipelined():
+    """bench-faser on grounded prompts with the suffix draft: without a draft cost model the configured chunk
+    was used as is, and chunking a free draft only split its chain into more verify passes (TPOT +15 %)."""
+    from types import SimpleNamespace
+
+    from services.scheduler.budget import MODEL_FREE_DRAFT, load_draft_cost_model
+    from services.settings import ServiceSettings
+
+    info = SimpleNamespace(dtype="none", model_name="suffix(max_depth=24)")
+    assert load_draft_cost_model(ServiceSettings(), info) == MODEL_FREE_DRAFT
+    cpu_target = CostModel(alpha_s=1.2e-5, gamma_s=0.0017, delta_s=0.0645, verify_s=0.0103)
+    assert choose_chunk(4, 1, 1500, cpu_target, MODEL_FREE_DRAFT, FrontierConfig(chunk_size=2)) is None
