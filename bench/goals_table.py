@@ -181,6 +181,13 @@ def markdown(rows: list[dict], link_prefix: str = "") -> str:
     return "\n".join(lines)
 
 
+def _finish(ax, goal: float, title: str) -> None:
+    """The goal as a dashed line, the title, the legend."""
+    ax.axhline(goal, ls="--", c="grey")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+
+
 def plot(rows: list[dict], root: Path, suffix: str, path: Path) -> None:
     """One panel per paper: the policy's ratio to its reference per load, the goal as a line."""
     import matplotlib
@@ -198,9 +205,7 @@ def plot(rows: list[dict], root: Path, suffix: str, path: Path) -> None:
             ys = [({**g["sweep"], **g["bursty"]}[lo]["policies"].get(p) or {}).get("vs_best_fixed") for lo in loads]
             axes[0].plot(range(len(loads)), [y if y is not None else float("nan") for y in ys], marker="o", label=p)
         axes[0].set_xticks(range(len(loads)), labels, rotation=20, fontsize=7)
-        axes[0].axhline(adaptive_goals.MARGIN, ls="--", c="grey")
-        axes[0].set_title("adaptive length: latency vs best fixed k")
-        axes[0].legend(fontsize=7)
+        _finish(axes[0], adaptive_goals.MARGIN, "adaptive length: latency vs best fixed k")
     sl = root / f"slo-{suffix}" / "results.json"
     if sl.is_file():
         sweep = json.loads(sl.read_text()).get("sweep") or {}
@@ -209,10 +214,8 @@ def plot(rows: list[dict], root: Path, suffix: str, path: Path) -> None:
             axes[1].plot([float(lo.split("=")[1]) for lo in loads],
                          [sweep[lo][name]["summary"]["attainment"] if name in sweep[lo] else float("nan") for lo in loads],
                          marker="o", label=name, lw=2.5 if name == "policy:adaserve" else 1)  # fmt: skip
-        axes[1].axhline(0.7, ls="--", c="grey")
         axes[1].set_xlabel("req/s")
-        axes[1].set_title("AdaServe: SLO attainment")
-        axes[1].legend(fontsize=7)
+        _finish(axes[1], 0.7, "AdaServe: SLO attainment")
     od = root / f"order-{suffix}" / "results.json"
     if od.is_file():
         closed = json.loads(od.read_text()).get("closed") or {}
@@ -223,9 +226,7 @@ def plot(rows: list[dict], root: Path, suffix: str, path: Path) -> None:
                   for lo in loads if name in closed[lo] and "order:fcfs" in closed[lo]]  # fmt: skip
             axes[2].bar([j * (len(names) + 1) + i for j in range(len(ys))], ys, label=name)
         axes[2].set_xticks([j * (len(names) + 1) + len(names) / 2 for j in range(len(loads))], loads)
-        axes[2].axhline(0.75, ls="--", c="grey")
-        axes[2].set_title("LAPS-SD: mean latency / FCFS")
-        axes[2].legend(fontsize=7)
+        _finish(axes[2], 0.75, "LAPS-SD: mean latency / FCFS")
     fa = root / f"faser-{suffix}" / "results.json"
     if fa.is_file():
         b1 = json.loads(fa.read_text()).get("batch1") or {}
