@@ -92,7 +92,7 @@ class Request:
     position_accepted: list[int] = field(default_factory=list)  # [depth] steps that accepted a node at depth
     num_drafted_tokens: int = 0  # tree nodes sent to verification
     num_accepted_tokens: int = 0  # of which accepted
-    attained_service_s: float = 0.0  # summed duration of the steps it ran in (LAPS-SD's E_i)
+    attained_service_s: float = 0.0  # its steps' time less their prefill phase (LAPS-SD's E_i, §4.2)
     num_preemptions: int = 0
     num_recomputes: int = 0  # preemptions that released its KV, so it was prefilled again
 

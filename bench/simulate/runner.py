@@ -27,6 +27,7 @@ from bench import arrivals, report
 from bench.configs import Config, parse_list
 from bench.drivers import Job, OnChunk, Outcome, Record, Run, Sender, closed_loop, open_loop
 from bench.simulate.acceptance import AcceptanceTrace, prompt_key
+from bench.simulate.shared_processor import SharedProcessor
 from bench.simulate.step_costs import StepCosts, fitted
 from bench.simulate.workers import STOP_TOKEN, SimBook, SimDraft, SimTarget
 from bench.slo import ADASERVE_MIX
@@ -136,6 +137,7 @@ class SimStack:
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
     draft_reload_s: float = 0.0
     give_cost_models: bool = True  # hand the policies the cost model and B fitted to the charged costs
+    shared_processor: bool = False  # target and draft on the same cores (a CPU): overlapping calls share them
 
     def scheduler_config(self) -> SchedulerConfig:
         cfg = self.config
@@ -172,10 +174,11 @@ class SimBackend:
         for j in jobs:
             book.add(j.request_id, j.encoded.item.prompt.kind, len(j.encoded.prompt_ids), self.output_len(j),
                      prompt_key(j.encoded.prompt_ids))  # fmt: skip
-        target = SimTarget(book, self.stack.target, clock, self.seed)
+        cpu = SharedProcessor(clock) if self.stack.shared_processor else None
+        target = SimTarget(book, self.stack.target, clock, self.seed, cpu)
         draft = None
         if self.stack.draft is not None:
-            draft = SimDraft(book, self.stack.draft, clock, self.stack.draft_reload_s)
+            draft = SimDraft(book, self.stack.draft, clock, self.stack.draft_reload_s, cpu)
         cfg, key = self.sched_config, config.stack
         if self.per_config is not None:
             cfg = self.per_config(config, cfg)

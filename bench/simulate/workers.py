@@ -23,6 +23,7 @@ import random
 from dataclasses import dataclass, field
 
 from bench.simulate.acceptance import SIBLING_MISS, AcceptanceTrace, ChainSampler, request_scale
+from bench.simulate.shared_processor import SharedProcessor
 from bench.simulate.step_costs import StepCosts
 from scheduler.workers import Clock
 from shared.engine.types import AcceptResult, PrefillItem, PrefillResult, SpecItem, TokenTree, VerifyItem
@@ -61,15 +62,19 @@ class SimBook:
 
 
 class _SimWorker:
-    def __init__(self, costs: StepCosts, clock: Clock) -> None:
+    def __init__(self, costs: StepCosts, clock: Clock, processor: SharedProcessor | None = None) -> None:
         self.costs = costs
         self.clock = clock
+        self.processor = processor  # shared with the other worker (one CPU), or None (devices of their own)
         self.lens: dict[str, int] = {}  # seq id -> tokens held
         self.busy_s = 0.0
 
     async def _spend(self, seconds: float) -> None:
         self.busy_s += seconds
-        await self.clock.sleep(seconds)
+        if self.processor is not None:
+            await self.processor.run(seconds)
+        else:
+            await self.clock.sleep(seconds)
 
     def _forward_s(self, num_seqs: int, num_batched: int, num_context: int, verify: bool = False) -> float:
         return self.costs.forward_s(num_seqs, num_batched, num_context, verify)
@@ -80,8 +85,9 @@ class _SimWorker:
 
 
 class SimTarget(_SimWorker):
-    def __init__(self, book: SimBook, costs: StepCosts, clock: Clock, seed: int = 0) -> None:
-        super().__init__(costs, clock)
+    def __init__(self, book: SimBook, costs: StepCosts, clock: Clock, seed: int = 0,
+                 processor: SharedProcessor | None = None) -> None:  # fmt: skip
+        super().__init__(costs, clock, processor)
         self.book = book
         self.rng = random.Random(seed)
         self.kv_blocks = 0
@@ -159,8 +165,9 @@ class SimTarget(_SimWorker):
 class SimDraft(_SimWorker):
     """A draft whose proposals carry the trace's acceptance as draft probabilities (what AdaServe selects by)."""
 
-    def __init__(self, book: SimBook, costs: StepCosts, clock: Clock, reload_s: float = 0.0) -> None:
-        super().__init__(costs, clock)
+    def __init__(self, book: SimBook, costs: StepCosts, clock: Clock, reload_s: float = 0.0,
+                 processor: SharedProcessor | None = None) -> None:  # fmt: skip
+        super().__init__(costs, clock, processor)
         self.book = book
         self.reload_s = reload_s
         self.offloaded = False

@@ -21,6 +21,11 @@ ones. Why: when more requests arrive than the batch holds, the waiting ones
 never run, so never become perceptible, and FCFS among them is the whole
 order (bench-order's finding; see the README).
 
+T̃ also carries the prefill a request not holding its KV must pay first
+(remaining_time.py), and with ``est=1`` a running request ranks by T̃ less its
+own re-prefill (``preemption_cost_s``): it is preempted only for a job shorter
+by more than the switch costs.
+
 Requests with speculation OFF have nothing to learn (each round emits one
 token): they are perceptible from the start with A_i = 0. ``priority``, when
 set, ranks before everything (as in FCFS).
@@ -39,7 +44,7 @@ from scheduler.policies.priority_queues import QueueLevels
 from scheduler.policies.queue import Admission, Capacity, QueuePolicy
 from scheduler.policies.shared_state import SharedState
 from scheduler.policies.remaining_time import SDCosts, remaining_time
-from scheduler.request import Request, SpecMode
+from scheduler.request import Request, RequestState, SpecMode
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,15 @@ class LapsSD(QueuePolicy):
         remaining = max(1.0, self.predictor.predict(req) - req.num_generated)
         costs = self.config.costs
         ctx = req.num_tokens
-        return remaining_time(remaining, acceptance, n, costs.draft_token_s(ctx), costs.verify_s(ctx, n))
+        return remaining_time(remaining, acceptance, n, costs.draft_token_s(ctx), costs.verify_s(ctx, n),
+                              costs.prefill_s(self.tokens_to_prefill(req)))  # fmt: skip
+
+    @staticmethod
+    def tokens_to_prefill(req: Request) -> int:
+        """What the target must (re)compute before ``req`` decodes again: nothing while it runs or stays resident."""
+        if req.state is RequestState.RUNNING or req.resident:
+            return 0
+        return req.num_tokens
 
     def rank(self, req: Request) -> tuple:
         """(priority, queue, 0 perceptible | 1 not, T̃ | arrival, arrival): lower runs first."""
@@ -84,8 +97,17 @@ class LapsSD(QueuePolicy):
             return (req.priority, level, 0, self.estimated_remaining_s(req, a), arrival)
         if self.config.unstable == "fcfs":
             return (req.priority, level, 1, arrival, arrival)
-        return (req.priority, level, 1, self.estimated_remaining_s(req, self.acceptance_so_far(req),
-                                                                   self.config.prior_depth), arrival)  # fmt: skip
+        t = self.estimated_remaining_s(req, self.acceptance_so_far(req), self.config.prior_depth)
+        return (req.priority, level, 1, t - self.preemption_cost_s(req), arrival)
+
+    def preemption_cost_s(self, req: Request) -> float:
+        """What preempting a running request costs it: its prompt + output re-prefilled (its KV is kept only while
+        the budget allows). Ranking a running request by T̃ less this preempts it for a waiting one W only when
+        T̃_W (W's own prefill included) + this < T̃_running: the order then saves more than the switch costs
+        (two jobs, mean completion: W first = 2 T̃_W + T̃_R + P_R, R first = 2 T̃_R + T̃_W)."""
+        if req.state is not RequestState.RUNNING:
+            return 0.0
+        return self.config.costs.prefill_s(req.num_tokens)
 
     def acceptance_so_far(self, req: Request) -> float:
         """A for eq. 6 before the rate is stable: the request's own so far, else its class's mean, else 0."""

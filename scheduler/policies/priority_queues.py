@@ -5,7 +5,7 @@
     ...
     QK (lowest)   S_(K-1) <= E              unbounded
 
-E is a request's attained service: the seconds of the iterations it ran in
+E is a request's attained service: the seconds of the iterations it ran in, less their prefills
 (speculation + verification, ``Request.attained_service_s``, kept by the loop).
 A new request has E = 0 and enters Q1; the loop adds each round's time to E,
 so after every round the request is *demoted* to the queue its E falls in.

@@ -12,6 +12,15 @@ equation, followed here, charges T_SSM per drafted token.) L_i here is the
 *remaining* predicted length (length_predictor.py), since a request in
 progress has only that much left to run.
 
+A request that does not hold its KV (waiting for its first prefill, or preempted
+and evicted) must also be prefilled again before it decodes: T_prefill of its
+prompt + output so far is added to its T̃ (``t_prefill``). The paper's
+perceptible requests are never preempted, so eq. 6 needs no such term there;
+this project ranks waiting requests by eq. 6 too (``laps-sd:est=1``), and on
+prompts of a thousand tokens a re-prefill costs as much as a hundred decode
+rounds: without the term, a running request is preempted for a waiting one
+whose remaining decode is a little shorter, and both pay a prefill.
+
 Costs come from the profiled cost models, T_fwd = α·N_context + γ·N_batched + δ
 (shared/profiling/cost_model.py), for this request alone at its context: its
 verification forward batches n + 1 tokens, a draft forward one. Without a
@@ -42,6 +51,13 @@ class SDCosts:
             return 1.0
         return max(self.target.predict(context, depth + 1, verify=depth > 0), 1e-9)
 
+    def prefill_s(self, tokens: int) -> float:
+        """T_prefill: one target forward over ``tokens`` uncached tokens (a new request's prompt, or a preempted
+        request's prompt + output once its KV is gone); 0 without a target profile (nothing to charge it in)."""
+        if self.target is None or tokens <= 0:
+            return 0.0
+        return max(self.target.predict(tokens, tokens), 0.0)
+
     def draft_token_s(self, context: int) -> float:
         """T_SSM: one draft forward (one drafted token)."""
         if self.draft is not None:
@@ -62,7 +78,10 @@ class SDCosts:
         return max(verify + depth * draft, 1e-9)
 
 
-def remaining_time(remaining_tokens: float, acceptance: float, depth: float, t_ssm: float, t_llm: float) -> float:
-    """Eq. 6: rounds still needed, L/(n·A + 1), times the cost of a round, n·T_SSM + T_LLM."""
+def remaining_time(remaining_tokens: float, acceptance: float, depth: float, t_ssm: float, t_llm: float,
+                   t_prefill: float = 0.0) -> float:  # fmt: skip
+    """Eq. 6: rounds still needed, L/(n·A + 1), times the cost of a round, n·T_SSM + T_LLM; plus ``t_prefill``,
+    the (re)prefill a request not holding its KV must pay before it decodes again (this project's switching
+    cost, LAPS-SD §3 Figure 2: a running request does not pay it, so it is preempted only for a shorter job)."""
     rounds = max(remaining_tokens, 0.0) / (depth * acceptance + 1.0)
-    return rounds * (depth * t_ssm + t_llm)
+    return t_prefill + rounds * (depth * t_ssm + t_llm)

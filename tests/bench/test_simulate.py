@@ -13,9 +13,11 @@ from bench.simulate.acceptance import (ALL, AcceptanceTrace, PositionCounts, Tra
                                        prompt_key, request_scale, scale_for_rate)  # fmt: skip
 from bench.simulate.grid_costs import GridProfile, grid_costs, measure_grid
 from bench.simulate.recorder import AcceptanceRecorder
-from bench.simulate.host_time import HostLine, HostSamples, HostTimeRecorder, HostTimes, fit_line, with_host
+from bench.simulate.host_time import (HostLine, HostSamples, HostTimeRecorder, HostTimes, fit_forward_excess, fit_line,
+                                      with_host)  # fmt: skip
 from bench.simulate.roofline import checks, roofline
 from bench.simulate.runner import Phases, SimBackend, SimOptions, SimStack
+from bench.simulate.shared_processor import SharedProcessor
 from bench.simulate.step_costs import ConstantCosts, ProfileCosts, ProfileError, load_profile_costs
 from bench.simulate.workers import SimBook, SimDraft, SimTarget
 from bench.tokens import PromptEncoder
@@ -254,6 +256,8 @@ def test_fidelity_smoke_on_the_tiny_pair(tmp_path):
     host = HostTimes.model_validate_json((tmp_path / "fid" / "host-times.json").read_text())
     assert host.target.samples > 0 and host.draft.samples > 0 and host.scheduler.samples > 0
     assert len(out["cells_forwards_only"]) == len(out["cells"])
+    assert host.target_forward.samples > 0 and host.draft_forward.samples > 0  # each forward against its grid charge
+    assert "overlapping calls share the CPU" in (tmp_path / "fid" / "README.md").read_text()
 
 
 def test_host_line_fit_and_charge():
@@ -276,3 +280,71 @@ def test_host_time_recorder_takes_the_schedulers_own_time():
     rec.on_step(StepReport(1, 0.0, PhaseTimes(select=0.001, verify=0.05, commit=0.002, overhead=0.003), batch_size=3))
     rec.on_step(StepReport(2, 0.0, PhaseTimes(prefill=0.1), batch_size=0))  # prefill only: nothing verified
     assert samples.scheduler == [(3, pytest.approx(0.006))]
+
+
+class _Flat:
+    """Every forward costs ``forward`` seconds (a stand-in grid)."""
+
+    name, call_s = "flat", 0.0
+
+    def __init__(self, forward: float) -> None:
+        self.forward = forward
+
+    def forward_s(self, num_seqs: int, num_batched: int, num_context: int, verify: bool = False) -> float:
+        return self.forward
+
+
+def test_forward_excess_is_fitted_per_sequence_over_the_grid_charge():
+    inner = _Flat(0.010)
+    # decode / verify forwards costing the grid's 10 ms plus 0.5 ms per sequence; a prefill (N/S > 8) far off
+    forwards = [(s, 2 * s, 100 * s, 0.010 + 0.0005 * s) for s in (1, 2, 4, 8)] + [(1, 300, 300, 0.5)]
+    line = fit_forward_excess(forwards, inner)
+    assert line.per_seq_s == pytest.approx(0.0005) and line.base_s == pytest.approx(0.0) and line.samples == 4
+    # an intercept that would come out negative: the line through the origin instead, never below zero
+    assert fit_forward_excess([(1, 1, 64, 0.0099), (8, 8, 512, 0.018)], inner).base_s == 0.0
+    assert fit_forward_excess([(1, 1, 64, 0.0099), (8, 8, 512, 0.018)], inner).per_seq_s > 0
+    assert fit_forward_excess([(4, 4, 64, 0.005)], inner) == HostLine(samples=1)  # faster than the grid: no excess
+    assert fit_forward_excess([], inner) == HostLine()
+    costs = with_host(inner, forward=HostLine(per_seq_s=0.001))  # charged on every forward, not per call
+    assert costs.call_s == 0.0 and costs.forward_s(4, 8, 100) == pytest.approx(0.014)
+
+
+def test_shared_processor_splits_the_cores_between_overlapping_calls():
+    async def go():
+        clock = FakeClock()
+        cpu = SharedProcessor(clock)
+        done = {}
+
+        async def job(name, seconds, start=0.0):
+            await clock.sleep(start)
+            await cpu.run(seconds)
+            done[name] = clock.now()
+
+        await job("alone", 1.0)
+        t0 = clock.now()
+        await asyncio.gather(job("short", 1.0), job("long", 2.0))  # both at rate 1/2 until short is done
+        await asyncio.gather(job("a", 2.0), job("b", 0.5, start=1.0))  # b arrives half way through a's work
+        return t0, done, cpu
+
+    t0, done, cpu = asyncio.run(go())
+    assert done["alone"] == pytest.approx(1.0)
+    assert done["short"] - t0 == pytest.approx(2.0) and done["long"] - t0 == pytest.approx(3.0)  # work conserved
+    start = t0 + 3.0
+    assert done["b"] - start == pytest.approx(2.0) and done["a"] - start == pytest.approx(2.5)
+    assert cpu.running == 0 and cpu.busy_s == pytest.approx(6.5)
+
+
+def test_simulated_prefills_overlap_for_free_on_devices_and_share_one_cpu():
+    costs = _Flat(0.1)
+
+    async def prefill_both(shared: bool) -> float:
+        clock = FakeClock()
+        cpu = SharedProcessor(clock) if shared else None
+        book = SimBook(None)
+        target, draft = SimTarget(book, costs, clock, processor=cpu), SimDraft(book, costs, clock, processor=cpu)
+        items = [PrefillItem("r", [1, 2, 3])]
+        await asyncio.gather(target.prefill(items), draft.prefill(items))
+        return clock.now()
+
+    assert asyncio.run(prefill_both(False)) == pytest.approx(0.1)
+    assert asyncio.run(prefill_both(True)) == pytest.approx(0.2)

@@ -84,6 +84,19 @@ def test_eq6_rounds_times_round_cost():
     assert remaining_time(60, 0.0, 0, t_ssm=0.01, t_llm=0.1) == pytest.approx(60 * 0.1)  # plain decoding
 
 
+def test_eq6_plus_the_prefill_of_a_request_not_holding_its_kv():
+    assert remaining_time(60, 0.5, 4, 0.01, 0.1, t_prefill=0.7) == pytest.approx(0.7 + 20 * (0.04 + 0.1))
+    c = SDCosts(target=CostModel(alpha_s=1e-5, gamma_s=1e-3, delta_s=0.05))
+    assert c.prefill_s(1000) == pytest.approx(1000 * 1e-5 + 1000 * 1e-3 + 0.05)
+    assert c.prefill_s(0) == 0.0 and SDCosts().prefill_s(1000) == 0.0  # no profile: nothing to charge it in
+    p = LapsSD(LapsConfig(costs=c), predictor=MaxTokensPredictor())
+    waiting, running = req("w", prompt=1000), req("r", prompt=1000, running=True)
+    resident = req("res", prompt=1000)
+    resident.resident = True  # preempted with its KV kept: resumes without a prefill
+    assert [LapsSD.tokens_to_prefill(r) for r in (waiting, running, resident)] == [1000, 0, 0]
+    assert p.estimated_remaining_s(waiting, 0.5) == pytest.approx(p.estimated_remaining_s(running, 0.5) + c.prefill_s(1000))
+
+
 def test_costs_from_profiled_cost_models():
     target = CostModel(alpha_s=1e-5, gamma_s=1e-3, delta_s=0.05)
     c = SDCosts(target=target)
@@ -188,6 +201,21 @@ def test_preempts_only_non_perceptible_running_requests():
     run_np.accepted_lens, run_np.drafted_depths = list(STABLE), [4] * len(STABLE)
     adm = p.schedule([new], [run_np, run_p], cap, now=9.0)
     assert adm.admit == [] and adm.preempt == []
+
+
+def test_estimate_preempts_only_where_the_order_pays_for_the_switch():
+    # decode 10 ms a token, prefill 1 ms a token: a 1,000-token request's re-prefill is worth 100 decode rounds
+    costs = SDCosts(target=CostModel(gamma_s=1e-3, delta_s=0.009), draft=CostModel(delta_s=1e-9))
+    cfg = LapsConfig(levels=QueueLevels(4, 100.0, 2.0), stability=Stability(4, 0.05), unstable="estimate", costs=costs)
+    p = LapsSD(cfg, predictor=MaxTokensPredictor())
+    cap = Capacity(max_batch_size=1, max_tokens_in_flight=1 << 20)
+    running = req("running", arrival=0.0, prompt=1000, max_new=200, generated=50, running=True)  # 150 rounds left
+    a_bit_shorter = req("a_bit_shorter", arrival=1.0, prompt=100, max_new=100)  # 0.1 s prefill + 100 rounds
+    adm = p.schedule([a_bit_shorter], [running], cap, now=2.0)
+    assert adm.admit == [] and adm.preempt == []  # saves 0.4 s of decode, costs a 1 s re-prefill
+    much_shorter = req("much_shorter", arrival=1.0, prompt=100, max_new=10)  # 0.1 s + 10 rounds
+    adm = p.schedule([much_shorter], [running], cap, now=2.0)
+    assert [r.id for r in adm.admit] == ["much_shorter"] and [r.id for r in adm.preempt] == ["running"]
 
 
 def test_no_preemption_without_a_better_waiting_request():
