@@ -21,6 +21,9 @@ chain's rate is a sum of products of p_i, not linear in the scale). A request wh
 the trace saw (``prompts``: ``prompt_key`` -> that prompt's own reached/accepted) uses
 those p_i instead: greedy decoding makes acceptance a property of the prompt, so a
 simulator replaying the recorded prompts must not reshuffle which ones are easy.
+The key also names the request's output budget (``replay_key``: ``<prompt>+<max_new_tokens>``):
+the same prompt asked for 48 tokens and for 32 generates a different span, whose acceptance
+differs; a lookup of a span the trace did not see falls back to every span of that prompt.
 
 Trees (AdaServe's policies) need the chance that the target's token is among the
 draft's top w at a position; chains record only the top 1. The simulator assumes
@@ -37,7 +40,7 @@ import random
 import statistics
 from pathlib import Path
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
 
 TRACE_VERSION = 1
 SIBLING_MISS = 0.7  # an assumption, not a measurement (docs/simulate.md)
@@ -126,6 +129,7 @@ class AcceptanceTrace(BaseModel):
     target: str = Field(description="The target that verified.")
     source: str = Field("", description="How it was recorded: command, machine, date.")
     kinds: dict[str, PositionCounts] = Field(description="Per prompt kind, plus 'all'.")
+    _spans: dict[str, Positions | None] = PrivateAttr(default_factory=dict)  # prompt -> its spans merged
 
     @model_validator(mode="after")
     def _usable(self) -> AcceptanceTrace:
@@ -140,14 +144,23 @@ class AcceptanceTrace(BaseModel):
         return c if c is not None and c.num_steps > 0 else self.kinds[ALL]
 
     def prompt(self, key: str | None) -> Positions | None:
-        """The positions recorded for one prompt (any kind), or None when the trace never saw it."""
+        """The positions recorded for one prompt (any kind), or None when the trace never saw it: the key's own
+        span, else every span recorded for its prompt merged (``replay_key``; a trace keyed by prompt alone too)."""
         if key is None:
             return None
         for counts in self.kinds.values():
             found = counts.prompts.get(key)
             if found is not None and found.num_steps > 0:
                 return found
-        return None
+        base = key.partition("+")[0]
+        if base not in self._spans:  # once per prompt: a simulation looks each request's up
+            merged = Positions()
+            for counts in self.kinds.values():
+                for k, positions in counts.prompts.items():
+                    if k.partition("+")[0] == base:
+                        merged.merge(positions)
+            self._spans[base] = merged if merged.num_steps > 0 else None
+        return self._spans[base]
 
     def mean_accepted(self, kind: str = ALL, k: int = 4) -> float:
         """Expected accepted draft tokens of a chain of ``k`` (SmartSpec eq. 8 with measured p_i)."""
@@ -220,6 +233,12 @@ class ChainSampler:
 def prompt_key(prompt_ids) -> str:
     """What identifies a prompt across runs and processes (its token ids), short."""
     return hashlib.sha1(",".join(map(str, prompt_ids)).encode()).hexdigest()[:16]
+
+
+def replay_key(prompt_ids, max_new_tokens: int | None = None) -> str:
+    """A prompt and the output budget it was asked with: greedy decoding makes the pair one output span."""
+    key = prompt_key(prompt_ids)
+    return key if max_new_tokens is None else f"{key}+{max_new_tokens}"
 
 
 def chain_rate(p: list[float], k: int, scale: float = 1.0) -> float:

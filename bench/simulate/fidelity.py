@@ -32,7 +32,7 @@ from pathlib import Path
 
 from bench.configs import Config
 from bench.drivers import Job, RealTimer, Run
-from bench.simulate.acceptance import prompt_key
+from bench.simulate.acceptance import replay_key
 from bench.simulate.host_time import HostSamples, HostTimeRecorder, timed_workers, with_host
 from bench.simulate.recorder import AcceptanceRecorder
 from bench.simulate.runner import Phases, SimBackend, SimOptions, SimStack, drive
@@ -62,7 +62,7 @@ class LocalBackend:
                           queue_policy=queue_policy(key.queue_policy),
                           observers=[self.recorder, HostTimeRecorder(self.host)])  # fmt: skip
         tag = lambda req, job: self.recorder.tag(req.id, job.encoded.item.prompt.kind,  # noqa: E731
-                                                 prompt_key(job.encoded.prompt_ids))  # fmt: skip
+                                                 replay_key(job.encoded.prompt_ids, job.max_new_tokens))  # fmt: skip
         return await drive(sched, config, jobs, RealTimer(), mode, concurrency, self.stop_token_ids, tag)
 
 

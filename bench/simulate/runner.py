@@ -26,7 +26,7 @@ from typing import Protocol
 from bench import arrivals, report
 from bench.configs import Config, parse_list
 from bench.drivers import Job, OnChunk, Outcome, Record, Run, Sender, closed_loop, open_loop
-from bench.simulate.acceptance import AcceptanceTrace, prompt_key
+from bench.simulate.acceptance import AcceptanceTrace, replay_key
 from bench.simulate.shared_processor import SharedProcessor
 from bench.simulate.step_costs import StepCosts, fitted
 from bench.simulate.workers import STOP_TOKEN, SimBook, SimDraft, SimTarget
@@ -173,7 +173,7 @@ class SimBackend:
         book = SimBook(self.stack.trace, self.seed)
         for j in jobs:
             book.add(j.request_id, j.encoded.item.prompt.kind, len(j.encoded.prompt_ids), self.output_len(j),
-                     prompt_key(j.encoded.prompt_ids))  # fmt: skip
+                     replay_key(j.encoded.prompt_ids, j.max_new_tokens))  # fmt: skip
         cpu = SharedProcessor(clock) if self.stack.shared_processor else None
         target = SimTarget(book, self.stack.target, clock, self.seed, cpu)
         draft = None

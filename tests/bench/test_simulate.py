@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from bench.simulate.acceptance import (ALL, AcceptanceTrace, PositionCounts, TraceError, load_trace, chain_rate,
-                                       prompt_key, request_scale, scale_for_rate)  # fmt: skip
+                                       prompt_key, replay_key, request_scale, scale_for_rate)  # fmt: skip
 from bench.simulate.grid_costs import GridProfile, grid_costs, measure_grid
 from bench.simulate.recorder import AcceptanceRecorder
 from bench.simulate.host_time import (HostLine, HostSamples, HostTimeRecorder, HostTimes, fit_forward_excess, fit_line,
@@ -187,6 +187,7 @@ def test_a_recorded_prompt_keeps_its_own_acceptance(tmp_path):
     book.add("b", "chat", 3, 10, hard)
     assert book.requests["a"].sampler.probs(4) == [1.0] * 4 and book.requests["b"].sampler.p(0) == 0.0
     drawn = {request_scale(trace, "chat", random.Random(s)) for s in range(20)}
+    assert trace.prompt(replay_key([1, 2, 3], 48)).rates() == [1.0] * 4  # a trace keyed by prompt alone serves spans
     assert len(drawn) > 1  # an unseen prompt draws its rate from the recorded requests
 
 
@@ -348,3 +349,18 @@ def test_simulated_prefills_overlap_for_free_on_devices_and_share_one_cpu():
 
     assert asyncio.run(prefill_both(False)) == pytest.approx(0.1)
     assert asyncio.run(prefill_both(True)) == pytest.approx(0.2)
+
+
+def test_a_prompt_replays_the_span_its_budget_generated():
+    """The same prompt asked for 48 tokens and for 32: each span its own acceptance, others get them merged."""
+    rec = AcceptanceRecorder("d", "t")
+    long_, short = replay_key([1, 2, 3], 48), replay_key([1, 2, 3], 32)
+    assert long_.startswith(prompt_key([1, 2, 3])) and long_ != short and replay_key([1, 2, 3]) == prompt_key([1, 2, 3])
+    for rid, key, accepted in (("a", long_, 2), ("b", short, 0)):
+        rec.tag(rid, "chat", key)
+        rec.on_step(StepReport(step=0, started_at=0.0, outcomes=[
+            RequestOutcome(rid, SpecShape.chain(2), num_drafted=2, num_accepted=accepted, num_emitted=accepted + 1)]))  # fmt: skip
+    trace = rec.trace()
+    assert trace.prompt(long_).rates() == [1.0, 1.0] and trace.prompt(short).rates() == [0.0]
+    assert trace.prompt(replay_key([1, 2, 3], 64)).rates() == [0.5, 1.0]  # unseen budget: both spans merged
+    assert trace.prompt(prompt_key([1, 2, 3])).num_steps == 2 and trace.prompt(replay_key([9], 48)) is None
