@@ -163,12 +163,44 @@ def faser(results: dict, folder: Path) -> list[dict]:
 CHECKS = {"adaptive": adaptive, "slo": adaserve, "order": laps, "faser": faser}
 
 
+def _by_factor(results: dict) -> dict[float, str]:
+    """Load factor (x batch-1 capacity, ``--rate-factors``) -> the sweep's load key (rates ascend with factors)."""
+    loads = sorted(results.get("sweep") or {}, key=lambda load: float(load.split("=")[1]))
+    factors = sorted((results.get("options") or {}).get("rate_factors") or [])
+    return dict(zip(factors, loads)) if len(factors) == len(loads) else {float(i): lo for i, lo in enumerate(loads)}
+
+
+def merged_adaptive(low: dict, high: dict) -> dict:
+    """A rerun of the higher loads (``adaptive-<suffix>-high``) over the first run: the first run's loads at the
+    factors the rerun did not measure (each run's rates are factors of its own measured capacity), then the
+    rerun's loads and bursty trace; the command names both."""
+    redone = _by_factor(high)
+    kept = {f: lo for f, lo in _by_factor(low).items() if f not in redone}
+    sweep = {lo: low["sweep"][lo] for lo in kept.values()} | (high.get("sweep") or {})
+    sweep = dict(sorted(sweep.items(), key=lambda item: float(item[0].split("=")[1])))
+    factors = ", ".join(f"{f:g}x" for f in kept)
+    return {**high, "sweep": sweep, "bursty": high.get("bursty") or low.get("bursty") or {},
+            "command": f"{low.get('command')} (its {factors} loads) + {high.get('command')}"}  # fmt: skip
+
+
+def results_of(root: Path, bench: str, suffix: str) -> tuple[dict, Path] | None:
+    """A bench's results and folder; the adaptive bench's merged with its high-load rerun when there is one."""
+    folder = root / f"{bench}-{suffix}"
+    if not (folder / "results.json").is_file():
+        return None
+    results = json.loads((folder / "results.json").read_text())
+    high = root / f"{bench}-{suffix}-high"
+    if bench == "adaptive" and (high / "results.json").is_file():
+        return merged_adaptive(results, json.loads((high / "results.json").read_text())), high
+    return results, folder
+
+
 def collect(root: Path, suffix: str) -> list[dict]:
     rows = []
     for bench, check in CHECKS.items():
-        folder = root / f"{bench}-{suffix}"
-        if (folder / "results.json").is_file():
-            rows += check(json.loads((folder / "results.json").read_text()), folder)
+        found = results_of(root, bench, suffix)
+        if found is not None:
+            rows += check(*found)
     return rows
 
 
@@ -196,9 +228,9 @@ def plot(rows: list[dict], root: Path, suffix: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 4, figsize=(18, 4))
-    ad = root / f"adaptive-{suffix}" / "results.json"
-    if ad.is_file():
-        g = adaptive_goals.goals(json.loads(ad.read_text()))
+    ad = results_of(root, "adaptive", suffix)
+    if ad is not None:
+        g = adaptive_goals.goals(ad[0])
         loads = [*g["sweep"], *g["bursty"]]
         labels = [lo.split(",")[0] if lo.startswith("on=") else lo for lo in loads]
         for p in ADAPTIVE_POLICIES:

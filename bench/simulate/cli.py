@@ -88,6 +88,7 @@ def fidelity(
     name: str = typer.Option("simulate-fidelity", help="Results go to bench/results/<name>/."),
     quick: bool = typer.Option(False, help="A smoke run: one prompt, three requests per load, a quick profile."),
     seed: int = typer.Option(0),
+    seeds: int = typer.Option(5, min=1, help="Simulations per comparison (seed, seed + 1, ...), averaged."),
 ) -> None:
     """Real vs simulated on the CPU demo pair, back to back in this process (bench.simulate.fidelity)."""
     from bench.simulate.fidelity import fidelity_options, run_fidelity, table
@@ -95,7 +96,7 @@ def fidelity(
     opts = fidelity_options(name=name)
     if quick:
         opts = fidelity_options(name=name, num_prompts=1, max_new_tokens=8, sweep_requests=3, sweep_max_new_tokens=8)
-    out = run_fidelity(RESULTS_ROOT / name, opts, quick_profile=quick, seed=seed)
+    out = run_fidelity(RESULTS_ROOT / name, opts, quick_profile=quick, seed=seed, seeds=seeds)
     typer.echo(table(out["cells"]))
 
 

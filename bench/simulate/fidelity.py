@@ -40,6 +40,7 @@ from bench.simulate.grid_costs import GridProfile, grid_costs, measure_grid, poo
 from scheduler.engine_loop import Scheduler, SchedulerConfig
 
 CONFIGS = ["target-only", "tandem-k3", "policy:smartspec"]
+SIM_SEEDS = 5  # simulations per comparison, averaged (acceptance draws)
 METRICS = {"latency_s": ("latency_s", "mean"), "tpot_s": ("tpot_s", "mean"), "throughput_tok_s": ("throughput_tok_s",)}
 
 
@@ -89,7 +90,7 @@ def _grid(runner, name: str, quick: bool) -> GridProfile:
 
 
 def run_fidelity(out_dir: Path, opts: SimOptions | None = None, pair: str = "demo", quick_profile: bool = False,
-                 seed: int = 0, log=print, models=None) -> dict:  # fmt: skip
+                 seed: int = 0, log=print, models=None, seeds: int = SIM_SEEDS) -> dict:  # fmt: skip
     from bench.stack import Models
     from bench.tokens import PromptEncoder
     from shared.engine.factory import build_draft_engine, build_target_engine
@@ -135,12 +136,17 @@ def run_fidelity(out_dir: Path, opts: SimOptions | None = None, pair: str = "dem
                                    "baseline_ttft_s": real.baseline_ttft_s})  # fmt: skip
 
     def simulate(target_costs, draft_costs, shared: bool) -> tuple[dict, float]:
+        """The mean over ``seeds`` simulations (acceptance drawn with each seed): the real run is one greedy
+        outcome, a simulation one draw of the trace's acceptance; at batch 1 (6 requests, ~200 steps) one
+        draw's tokens per step varies by +-10 %, so one seed would measure the draw, not the model."""
         stack = SimStack(target_costs, draft_costs, trace, sched_config, give_cost_models=False, shared_processor=shared)
-        sim = Phases(sim_opts, SimBackend(stack, seed, lambda job: lengths.get(_item_key(job), job.max_new_tokens)),
-                     encoder, log)  # fmt: skip
-        t = time.time()
-        asyncio.run(sim.run())
-        return sim.results(), time.time() - t
+        runs, t = [], time.time()
+        for s in range(seed, seed + seeds):
+            sim = Phases(sim_opts, SimBackend(stack, s, lambda job: lengths.get(_item_key(job), job.max_new_tokens)),
+                         encoder, log)  # fmt: skip
+            asyncio.run(sim.run())
+            runs.append(sim.results())
+        return seed_mean(runs), time.time() - t
 
     forwards_only, _ = simulate(t_costs, d_costs, shared=False)  # the forward grids alone: what the rest adds
     # one CPU: the draft's and the target's overlapping calls share its cores (shared_processor.py)
@@ -152,6 +158,7 @@ def run_fidelity(out_dir: Path, opts: SimOptions | None = None, pair: str = "dem
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "load_average_before": load_before,
                     "load_average_after": load_after, "uptime": _uptime()},
         "started_unix": started, "duration_s": time.time() - started, "simulation_wall_s": sim_seconds,
+        "simulation_seeds": list(range(seed, seed + seeds)),
         "profiles": {w: {"target": p[0].cost_model.model_dump(), "draft": p[1].cost_model.model_dump()} for w, p in prof.items()},
         "grids": {"target": "grid-target.json", "draft": "grid-draft.json"},
         "host_times": host.model_dump(), "cells_forwards_only": compare(real_results, forwards_only),
@@ -177,7 +184,10 @@ def readme(out: dict) -> str:
              f"Pair: {out['pair']}; the real Scheduler over the real engines in-process vs the same Scheduler on "
              f"simulated workers (step costs: the forward grids measured before and after, averaged, `grid-*.json`; acceptance: the trace the "
              f"real runs recorded, `trace-demo.json`, mean accepted of a k = 3 chain {out['trace']['mean_accepted_k3']:.2f})  ",
-             f"Run: {out['duration_s']:.0f} s, of which simulation {out['simulation_wall_s']:.1f} s", "",
+             f"Run: {out['duration_s']:.0f} s, of which simulation {out['simulation_wall_s']:.1f} s; each simulated "
+             f"value is the mean of {len(out.get('simulation_seeds', [0]))} simulations (seeds "
+             f"{', '.join(map(str, out.get('simulation_seeds', [0])))}: acceptance drawn anew), the last column the "
+             f"error of each", "",
              *_host_lines(out),
              f"**{len(within)} of {len(cells)} cells within 10 %**"
              + (f"; the worst: {worst['phase']} {worst['load']} {worst['config']} {worst['metric']} "
@@ -230,6 +240,36 @@ def _uptime() -> str:
         return ""
 
 
+def seed_mean(runs: list[dict]) -> dict:
+    """The first run's results with each compared metric replaced by its mean over ``runs``; the per-seed values
+    kept under the summary's ``seed_values``."""
+    out = json.loads(json.dumps(runs[0]))
+    for phase in ("batch1", "sweep", "bursty"):
+        loads = {"": out["batch1"]} if phase == "batch1" else out.get(phase, {})
+        for load, per in loads.items():
+            for config, row in per.items():
+                values = {}
+                for metric, path in METRICS.items():
+                    xs = [_get(_phase_row(r, phase, load, config), path) for r in runs]
+                    xs = [x for x in xs if x is not None]
+                    if xs:
+                        _set(row["summary"], path, sum(xs) / len(xs))
+                        values[metric] = xs
+                row["summary"]["seed_values"] = values
+    return out
+
+
+def _phase_row(results: dict, phase: str, load: str, config: str) -> dict:
+    row = results["batch1"].get(config) if phase == "batch1" else results.get(phase, {}).get(load, {}).get(config)
+    return (row or {}).get("summary", {})
+
+
+def _set(d: dict, path: tuple[str, ...], value) -> None:
+    for k in path[:-1]:
+        d = d.setdefault(k, {})
+    d[path[-1]] = value
+
+
 def compare(real: dict, sim: dict) -> list[dict]:
     """One row per (phase, load, configuration, metric): real, simulated, relative error."""
     rows = []
@@ -244,8 +284,10 @@ def compare(real: dict, sim: dict) -> list[dict]:
                 for metric, path in METRICS.items():
                     r, s = _get(row["summary"], path), _get(other["summary"], path)
                     err = (s - r) / r if r and s is not None else None
+                    seeds = other["summary"].get("seed_values", {}).get(metric) or []
                     rows.append({"phase": phase, "load": load, "config": config, "metric": metric, "real": r,
-                                 "simulated": s, "error": err})  # fmt: skip
+                                 "simulated": s, "error": err,
+                                 "error_range": [(min(seeds) - r) / r, (max(seeds) - r) / r] if r and seeds else None})  # fmt: skip
     return rows
 
 
@@ -257,10 +299,13 @@ def _get(d: dict, path: tuple[str, ...]):
 
 def table(cells: list[dict]) -> str:
     """The cells as a markdown table (README)."""
-    lines = ["| phase | load | configuration | metric | real | simulated | error |", "|---|---|---|---|---|---|---|"]
+    lines = ["| phase | load | configuration | metric | real | simulated (seed mean) | error | error per seed |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for c in cells:
         fmt = (lambda x: f"{x:.1f}") if c["metric"] == "throughput_tok_s" else (lambda x: f"{x * 1e3:.1f} ms")
         err = "" if c["error"] is None else f"{c['error'] * 100:+.1f} %"
+        rng = c.get("error_range")
+        spread = f"{rng[0] * 100:+.1f} .. {rng[1] * 100:+.1f} %" if rng else ""
         lines.append(f"| {c['phase']} | {c['load']} | {c['config']} | {c['metric']} | {fmt(c['real'])} | "
-                     f"{fmt(c['simulated'])} | {err} |")  # fmt: skip
+                     f"{fmt(c['simulated'])} | {err} | {spread} |")  # fmt: skip
     return "\n".join(lines)

@@ -245,7 +245,7 @@ def test_fidelity_smoke_on_the_tiny_pair(tmp_path):
     opts = fidelity_options(num_prompts=1, max_new_tokens=6, sweep_requests=3, sweep_max_new_tokens=6,
                             rate_factors=[1.0], bursty=False)  # fmt: skip
     out = run_fidelity(tmp_path / "fid", opts, quick_profile=True, models=Models(target=target, draft=draft),
-                       log=lambda _: None)  # fmt: skip
+                       log=lambda _: None, seeds=2)  # fmt: skip
     metrics = {(c["phase"], c["config"], c["metric"]) for c in out["cells"]}
     assert ("batch1", "tandem-k3", "tpot_s") in metrics and ("sweep", "policy:smartspec", "latency_s") in metrics
     trace = load_trace(tmp_path / "fid" / "trace-demo.json")
@@ -257,6 +257,7 @@ def test_fidelity_smoke_on_the_tiny_pair(tmp_path):
     host = HostTimes.model_validate_json((tmp_path / "fid" / "host-times.json").read_text())
     assert host.target.samples > 0 and host.draft.samples > 0 and host.scheduler.samples > 0
     assert len(out["cells_forwards_only"]) == len(out["cells"])
+    assert out["simulation_seeds"] == [0, 1] and all(len(c["error_range"]) == 2 for c in out["cells"] if c["real"])
     assert host.target_forward.samples > 0 and host.draft_forward.samples > 0  # each forward against its grid charge
     assert "overlapping calls share the CPU" in (tmp_path / "fid" / "README.md").read_text()
 
@@ -364,3 +365,18 @@ def test_a_prompt_replays_the_span_its_budget_generated():
     assert trace.prompt(long_).rates() == [1.0, 1.0] and trace.prompt(short).rates() == [0.0]
     assert trace.prompt(replay_key([1, 2, 3], 64)).rates() == [0.5, 1.0]  # unseen budget: both spans merged
     assert trace.prompt(prompt_key([1, 2, 3])).num_steps == 2 and trace.prompt(replay_key([9], 48)) is None
+
+
+def test_fidelity_averages_the_simulations_over_seeds():
+    from bench.simulate.fidelity import compare, seed_mean
+
+    def results(latency: float) -> dict:
+        summary = {"latency_s": {"mean": latency}, "tpot_s": {"mean": latency / 10}, "throughput_tok_s": 10.0}
+        return {"batch1": {"k3": {"summary": dict(summary)}}, "sweep": {"rate=1": {"k3": {"summary": dict(summary)}}}}
+
+    sim = seed_mean([results(1.0), results(2.0), results(3.0)])
+    assert sim["sweep"]["rate=1"]["k3"]["summary"]["latency_s"]["mean"] == pytest.approx(2.0)
+    assert sim["batch1"]["k3"]["summary"]["seed_values"]["latency_s"] == [1.0, 2.0, 3.0]
+    cells = {(c["phase"], c["metric"]): c for c in compare(results(2.0), sim)}
+    assert cells[("sweep", "latency_s")]["error"] == pytest.approx(0.0)
+    assert cells[("sweep", "latency_s")]["error_range"] == pytest.approx([-0.5, 0.5])

@@ -1,0 +1,39 @@
+"""bench.goals_table: a high-load rerun of the adaptive bench merges over the first run's lower loads."""
+
+from __future__ import annotations
+
+import json
+
+from bench.goals_table import _met, merged_adaptive, results_of
+
+
+def _run(command: str, rates: list[float], bursty: str, factors: list[float] | None = None) -> dict:
+    return {"command": command, "sweep": {f"rate={r}": {"k": r} for r in rates}, "bursty": {bursty: {"k": 0}},
+            "options": {"rate_factors": factors or [float(i + 1) for i in range(len(rates))]}}  # fmt: skip
+
+
+def test_high_load_rerun_replaces_the_loads_it_covers():
+    # each run's rates are factors of its own measured capacity: 2x was 0.607 req/s in one, 0.652 in the other
+    low = _run("first", [0.152, 0.304, 0.607, 1.21], "on=1.21", [0.5, 1, 2, 4])
+    high = _run("rerun", [0.652, 1.3], "on=1.3", [2, 4])
+    merged = merged_adaptive(low, high)
+    assert list(merged["sweep"]) == ["rate=0.152", "rate=0.304", "rate=0.652", "rate=1.3"]
+    assert list(merged["bursty"]) == ["on=1.3"]
+    assert merged["command"] == "first (its 0.5x, 1x loads) + rerun"
+
+
+def test_results_of_reads_the_rerun_beside_the_first_run(tmp_path):
+    for name, run in (("adaptive-g", _run("first", [0.1, 1.0], "b1", [1, 4])), ("adaptive-g-high", _run("rerun", [0.5], "b2", [4])),
+                      ("order-g", {"command": "order"}), ("order-g-high", {"command": "ignored"})):  # fmt: skip
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(run))
+    results, folder = results_of(tmp_path, "adaptive", "g")
+    assert folder.name == "adaptive-g-high" and list(results["sweep"]) == ["rate=0.1", "rate=0.5"]
+    results, folder = results_of(tmp_path, "order", "g")  # only the adaptive bench has a high-load rerun
+    assert folder.name == "order-g" and results["command"] == "order"
+    assert results_of(tmp_path, "slo", "g") is None
+
+
+def test_a_goal_needs_the_pooled_value_and_most_repeats():
+    assert _met(True, [True, True, False]) and not _met(True, [True, False, False]) and not _met(False, [True] * 3)
+    assert _met(True, [])  # repeats unknown: the pooled value decides
