@@ -50,7 +50,14 @@ class SharedProcessor:
         self._remaining[job] = seconds
         self._done[job] = asyncio.get_running_loop().create_future()
         self._replan()
-        await self._done[job]
+        try:
+            await self._done[job]
+        finally:
+            if job in self._remaining:  # cancelled mid-way: it stops taking a share
+                self._advance()
+                del self._remaining[job]
+                self._done.pop(job, None)
+                self._replan()
 
     # -- internals ---------------------------------------------------------------------------
     def _advance(self) -> None:

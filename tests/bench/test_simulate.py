@@ -336,6 +336,22 @@ def test_shared_processor_splits_the_cores_between_overlapping_calls():
     assert cpu.running == 0 and cpu.busy_s == pytest.approx(6.5)
 
 
+def test_a_cancelled_call_stops_taking_its_share():
+    async def go():
+        clock = FakeClock()
+        cpu = SharedProcessor(clock)
+        ghost = asyncio.ensure_future(cpu.run(10.0))
+        await clock.sleep(1.0)  # 1 s alone: 9 s of its work left
+        ghost.cancel()
+        await asyncio.gather(ghost, return_exceptions=True)
+        t0 = clock.now()
+        await cpu.run(1.0)
+        return clock.now() - t0, cpu.running
+
+    took, running = asyncio.run(go())
+    assert took == pytest.approx(1.0) and running == 0
+
+
 def test_simulated_prefills_overlap_for_free_on_devices_and_share_one_cpu():
     costs = _Flat(0.1)
 
