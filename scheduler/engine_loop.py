@@ -317,11 +317,8 @@ class Scheduler:
 
         times.total = clock.now() - t0
         times.overhead = times.total - (times.prefill + times.speculate + times.select + times.verify + times.commit)
-        # LAPS-SD §4.2: E_i is the speculation and verification time a request received; the step's prefills
-        # (of other requests, or its own (re)prefill) are not its decoding service
-        served = times.total - times.prefill
-        for req in batch:
-            req.attained_service_s += served
+        for req in batch:  # LAPS-SD §4.2: E_i is speculation + verification time, not the step's prefills
+            req.attained_service_s += times.total - times.prefill
         report.batch_size = len(batch)
         report.draft_available = self.link.up
         report.draft_error = self.link.error
