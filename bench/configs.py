@@ -6,6 +6,9 @@
                       e.g. policy:fixed:4. Each distinct policy needs a stack of its own.
     order:<queue>     Tandem, a fixed chain of 3 per request, on a stack whose scheduler orders requests
                       by the queue policy <queue> (fcfs, las, lp-sjf, laps-sd[:OPTS]); a stack each.
+    draft:<draft>:k<K>   a chain of K per request from <draft> (a model name/path, ngram[:..], suffix[:..]); a stack each
+    draft:<draft>@<policy>   requests in AUTO under the speculation policy <policy> (e.g. a fixed tree,
+                      specinfer:1-2-1-1) with <draft>; a stack each
     faser:<variant>   FASER's ablation (§6): a fixed chain of 4 per request on a stack whose draft and
                       target split the machine (draft share 0.5: threads on CPU, MPS on CUDA) and whose
                       scheduler / target run with: serial (neither), pipe (TANDEM_FRONTIER=chunk=2),
@@ -117,6 +120,11 @@ def parse(name: str, *, queue_policy: str = "fcfs") -> Config:
             raise ValueError(f"{name}: use offload:on or offload:off, optionally :<policy>")
         key = StackKey(policy or OFFLOAD_POLICY, queue_policy, draft_offload=OFFLOAD_SPEC if switch == "on" else "off")
         return Config(name, "tandem", "auto", key)
+    if name.startswith("draft:") and "@" in name:  # draft:<draft>@<policy>: the stack's policy shapes (trees too)
+        spec, _, policy = name.removeprefix("draft:").partition("@")
+        if not spec or not policy:
+            raise ValueError(f"{name}: use draft:<draft>@<policy>, e.g. draft:smollm2-eagle3@specinfer:1-2-1-1")
+        return Config(name, "tandem", "auto", StackKey(policy, queue_policy, draft_model=spec))
     if name.startswith("draft:"):  # draft:<model or ngram/suffix spec>:k<K>  (bench-drafts: drafts side by side)
         spec, _, k_part = name.removeprefix("draft:").rpartition(":")
         m = re.fullmatch(r"k(\d+)", k_part)
@@ -131,7 +139,7 @@ def parse(name: str, *, queue_policy: str = "fcfs") -> Config:
         return Config(name, "hf", "assisted", hf_options=dict(HF_ASSISTED_HEURISTIC))
     raise ValueError(
         f"unknown configuration {name!r}; use target-only, tandem-k<K>, policy:<name>, order:<queue>, faser:<variant>, "
-        "offload:on|off, draft:<draft>:k<K>, hf-target, hf-assisted or hf-assisted-heuristic"
+        "offload:on|off, draft:<draft>:k<K>, draft:<draft>@<policy>, hf-target, hf-assisted or hf-assisted-heuristic"
     )
 
 

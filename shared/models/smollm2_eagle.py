@@ -10,6 +10,7 @@ and its figures are in ``weights/smollm2-eagle3/report.json``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 from rich.console import Console
 
 from shared.models import smollm2
-from shared.models.paths import Paths, is_prepared, mark_prepared
+from shared.models.paths import PREPARED_MARKER, Paths, is_prepared, mark_prepared
 
 NAME = "smollm2-eagle3"
 WEIGHTS = Path(__file__).resolve().parent / "weights" / NAME
@@ -29,12 +30,15 @@ def prepare(paths: Paths, console: Console | None = None, *, force: bool = False
     """Make ``models/smollm2-eagle3`` exist and be complete; return it. Idempotent."""
     console = console or Console()
     out = paths.model_dir(NAME)
-    if is_prepared(out) and not force:
-        console.print(f"[green]✓[/] {NAME} already prepared at {out}")
-        return out
     head_file = WEIGHTS / "head.safetensors"
     if not head_file.is_file():
         raise FileNotFoundError(f"{head_file} is missing: run `python -m shared.models.eagle` to train the head")
+    digest = head_digest(head_file)
+    if is_prepared(out) and not force:
+        if prepared_digest(out) == digest:
+            console.print(f"[green]✓[/] {NAME} already prepared at {out}")
+            return out
+        console.print(f"{NAME} at {out} was assembled from another head than the committed one: assembling again")
     start = time.perf_counter()
     target_dir = smollm2.prepare(paths, console)
 
@@ -70,7 +74,20 @@ def prepare(paths: Paths, console: Console | None = None, *, force: bool = False
         if (target_dir / name).is_file():
             shutil.copy2(target_dir / name, out / name)
     report = json.loads((WEIGHTS / "report.json").read_text()) if (WEIGHTS / "report.json").is_file() else {}
-    mark_prepared(out, source=head_file.name, target=smollm2.NAME,
+    mark_prepared(out, source=head_file.name, head_sha1=digest, target=smollm2.NAME,
                   heldout_k4=report.get("heldout_k4", {}).get("all", {}).get("mean_accepted_length"))  # fmt: skip
     console.print(f"[green]✓[/] {NAME} assembled at {out} in {time.perf_counter() - start:.0f} s")
     return out
+
+
+def head_digest(head_file: Path) -> str:
+    """SHA-1 of the committed head file: what a prepared copy was assembled from."""
+    return hashlib.sha1(head_file.read_bytes()).hexdigest()
+
+
+def prepared_digest(model_dir: Path) -> str | None:
+    """The head digest recorded when ``model_dir`` was assembled (None: an older copy that recorded none)."""
+    try:
+        return json.loads((model_dir / PREPARED_MARKER).read_text()).get("head_sha1")
+    except (OSError, ValueError):
+        return None

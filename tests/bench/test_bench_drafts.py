@@ -46,7 +46,10 @@ def test_draft_configurations_parse():
     c = parse("draft:suffix:max_depth=8:k3")
     assert c.speculation == 3 and c.stack.draft_model == "suffix:max_depth=8"
     assert parse("draft:ngram:k4").stack.draft_model == "ngram"
-    for bad in ("draft::k4", "draft:ngram", "draft:ngram:k0"):
+    tree = parse("draft:smollm2-eagle3@specinfer:1-2-1-1")  # a fixed tree from the stack's policy
+    assert tree.speculation == "auto" and tree.stack.draft_model == "smollm2-eagle3"
+    assert tree.stack.speculation_policy == "specinfer:1-2-1-1"
+    for bad in ("draft::k4", "draft:ngram", "draft:ngram:k0", "draft:@fixed:3", "draft:suffix@"):
         try:
             parse(bad)
         except ValueError:

@@ -26,7 +26,7 @@ from rich.progress import Progress
 from shared.models.distill.corpus import Prompt
 
 SHARD_SIZE = 64
-BATCH_SIZE = 16
+BATCH_SIZE = 32  # this CPU: 194 tokens/s at 32 vs 142 at 16 (128 new tokens, 2 threads)
 TOP_K = 16
 
 

@@ -87,13 +87,19 @@ def _clean(text: str) -> str | None:
 @torch.inference_mode()
 def questions(model, tokenizer, n: int, cache_dir: Path, *, seed: int = 0, batch_size: int = 32,
               progress=print) -> list[str]:
-    """Up to ``n`` distinct questions (fewer if the pairs run out), cached by (n, seed, model)."""
+    """Up to ``n`` distinct questions (fewer if the rounds run out), cached by (n, seed, model)."""
     key = hashlib.sha1(json.dumps([n, seed, model.config.name_or_path, STYLES, SUBJECTS]).encode()).hexdigest()[:16]
     path = cache_dir / f"self-instruct-{key}.json"
     if path.is_file():
         return json.loads(path.read_text())
-    pairs = [(s, t) for s in SUBJECTS for t in STYLES]
-    random.Random(seed).shuffle(pairs)
+    # Round r samples every (subject, style) pair again in another order and with other draws, so
+    # n may exceed the number of pairs; a question seen before (any round) is dropped.
+    rounds = max(1, -(-n // len(SUBJECTS) // len(STYLES)) * 2)
+    pairs = []
+    for r in range(rounds):
+        chunk = [(s, t) for s in SUBJECTS for t in STYLES]
+        random.Random(seed + 7919 * r).shuffle(chunk)
+        pairs += chunk
     seen: set[str] = set()
     out: list[str] = []
     pad = tokenizer.pad_token_id

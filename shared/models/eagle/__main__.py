@@ -2,7 +2,8 @@
 
     python -m shared.models.eagle [--minutes 30] [--prompts N] [--steps 4] [--vocab 8192]
 
-    distill corpus (bench prompts excluded) ──target greedy──▶ answers ──teacher-forced──▶ features, labels
+    distill corpus + self-instruct questions (bench prompts excluded)
+      ──target greedy, features and top-8 choices captured in the same pass (data.py)──▶ answers, features, labels
       ──train.py (training-time test)──▶ head ──evaluate.py on held-out answers──▶ acceptance
       ──▶ shared/models/weights/smollm2-eagle3/{config.json, head.safetensors, report.json}
 
@@ -74,6 +75,7 @@ def main(
     prompt_weight: float = typer.Option(0.0, help="Loss weight of prompt positions (the head drafts after them)."),
     self_instruct: int = typer.Option(0, help="Add this many free-form questions written by the target itself "
                                       "(distill/self_instruct.py) to the corpus."),
+    soft: float = typer.Option(0.5, help="Weight of soft labels (the target's top-8 distribution) against the argmax."),
     bf16: bool = typer.Option(True, help="Train under bfloat16 autocast (faster on CPUs with AVX512-BF16)."),
     threads: int = typer.Option(2),
     home: Path = typer.Option(None, help="Tandem home (models, caches); default $TANDEM_HOME or ~/.cache/tandem."),
@@ -111,7 +113,7 @@ def main(
     head = train.new_head(target, vocab_ids, AUX_LAYERS)
     t2d = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
     t2d[torch.tensor(vocab_ids)] = torch.arange(len(vocab_ids))
-    cfg = train.TrainConfig(steps=steps, lr=lr, batch_tokens=batch_tokens, minutes=minutes, prompt_weight=prompt_weight, bf16=bf16)
+    cfg = train.TrainConfig(steps=steps, lr=lr, batch_tokens=batch_tokens, minutes=minutes, prompt_weight=prompt_weight, bf16=bf16, soft=soft)
     fit = train.train(head, train_seqs, t2d, cfg, progress=console.print)
     heldout = {"all": evaluate.chain_acceptance(head, held, k=4)}
     for kind in sorted({s.kind for s in held}):
@@ -139,7 +141,7 @@ def main(
             "draft_vocab_coverage": round(covered, 4),
         },
         "train": {**fit, "steps_unrolled": steps, "lr": lr, "batch_tokens": batch_tokens, "prompt_weight": prompt_weight,
-                  "bf16": bf16, "log_tail": cfg.log[-5:]},
+                  "soft": soft, "bf16": bf16, "log_tail": cfg.log[-5:]},
         "heldout_k4": heldout,
         "machine": {"platform": platform.platform(), "cpu_count": torch.get_num_threads(), "torch": torch.__version__},
         "date": date.today().isoformat(),

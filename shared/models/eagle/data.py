@@ -1,23 +1,33 @@
 """The head's training data: the target's greedy answers, its features and its next-token choices.
 
-    corpus prompts (distill corpus, bench prompts excluded)
-      ──target, greedy, batched (distill.generate, cached)──▶ prompt_ids + output_ids
-      ──one teacher-forced target forward per batch, hooks at the aux layers──▶
+    corpus prompts (distill corpus + self-instruct, bench prompts excluded)
+      ──target, greedy, batched, hooks at the aux layers and on the LM head (one pass)──▶
+            ids   [T]      prompt + the answer tokens the target ran (its last token never runs)
             aux   [T, 3·H] fp16   hidden states entering layers (2, 15) and the last layer's output (30)
-            label [T]      int32  the target's argmax at each position (what the head must predict there)
+            label [T]      int64  the target's argmax at each position (-1 inside the prompt: not computed)
+            soft  [T, K]   the target's top-K log-probabilities there (K = SOFT_K), for soft labels
 
-Cached under ``<home>/eagle-data/`` (generations in shards by the distill
-pipeline, features per shard), so a rerun or a longer training reuses them.
+Generating and featurizing are one pass (``generate_features``): the forward
+hooks record every forward of ``generate`` (the prefill, then one row per
+decode step), so no teacher-forced forward runs again over the answers, which
+on a 2-core CPU costs as much as generating them. ``featurize`` is the
+teacher-forced variant for answers that already exist.
+
+Cached under ``<home>/eagle-data/`` in shards of ``SHARD_SIZE`` prompts, each
+named by what produced it, so an interrupted run resumes and a longer
+training reuses them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from rich.progress import Progress
 
 from shared.models.distill import generate
 from shared.models.distill.corpus import Prompt
@@ -31,6 +41,13 @@ class Sequence:
     num_prompt: int
     heldout: bool
     kind: str
+    soft_ids: torch.Tensor | None = None  # [T, SOFT_K] int32: the target's top-K choices at each position
+    soft_logp: torch.Tensor | None = None  # [T, SOFT_K] fp16: their log-probabilities (rows with label -1: unset)
+
+
+SOFT_K = 8
+SHARD_SIZE = 64
+BATCH_SIZE = 32
 
 
 def capture_hooks(model, layer_ids: list[int]):
@@ -83,6 +100,52 @@ def featurize(model, samples: list[generate.Sample], layer_ids: list[int], batch
     return out
 
 
+@torch.inference_mode()
+def generate_features(
+    model, tokenizer, prompts: list[Prompt], layer_ids: list[int], *, max_new_tokens: int = 128, soft_k: int = SOFT_K
+) -> list[Sequence]:
+    """Greedy answers for one batch (left-padded) with the features and the target's choices captured on the way."""
+    encoded = [generate.encode(tokenizer, p) for p in prompts]
+    width = max(map(len, encoded))
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded])  # [B, width]
+    attention_mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])  # [B, width]
+    store, handles = capture_hooks(model, layer_ids)
+    calls: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # per forward: aux, top ids, top log-probs
+
+    def on_logits(mod, args, out):  # the LM head of every forward: prefill (last row only), then each decode step
+        top = out[:, -1].float().log_softmax(-1).topk(soft_k, dim=-1)  # [B, K]
+        aux = torch.cat([store[i] for i in layer_ids], dim=-1).to(torch.float16)  # [B, t, W]
+        calls.append((aux, top.indices.to(torch.int32), top.values.to(torch.float16)))
+
+    handles.append(model.lm_head.register_forward_hook(on_logits))
+    try:
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+                             do_sample=False, pad_token_id=pad)  # fmt: skip
+    finally:
+        for h in handles:
+            h.remove()
+    new_ids = out[:, width:]  # [B, steps]
+    eos = set(_as_list(model.generation_config.eos_token_id))
+    seqs = []
+    for r, (p, e) in enumerate(zip(prompts, encoded)):
+        row = new_ids[r].tolist()
+        n_out = next((j + 1 for j, t in enumerate(row) if t in eos), len(row))
+        # the target ran the prompt and the first n_out - 1 answer tokens; the last one never ran
+        ran = n_out - 1
+        aux = torch.cat([calls[0][0][r, width - len(e) :]] + [calls[j][0][r] for j in range(1, ran + 1)])  # [T, W]
+        num_prompt, t = len(e), len(e) + ran
+        labels = torch.full((t,), -1, dtype=torch.long)
+        labels[num_prompt - 1 :] = torch.tensor(row[:n_out])  # greedy: the answer token after each is the argmax
+        soft_ids = torch.zeros(t, soft_k, dtype=torch.int32)
+        soft_logp = torch.zeros(t, soft_k, dtype=torch.float16)
+        soft_ids[num_prompt - 1 :] = torch.stack([calls[j][1][r] for j in range(n_out)])
+        soft_logp[num_prompt - 1 :] = torch.stack([calls[j][2][r] for j in range(n_out)])
+        ids = torch.tensor(e + row[:ran], dtype=torch.long)
+        seqs.append(Sequence(ids, aux.clone(), labels, num_prompt, p.heldout, p.kind, soft_ids, soft_logp))
+    return seqs
+
+
 def build(
     model,
     tokenizer,
@@ -92,17 +155,43 @@ def build(
     *,
     max_new_tokens: int = 128,
     tag: str = "",
+    batch_size: int = BATCH_SIZE,
 ) -> list[Sequence]:
-    """Generations (cached by the distill pipeline) plus their features (cached here), in prompt order."""
-    samples = generate.generate(model, tokenizer, prompts, cache_dir / "generations", max_new_tokens=max_new_tokens, tag=tag)
-    key = hashlib.sha1(
-        json.dumps([tag, layer_ids, max_new_tokens, [p.text for p in prompts]]).encode()
-    ).hexdigest()[:16]
-    path = cache_dir / f"features-{key}.pt"
-    if path.is_file():
-        return torch.load(path, weights_only=False)
-    seqs = featurize(model, samples, layer_ids)
-    tmp = path.with_suffix(".partial")
-    torch.save(seqs, tmp)
-    tmp.replace(path)
+    """Answers with their features and the target's choices (``generate_features``), in prompt order, cached per shard."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    shards = [prompts[i : i + SHARD_SIZE] for i in range(0, len(prompts), SHARD_SIZE)]
+    seqs: list[Sequence] = []
+    with Progress() as progress:
+        task = progress.add_task("target answers + features", total=len(prompts))
+        for shard in shards:
+            key = hashlib.sha1(
+                json.dumps([tag, layer_ids, max_new_tokens, SOFT_K, [p.text for p in shard]]).encode()
+            ).hexdigest()[:16]
+            path = cache_dir / f"answers-{key}.pt"
+            if path.is_file():
+                seqs += torch.load(path, weights_only=False)
+                progress.advance(task, len(shard))
+                continue
+            start = time.perf_counter()
+            done: dict[int, Sequence] = {}
+            order = sorted(range(len(shard)), key=lambda j: len(shard[j].text))  # similar lengths: less padding
+            for b in range(0, len(order), batch_size):
+                idx = order[b : b + batch_size]
+                got = generate_features(model, tokenizer, [shard[j] for j in idx], layer_ids, max_new_tokens=max_new_tokens)
+                done.update(zip(idx, got))
+                progress.advance(task, len(idx))
+            shard_seqs = [done[j] for j in range(len(shard))]
+            tmp = path.with_suffix(".partial")
+            torch.save(shard_seqs, tmp)
+            tmp.replace(path)
+            tokens = sum(len(q.ids) - q.num_prompt for q in shard_seqs)
+            progress.console.print(f"shard {path.name}: {len(shard)} prompts, {tokens} answer tokens "
+                                   f"in {time.perf_counter() - start:.0f} s")  # fmt: skip
+            seqs += shard_seqs
     return seqs
+
+
+def _as_list(x) -> list[int]:
+    if x is None:
+        return []
+    return list(x) if isinstance(x, (list, tuple)) else [x]

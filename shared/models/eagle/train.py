@@ -37,6 +37,7 @@ class TrainConfig:
     epochs: float = 100.0
     seed: int = 0
     bf16: bool = False  # autocast the forward to bfloat16 (CPUs with AVX512-BF16 / AMX run it faster)
+    soft: float = 0.0  # weight of the soft labels (the target's top-K distribution, EAGLE-3's target) vs argmax CE
     log: list = field(default_factory=list)
 
 
@@ -107,38 +108,59 @@ def batches(seqs: list[Sequence], batch_tokens: int, rng: random.Random) -> list
 
 
 def collate(batch: list[Sequence], t2d: torch.Tensor, prompt_weight: float):
-    """Padded ids [B, T], aux [B, T, W] (float32), draft-vocab labels [B, T] (-1: none), weights [B, T]."""
+    """Padded ids [B, T], aux [B, T, W] (float32), draft-vocab labels [B, T] (-1: none), weights [B, T],
+    soft labels: draft-vocab ids [B, T, K] (-1: none) and probabilities [B, T, K] renormalised over the draft
+    vocabulary (all zero where a sequence has none)."""
     width = max(len(s.ids) for s in batch)
     b = len(batch)
+    k = next((s.soft_ids.shape[1] for s in batch if s.soft_ids is not None), 1)
     ids = torch.zeros(b, width, dtype=torch.long)
     aux = torch.zeros(b, width, batch[0].aux.shape[1])
     labels = torch.full((b, width), -1, dtype=torch.long)
     weights = torch.zeros(b, width)
+    soft_ids = torch.full((b, width, k), -1, dtype=torch.long)
+    soft_p = torch.zeros(b, width, k)
     for r, s in enumerate(batch):
         n = len(s.ids)
         ids[r, :n] = s.ids
         aux[r, :n] = s.aux.float()
-        labels[r, :n] = t2d[s.labels]
+        labels[r, :n] = torch.where(s.labels >= 0, t2d[s.labels.clamp(min=0)], -1)
         weights[r, :n] = prompt_weight
         weights[r, s.num_prompt - 1 : n] = 1.0
-    return ids, aux, labels, weights
+        if s.soft_ids is not None:
+            mapped = t2d[s.soft_ids.long()]  # [n, K]
+            p = s.soft_logp.float().exp() * (mapped >= 0) * (s.labels >= 0)[:, None]
+            soft_ids[r, :n] = mapped
+            soft_p[r, :n] = p / p.sum(-1, keepdim=True).clamp(min=1e-6)
+    return ids, aux, labels, weights, soft_ids, soft_p
 
 
-def step_loss(head: Eagle3Head, ids, aux, labels, weights, cfg: TrainConfig) -> tuple[torch.Tensor, list[float]]:
-    """Weighted CE over the unrolled steps; also each step's top-1 agreement with the target."""
+def _shift(x: torch.Tensor, s: int, fill) -> torch.Tensor:
+    """x[:, p + s] at p (``fill`` past the end): what step s predicts at position p."""
+    return torch.cat([x[:, s:], x.new_full((x.shape[0], s, *x.shape[2:]), fill)], dim=1)
+
+
+def step_loss(head: Eagle3Head, ids, aux, labels, weights, soft_ids=None, soft_p=None,
+              cfg: TrainConfig | None = None) -> tuple[torch.Tensor, list[float]]:
+    """Weighted loss over the unrolled steps, (1 - soft)·CE(argmax) + soft·CE(the target's top-K distribution);
+    also each step's top-1 agreement with the target."""
+    cfg = cfg or TrainConfig()
     outs = unroll(head, ids, aux, cfg.steps)
     total = torch.zeros(())
     accs = []
-    t = ids.shape[1]
+    use_soft = cfg.soft > 0 and soft_p is not None and bool(soft_p.any())
     for s, out in enumerate(outs):
-        lab = torch.cat([labels[:, s:], labels.new_full((labels.shape[0], s), -1)], dim=1)  # target's choice at p+s
-        w = torch.cat([weights[:, s:], weights.new_zeros(weights.shape[0], s)], dim=1)
+        lab = _shift(labels, s, -1)  # the target's choice at p+s
+        w = _shift(weights, s, 0.0)
         keep = (lab >= 0) & (w > 0)
-        logits = head.logits(out[keep])  # [N, draft_vocab]
-        ce = F.cross_entropy(logits.float(), lab[keep], reduction="none")
-        total = total + cfg.step_decay**s * (ce * w[keep]).sum() / w[keep].sum().clamp(min=1)
+        logits = head.logits(out[keep]).float()  # [N, draft_vocab]
+        loss = F.cross_entropy(logits, lab[keep], reduction="none")  # [N]
+        if use_soft:
+            sid, sp = _shift(soft_ids, s, -1)[keep], _shift(soft_p, s, 0.0)[keep]  # [N, K]
+            logq = logits.log_softmax(-1).gather(1, sid.clamp(min=0))  # [N, K]
+            loss = (1 - cfg.soft) * loss - cfg.soft * (sp * logq).sum(-1)
+        total = total + cfg.step_decay**s * (loss * w[keep]).sum() / w[keep].sum().clamp(min=1)
         accs.append(float((logits.argmax(-1) == lab[keep]).float().mean()) if keep.any() else 0.0)
-    del t
     return total, accs
 
 
@@ -160,7 +182,7 @@ def train(head: Eagle3Head, seqs: list[Sequence], t2d: torch.Tensor, cfg: TrainC
         if not plan:
             plan = batches(seqs, cfg.batch_tokens, rng)
         batch = plan.pop()
-        ids, aux, labels, weights = collate(batch, t2d, cfg.prompt_weight)
+        ids, aux, labels, weights, soft_ids, soft_p = collate(batch, t2d, cfg.prompt_weight)
         # linear warmup, then cosine to 10 % over the time box (estimated from the pace so far)
         elapsed = time.perf_counter() - start
         frac = min(1.0, elapsed / (60 * cfg.minutes))
@@ -168,7 +190,7 @@ def train(head: Eagle3Head, seqs: list[Sequence], t2d: torch.Tensor, cfg: TrainC
         for g in opt.param_groups:
             g["lr"] = lr
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            loss, accs = step_loss(head, ids, aux, labels, weights, cfg)
+            loss, accs = step_loss(head, ids, aux, labels, weights, soft_ids, soft_p, cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

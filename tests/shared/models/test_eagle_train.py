@@ -73,10 +73,71 @@ def test_a_few_updates_lower_the_loss_on_a_tiny_target():
     t2d[torch.tensor(ids)] = torch.arange(32)
     cfg = TrainConfig(steps=2, lr=3e-3, warmup=1, batch_tokens=64, minutes=1.0, max_updates=40, epochs=100)
     batch = collate(seqs, t2d, cfg.prompt_weight)
-    before, _ = step_loss(head, *batch, cfg)
+    before, _ = step_loss(head, *batch, cfg=cfg)
     report = train(head, seqs, t2d, cfg, progress=lambda msg: None)
     with torch.no_grad():
-        after, _ = step_loss(head, *batch, cfg)
+        after, _ = step_loss(head, *batch, cfg=cfg)
     assert report["updates"] == 40 and float(after) < float(before)
     acc = chain_acceptance(head, seqs, k=3)
     assert acc["positions"] > 0 and 1.0 <= acc["mean_accepted_length"] <= 4.0
+
+
+class _Tok:
+    """The two things generate_features needs of a tokenizer: the chat template's ids and a pad id."""
+
+    pad_token_id = 0
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        return {"input_ids": [1] + [3 + (ord(c) % 50) for c in messages[-1]["content"]]}
+
+
+@torch.inference_mode()
+def test_one_pass_generation_captures_what_teacher_forcing_computes():
+    """Features, argmax labels and top-K soft labels captured during generate equal a teacher-forced forward."""
+    from shared.models.distill.corpus import Prompt
+    from shared.models.eagle.data import generate_features
+
+    target = build_tiny("llama", num_layers=3, seed=0, vocab_size=64)
+    target.generation_config.eos_token_id = 63
+    prompts = [Prompt("chat", "hi", False), Prompt("chat", "a longer prompt here", True)]  # left padding differs
+    seqs = generate_features(target, _Tok(), prompts, [1, 2, 3], max_new_tokens=7, soft_k=4)
+    for s, p in zip(seqs, prompts):
+        assert s.heldout == p.heldout and s.num_prompt == 1 + len(p.text)
+        ref = featurize(target, [Sample(s.ids[: s.num_prompt].tolist(), s.ids[s.num_prompt :].tolist(),
+                                        torch.zeros(0), torch.zeros(0), False, "chat")], [1, 2, 3])[0]  # fmt: skip
+        torch.testing.assert_close(s.aux.float(), ref.aux.float(), atol=2e-3, rtol=2e-3)
+        answer = slice(s.num_prompt - 1, len(s.ids))
+        assert torch.equal(s.labels[answer], ref.labels[answer])  # the target's argmax where it drafts
+        assert (s.labels[: s.num_prompt - 1] == -1).all()
+        assert torch.equal(s.soft_ids[answer, 0].long(), s.labels[answer])  # top-1 of the soft labels
+        assert (s.soft_logp[answer].float() <= 0).all() and s.soft_ids.shape[1] == 4
+
+
+def test_soft_labels_train_and_prompt_labels_are_masked():
+    from shared.models.eagle.data import Sequence
+
+    target = build_tiny("llama", num_layers=3, seed=0, vocab_size=64)
+    rng = random.Random(1)
+    seqs = []
+    for _ in range(4):
+        ids = torch.tensor([rng.randrange(64) for _ in range(12)])
+        labels = torch.tensor([-1] * 4 + [rng.randrange(64) for _ in range(8)])
+        soft_ids = torch.randint(0, 64, (12, 4), dtype=torch.int32)
+        soft_ids[:, 0] = labels.clamp(min=0)
+        soft_logp = torch.log_softmax(torch.randn(12, 4), -1).to(torch.float16)
+        seqs.append(Sequence(ids, torch.randn(12, 3 * 64).half(), labels, 5, False, "chat", soft_ids, soft_logp))
+    vocab, _ = draft_vocab(seqs, 48)
+    head = new_head(target, vocab, [1, 2, 3])
+    t2d = torch.full((64,), -1, dtype=torch.long)
+    t2d[torch.tensor(vocab)] = torch.arange(len(vocab))
+    ids, aux, labels, weights, soft_ids, soft_p = collate(seqs, t2d, prompt_weight=0.5)
+    assert (labels[:, :4] == -1).all()  # no target choice inside the prompt: never a label
+    assert torch.allclose(soft_p[:, 4:].sum(-1), torch.ones(4, 8)) and (soft_p[:, :4] == 0).all()
+    assert ((soft_ids >= 0) | (soft_p == 0)).all()  # ids outside the draft vocabulary carry no mass
+    cfg = TrainConfig(steps=2, lr=3e-3, warmup=1, batch_tokens=64, minutes=1.0, max_updates=30, soft=0.5)
+    batch = (ids, aux, labels, weights, soft_ids, soft_p)
+    before, _ = step_loss(head, *batch, cfg=cfg)
+    train(head, seqs, t2d, cfg, progress=lambda msg: None)
+    with torch.no_grad():
+        after, _ = step_loss(head, *batch, cfg=cfg)
+    assert float(after) < float(before)

@@ -32,3 +32,9 @@ def test_prepare_assembles_a_head_that_loads_over_the_prepared_target(tmp_path, 
     head = load_head(out, target_dir=smollm2_dir)
     assert head.cfg.aux_layer_ids == [2, 15, 30] and head.cfg.target_hidden_size == 576
     assert smollm2_eagle.prepare(paths, Console(quiet=True)) == out  # idempotent
+    assert smollm2_eagle.prepared_digest(out) == smollm2_eagle.head_digest(smollm2_eagle.WEIGHTS / "head.safetensors")
+    (out / "model.safetensors").write_bytes(b"stale")  # a copy assembled from an older head (its marker says so)
+    marker = out / smollm2_eagle.PREPARED_MARKER
+    marker.write_text(marker.read_text().replace(smollm2_eagle.prepared_digest(out), "0" * 40))
+    smollm2_eagle.prepare(paths, Console(quiet=True))  # re-assembled from the committed head
+    assert load_head(out, target_dir=smollm2_dir).cfg.target_hidden_size == 576
