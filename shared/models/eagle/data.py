@@ -126,7 +126,7 @@ def generate_features(
         for h in handles:
             h.remove()
     new_ids = out[:, width:]  # [B, steps]
-    eos = set(_as_list(model.generation_config.eos_token_id))
+    eos = set(generate._as_list(model.generation_config.eos_token_id))
     seqs = []
     for r, (p, e) in enumerate(zip(prompts, encoded)):
         row = new_ids[r].tolist()
@@ -189,9 +189,3 @@ def build(
                                    f"in {time.perf_counter() - start:.0f} s")  # fmt: skip
             seqs += shard_seqs
     return seqs
-
-
-def _as_list(x) -> list[int]:
-    if x is None:
-        return []
-    return list(x) if isinstance(x, (list, tuple)) else [x]
