@@ -63,6 +63,23 @@ def save_committed(head, out_dir: Path, report: dict) -> None:
     (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
 
 
+def load_trained(head, path: Path) -> None:
+    """Start from a committed head's trained weights (``save_committed``'s file): continue a training run.
+
+    The draft vocabulary must be the same (same data, same ``--vocab``); the target's embedding and
+    LM-head rows already in ``head`` stay."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(path))
+    if not torch.equal(state["d2t"].long(), head.d2t.long()):
+        raise ValueError(f"{path}: its draft vocabulary differs from this data's; train from scratch instead")
+    own = head.state_dict()
+    missing = [k for k in own if k not in state and k not in FROZEN and not k.startswith("rotary_emb.")]
+    if missing:
+        raise ValueError(f"{path}: no weights for {missing[:4]}")
+    head.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=False)
+
+
 @app.command()
 def main(
     minutes: float = typer.Option(30.0, help="Training time box."),
@@ -76,6 +93,8 @@ def main(
     self_instruct: int = typer.Option(0, help="Add this many free-form questions written by the target itself "
                                       "(distill/self_instruct.py) to the corpus."),
     soft: float = typer.Option(0.5, help="Weight of soft labels (the target's top-8 distribution) against the argmax."),
+    init: Path = typer.Option(None, help="Continue from this committed head file (head.safetensors) instead of a "
+                              "fresh head: another time box on the same data."),
     bf16: bool = typer.Option(True, help="Train under bfloat16 autocast (faster on CPUs with AVX512-BF16)."),
     threads: int = typer.Option(2),
     home: Path = typer.Option(None, help="Tandem home (models, caches); default $TANDEM_HOME or ~/.cache/tandem."),
@@ -111,6 +130,9 @@ def main(
     console.print(f"{len(train_seqs)} training answers ({sum(len(s.ids) for s in train_seqs)} tokens), "
                   f"{len(held)} held out; draft vocab {len(vocab_ids)} covers {covered:.3f} of the target's choices")  # fmt: skip
     head = train.new_head(target, vocab_ids, AUX_LAYERS)
+    if init is not None:
+        load_trained(head, init)
+        console.print(f"continuing from {init}")
     t2d = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
     t2d[torch.tensor(vocab_ids)] = torch.arange(len(vocab_ids))
     cfg = train.TrainConfig(steps=steps, lr=lr, batch_tokens=batch_tokens, minutes=minutes, prompt_weight=prompt_weight, bf16=bf16, soft=soft)
@@ -140,7 +162,7 @@ def main(
             "draft_vocab": len(vocab_ids),
             "draft_vocab_coverage": round(covered, 4),
         },
-        "train": {**fit, "steps_unrolled": steps, "lr": lr, "batch_tokens": batch_tokens, "prompt_weight": prompt_weight,
+        "train": {**fit, "init": str(init) if init else None, "steps_unrolled": steps, "lr": lr, "batch_tokens": batch_tokens, "prompt_weight": prompt_weight,
                   "soft": soft, "bf16": bf16, "log_tail": cfg.log[-5:]},
         "heldout_k4": heldout,
         "machine": {"platform": platform.platform(), "cpu_count": torch.get_num_threads(), "torch": torch.__version__},

@@ -141,3 +141,20 @@ def test_soft_labels_train_and_prompt_labels_are_masked():
     with torch.no_grad():
         after, _ = step_loss(head, *batch, cfg=cfg)
     assert float(after) < float(before)
+
+
+def test_training_continues_from_a_committed_head(tmp_path):
+    from shared.models.eagle.__main__ import load_trained, save_committed
+
+    target = build_tiny("llama", num_layers=3, seed=0, vocab_size=64)
+    head = new_head(target, list(range(0, 64, 2)), [1, 2, 3])
+    with torch.no_grad():
+        head.fc.weight.add_(1.0)  # "trained"
+    save_committed(head, tmp_path, {"command": "test"})
+    fresh = new_head(target, list(range(0, 64, 2)), [1, 2, 3])
+    load_trained(fresh, tmp_path / "head.safetensors")
+    torch.testing.assert_close(fresh.fc.weight, head.fc.weight.half().float())
+    torch.testing.assert_close(fresh.embed_tokens.weight, head.embed_tokens.weight)  # the target's, untouched
+    other = new_head(target, list(range(1, 64, 2)), [1, 2, 3])  # another draft vocabulary: refused
+    with pytest.raises(ValueError, match="draft vocabulary"):
+        load_trained(other, tmp_path / "head.safetensors")
