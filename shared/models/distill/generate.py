@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,39 +89,47 @@ def generate(
     tag: str = "",
 ) -> list[Sample]:
     """Continuations for every prompt, in prompt order, from the cache where it has them."""
+    return cached_batches(
+        prompts, cache_dir, lambda batch: generate_batch(model, tokenizer, batch, max_new_tokens),
+        prefix="shard", key=[tag, max_new_tokens, TOP_K], batch_size=batch_size,
+        label="target greedy continuations", count_tokens=lambda s: len(s.output_ids),
+    )  # fmt: skip
+
+
+def cached_batches(prompts: list[Prompt], cache_dir: Path, run_batch: Callable[[list[Prompt]], list], *, prefix: str,
+                   key: list, batch_size: int, label: str, count_tokens: Callable[[object], int]) -> list:
+    """``run_batch`` over every prompt, results in prompt order, cached on disk per SHARD_SIZE prompts.
+
+    A shard's file is ``<prefix>-<hash of key + its prompts>.pt``, written atomically, so an
+    interrupted run resumes at the first missing shard. Within a shard, prompts of similar length
+    share a batch (less padding to run through the target)."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     shards = [prompts[i : i + SHARD_SIZE] for i in range(0, len(prompts), SHARD_SIZE)]
-    samples: list[Sample] = []
+    out: list = []
     with Progress() as progress:
-        task = progress.add_task("target greedy continuations", total=len(prompts))
+        task = progress.add_task(label, total=len(prompts))
         for shard in shards:
-            key = hashlib.sha1(
-                json.dumps([tag, max_new_tokens, TOP_K, [p.text for p in shard]]).encode()
-            ).hexdigest()[:16]
-            path = cache_dir / f"shard-{key}.pt"
+            digest = hashlib.sha1(json.dumps([*key, [p.text for p in shard]]).encode()).hexdigest()[:16]
+            path = cache_dir / f"{prefix}-{digest}.pt"
             if path.is_file():
-                samples += torch.load(path, weights_only=False)
+                out += torch.load(path, weights_only=False)
                 progress.advance(task, len(shard))
                 continue
             t = time.perf_counter()
-            done: dict[int, Sample] = {}
-            # Similar prompt lengths share a batch: less padding to run through the target.
+            done: dict[int, object] = {}
             order = sorted(range(len(shard)), key=lambda j: len(shard[j].text))
             for b in range(0, len(order), batch_size):
                 idx = order[b : b + batch_size]
-                for j, s in zip(idx, generate_batch(model, tokenizer, [shard[j] for j in idx], max_new_tokens)):
-                    done[j] = s
+                done.update(zip(idx, run_batch([shard[j] for j in idx])))
                 progress.advance(task, len(idx))
-            shard_samples = [done[j] for j in range(len(shard))]
+            results = [done[j] for j in range(len(shard))]
             tmp = path.with_suffix(".partial")
-            torch.save(shard_samples, tmp)
+            torch.save(results, tmp)
             tmp.replace(path)
-            num_tokens = sum(len(s.output_ids) for s in shard_samples)
-            progress.console.print(
-                f"shard {path.name}: {len(shard)} prompts, {num_tokens} tokens in {time.perf_counter() - t:.0f} s"
-            )
-            samples += shard_samples
-    return samples
+            tokens = sum(map(count_tokens, results))
+            progress.console.print(f"shard {path.name}: {len(shard)} prompts, {tokens} tokens in {time.perf_counter() - t:.0f} s")
+            out += results
+    return out
 
 
 def _as_list(x) -> list[int]:

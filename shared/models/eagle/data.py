@@ -13,21 +13,17 @@ decode step), so no teacher-forced forward runs again over the answers, which
 on a 2-core CPU costs as much as generating them. ``featurize`` is the
 teacher-forced variant for answers that already exist.
 
-Cached under ``<home>/eagle-data/`` in shards of ``SHARD_SIZE`` prompts, each
+Cached under ``<home>/eagle-data/`` in shards of ``generate.SHARD_SIZE`` prompts, each
 named by what produced it, so an interrupted run resumes and a longer
 training reuses them.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from rich.progress import Progress
 
 from shared.models.distill import generate
 from shared.models.distill.corpus import Prompt
@@ -46,7 +42,6 @@ class Sequence:
 
 
 SOFT_K = 8
-SHARD_SIZE = 64
 BATCH_SIZE = 32
 
 
@@ -158,34 +153,9 @@ def build(
     batch_size: int = BATCH_SIZE,
 ) -> list[Sequence]:
     """Answers with their features and the target's choices (``generate_features``), in prompt order, cached per shard."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    shards = [prompts[i : i + SHARD_SIZE] for i in range(0, len(prompts), SHARD_SIZE)]
-    seqs: list[Sequence] = []
-    with Progress() as progress:
-        task = progress.add_task("target answers + features", total=len(prompts))
-        for shard in shards:
-            key = hashlib.sha1(
-                json.dumps([tag, layer_ids, max_new_tokens, SOFT_K, [p.text for p in shard]]).encode()
-            ).hexdigest()[:16]
-            path = cache_dir / f"answers-{key}.pt"
-            if path.is_file():
-                seqs += torch.load(path, weights_only=False)
-                progress.advance(task, len(shard))
-                continue
-            start = time.perf_counter()
-            done: dict[int, Sequence] = {}
-            order = sorted(range(len(shard)), key=lambda j: len(shard[j].text))  # similar lengths: less padding
-            for b in range(0, len(order), batch_size):
-                idx = order[b : b + batch_size]
-                got = generate_features(model, tokenizer, [shard[j] for j in idx], layer_ids, max_new_tokens=max_new_tokens)
-                done.update(zip(idx, got))
-                progress.advance(task, len(idx))
-            shard_seqs = [done[j] for j in range(len(shard))]
-            tmp = path.with_suffix(".partial")
-            torch.save(shard_seqs, tmp)
-            tmp.replace(path)
-            tokens = sum(len(q.ids) - q.num_prompt for q in shard_seqs)
-            progress.console.print(f"shard {path.name}: {len(shard)} prompts, {tokens} answer tokens "
-                                   f"in {time.perf_counter() - start:.0f} s")  # fmt: skip
-            seqs += shard_seqs
-    return seqs
+    return generate.cached_batches(
+        prompts, cache_dir,
+        lambda batch: generate_features(model, tokenizer, batch, layer_ids, max_new_tokens=max_new_tokens),
+        prefix="answers", key=[tag, layer_ids, max_new_tokens, SOFT_K], batch_size=batch_size,
+        label="target answers + features", count_tokens=lambda q: len(q.ids) - q.num_prompt,
+    )  # fmt: skip
