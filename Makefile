@@ -19,6 +19,11 @@ PIP := $(PY) -m pip
 TORCH := torch==2.13.0
 PAIR ?= demo
 PYTEST_ARGS ?=
+# OpenMP waits (libgomp): sleep rather than spin for long (the services share the cores), but
+# spin ~0.1 ms first, which keeps a forward's thousands of short parallel regions from paying a
+# wake-up each (SmolLM2-135M decode 34 ms against 59 ms fully passive, 2 cores; docs/engine.md).
+# The launcher sets the same for the services it starts.
+export GOMP_SPINCOUNT ?= 10000
 
 .PHONY: help setup protos models test demo trace-ui profile bench-engine bench bench-serving bench-slo bench-adaptive bench-order bench-faser bench-offload bench-drafts bench-grounded bench-http soak clean distclean
 

@@ -208,8 +208,10 @@ def main(
                               "(default: the demo pair's distilled draft)."),
     home: Path | None = typer.Option(None),
     target: Path | None = typer.Option(None, help="Target model directory (overrides the pair's)."),
+    dtype: str = typer.Option("float32", help="Weights of both model services: float32, bfloat16 (CPUs with "
+                              "native bf16 multiply it through oneDNN-prepacked weights), auto."),
 ) -> None:
-    models = Models(pair=pair, home=home, target=target)
+    models = Models(pair=pair, home=home, target=target, dtype=dtype)
     run(models, feature_draft or None, name=name or f"drafts-{pair}", extra=tuple(e for e in extra.split(",") if e),
         prompts=prompts, repeats=repeats,
         max_new_tokens=max_new_tokens, closed_requests=closed_requests,

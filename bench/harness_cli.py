@@ -60,6 +60,8 @@ def main(
     home: Path | None = typer.Option(None, help="TANDEM_HOME with the prepared models."),
     target: Path | None = typer.Option(None, help="Target model directory (overrides the pair's)."),
     draft: Path | None = typer.Option(None, help="Draft model directory (overrides the pair's)."),
+    dtype: str = typer.Option("float32", help="Weights of both model services: float32, bfloat16 (CPUs with "
+                              "native bf16 multiply it through oneDNN-prepacked weights), auto."),
     batch1: str = typer.Option(",".join(BATCH1_PEERS), help="Batch-1 configurations, comma-separated; '' = none."),
     sweep: str = typer.Option(",".join(SWEEP_PEERS), help="Configurations under load; '' = no sweep."),
     prompts: int = typer.Option(6, help="Batch-1 prompts."),
@@ -104,7 +106,7 @@ def main(
         raise typer.BadParameter(f"--workload: one of {', '.join(WORKLOADS)}, got {workload!r}")
     opts = BenchOptions(
         name=name,
-        models=Models(pair=pair, home=home, target=target, draft=draft),
+        models=Models(pair=pair, home=home, target=target, draft=draft, dtype=dtype),
         batch1=[c for c in batch1.split(",") if c],
         sweep=[c for c in sweep.split(",") if c],
         num_prompts=prompts,

@@ -53,6 +53,11 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
+def engine_thread(role: str) -> ThreadPoolExecutor:
+    """The one thread that loads a service's engine and runs every call on it."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tandem-{role}-engine")
+
+
 @dataclass
 class Ran(Generic[T]):
     """An engine call's result and where its time went."""
@@ -74,6 +79,7 @@ class EngineHost:
         role: str,
         *,
         model_name: str | None = None,
+        thread: ThreadPoolExecutor | None = None,
     ) -> None:
         """``loaded`` is None for a model-free engine, which then needs ``model_name``."""
         self.engine = engine
@@ -81,11 +87,30 @@ class EngineHost:
         self.role = role
         self.model_name = model_name or (loaded.name if loaded is not None else type(engine).__name__)
         self._lock = asyncio.Lock()
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tandem-{role}-engine")
+        self._thread = thread or engine_thread(role)
 
     @classmethod
     async def load(cls, settings: ServiceSettings, role: Literal["target", "draft"]) -> EngineHost:
-        """Build the role's engine from ``settings`` (off the loop: loading takes seconds to minutes)."""
+        """Build the role's engine from ``settings`` on the thread that will run it (seconds to minutes).
+
+        Loading on the engine thread itself, not on asyncio's default executor, keeps every parallel
+        torch region of the process on one thread: libgomp gives each thread that starts a parallel
+        region its own team, and once a process holds more OpenMP threads than CPUs it cuts the spin
+        wait between regions to ~100 iterations. A forward is thousands of small regions, so a
+        second team (from a load on another thread) made every decode ~1.7x slower on 2 cores
+        (33 ms -> 58 ms for SmolLM2-135M at batch 1; tests/services/test_engine_thread.py)."""
+        thread = engine_thread(role)
+        try:
+            built = await asyncio.get_running_loop().run_in_executor(thread, cls._build, settings, role)
+        except BaseException:
+            thread.shutdown(wait=True)  # idle: the load ended; no thread outlives a failed start
+            raise
+        engine, loaded, model_name = built
+        return cls(engine, loaded, role, model_name=model_name, thread=thread)
+
+    @staticmethod
+    def _build(settings: ServiceSettings, role: str) -> tuple[object, LoadedModel | None, str | None]:
+        """(engine, loaded model or None, model name for a model-free engine): runs on the engine thread."""
         if settings.threads is not None:  # TANDEM_THREADS: the launcher's CPU split (FASER §4.4 fallback)
             import torch
 
@@ -93,21 +118,18 @@ class EngineHost:
             log.info("%s: torch uses %d threads", role, settings.threads)
         ngram = settings.ngram(role)  # raises for a malformed spec or an ngram target
         if ngram is not None:
-            engine = build_ngram_draft_engine(*ngram, vocab_size=settings.vocab_size)
-            return cls(engine, None, role, model_name=ngram_name(*ngram))
+            return build_ngram_draft_engine(*ngram, vocab_size=settings.vocab_size), None, ngram_name(*ngram)
         suffix = settings.suffix(role)  # the same for suffix:KEY=VALUE,...
         if suffix is not None:
-            engine = build_suffix_draft_engine(suffix, vocab_size=settings.vocab_size)
-            return cls(engine, None, role, model_name=suffix_name(suffix))
+            return build_suffix_draft_engine(suffix, vocab_size=settings.vocab_size), None, suffix_name(suffix)
         build = build_target_engine if role == "target" else build_draft_engine
         engine_config = settings.engine_config()
         if role == "draft":  # only the target's pool grows into the draft's space (TANDEM_KV_GROW_BLOCKS)
             engine_config = engine_config.model_copy(update={"kv_grow_blocks": 0})
             path = settings.model_path(role)
             if is_eagle_dir(path):
-                return await asyncio.to_thread(cls._load_feature_draft, settings, path, engine_config)
-        engine, loaded = await asyncio.to_thread(
-            build,
+                return EngineHost._load_feature_draft(settings, path, engine_config)
+        engine, loaded = build(
             settings.model_path(role),
             device=settings.device,
             dtype=settings.dtype,
@@ -116,10 +138,10 @@ class EngineHost:
         )
         if role == "target":
             engine.set_early_exit(settings.early_exit_config())
-        return cls(engine, loaded, role)
+        return engine, loaded, None
 
-    @classmethod
-    def _load_feature_draft(cls, settings: ServiceSettings, head_dir, engine_config) -> EngineHost:
+    @staticmethod
+    def _load_feature_draft(settings: ServiceSettings, head_dir, engine_config) -> tuple[object, LoadedModel, None]:
         """An EAGLE-3 head: its sizes are checked against the target's config, whose embedding it may borrow."""
         try:
             target_dir = settings.model_copy(update={"model": settings.target_model}).model_path("target")
@@ -144,7 +166,7 @@ class EngineHost:
             max_context=runner.max_context,
             source=head_dir,
         )
-        return cls(engine, loaded, "draft")
+        return engine, loaded, None
 
     async def run(self, fn: Callable[..., T], *args: object) -> Ran[T]:
         """``fn(*args)`` on the engine thread, after every call that arrived earlier."""

@@ -45,11 +45,17 @@ def test_the_service_applies_its_threads(tmp_path):
     from shared.models.tiny import save_tiny
 
     model = save_tiny(tmp_path / "draft", "llama", num_layers=1, seed=1)
+
+    async def threads_on_the_engine_thread() -> int:
+        host = await EngineHost.load(ServiceSettings(model=str(model), device="cpu", threads=1), "draft")
+        try:
+            return (await host.run(torch.get_num_threads)).result
+        finally:
+            host.close()
+
     before = torch.get_num_threads()
     try:
-        host = asyncio.run(EngineHost.load(ServiceSettings(model=str(model), device="cpu", threads=1), "draft"))
-        host.close()
-        assert torch.get_num_threads() == 1
+        assert asyncio.run(threads_on_the_engine_thread()) == 1
     finally:
         torch.set_num_threads(before)
 
