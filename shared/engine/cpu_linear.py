@@ -45,7 +45,14 @@ CALIBRATION_SAMPLE_BYTES = 256 << 20  # enough weights that the products stream 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
     """Can this torch prepack a linear layer for ``device``/``dtype``?"""
-    return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and bf16_supported())
+
+
+def bf16_supported() -> bool:
+    """Does this CPU multiply bfloat16 natively in oneDNN (AVX512-BF16 or AMX)?"""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class PackedLinear(nn.Module):
@@ -146,8 +153,9 @@ def prepack(model: nn.Module, min_rows: int | None = None) -> int:
                 packed = PackedLinear(child, probe_rows)
                 probe = torch.randn(probe_rows, child.in_features, dtype=child.weight.dtype)
                 with torch.no_grad():
+                    tol = 1e-4 if child.weight.dtype == torch.float32 else 2e-2  # bf16: rounding differs by path
                     if not torch.allclose(
-                        packed.packed_forward(probe), F.linear(probe, child.weight, child.bias), rtol=1e-4, atol=1e-4
+                        packed.packed_forward(probe), F.linear(probe, child.weight, child.bias), rtol=tol, atol=tol
                     ):
                         continue
             except RuntimeError:  # this build's oneDNN cannot pack it: keep MKL

@@ -3,6 +3,15 @@
 Storage is paged (no padding); compute pads the batch to [B, max_q, max_kv]
 so the whole batch is one kernel call per layer. Padded query rows attend to
 slot 0 only (never NaN) and are dropped on the way out.
+
+Row-exact mode (one sequence, a few query rows, a 16-bit dtype on CPU): one SDPA call per
+query row over exactly the slots that row sees, in order, with no mask. A row's result then
+does not depend on how many other rows the forward carries: a verify's row at position p
+computes what a plain decode at p computes, bit for bit. With a mask over a longer KV, the
+kernel's softmax sums run over more (masked, zero) terms in another vector grouping, and in
+bfloat16 the rounding of such differences flips greedy choices within a few dozen tokens,
+so speculative output would no longer equal plain decoding token for token. In float32 the
+same differences are ~1e-7 and the batched call stays (tests compare its output too).
 """
 
 from __future__ import annotations
@@ -12,6 +21,15 @@ import torch.nn.functional as F
 
 from shared.engine.attention.layout import BatchLayout
 from shared.engine.kv_cache import PagedKVCache
+
+
+ROW_EXACT_MAX_Q = 16  # row-exact mode up to this many query rows (a decode step, a verify, not a prefill)
+
+
+def _prefix_or_index(seen: torch.Tensor) -> int | torch.Tensor:
+    """A row's visible positions: their count when they are the first ones (0 … n-1), else the positions."""
+    n = int(seen.numel())
+    return n if n and int(seen[-1]) == n - 1 else seen
 
 
 class SdpaBackend:
@@ -38,6 +56,12 @@ class SdpaBackend:
             q_index[b, : s.q_len] = rows
             unpad[rows] = b * max_q + torch.arange(s.q_len)
         self.single = num_seqs == 1
+        kv_dtype = self.cache.kv[0].dtype if len(self.cache.kv) else torch.float32
+        self.row_slots = None  # row-exact mode: per query row, the gathered KV positions it sees
+        if self.single and max_q <= ROW_EXACT_MAX_Q and kv_dtype != torch.float32 and torch.device(device).type == "cpu":
+            s = layout.seqs[0]
+            seen = [_prefix_or_index(s.mask[t].nonzero().squeeze(1)) for t in range(s.q_len)]
+            self.row_slots = [x if isinstance(x, int) else x.to(device) for x in seen]
         self.new_slots = layout.new_slots
         self.gather = gather.to(device)
         self.gather_flat = self.gather.reshape(-1)
@@ -53,6 +77,16 @@ class SdpaBackend:
         shape = (*self.gather.shape, *kv.shape[2:])  # index_select on the flat slots beats advanced indexing on CPU
         k = kv[0].index_select(0, self.gather_flat).view(shape).transpose(1, 2)  # [B, Hkv, max_kv, D]
         v = kv[1].index_select(0, self.gather_flat).view(shape).transpose(1, 2)  # [B, Hkv, max_kv, D]
+        gqa = query.shape[1] != k.shape[1]
+        if self.row_slots is not None:  # one call per row over exactly its slots (module docstring)
+            rows = []
+            for t, seen in enumerate(self.row_slots):
+                if isinstance(seen, int):  # the first `seen` slots (a chain's rows): a view, no copy
+                    kt, vt = k[:, :, :seen], v[:, :, :seen]
+                else:  # a tree row: the prefix and its ancestors
+                    kt, vt = k.index_select(2, seen), v.index_select(2, seen)
+                rows.append(F.scaled_dot_product_attention(query[:, :, t : t + 1], kt, vt, scale=scaling, enable_gqa=gqa))
+            return torch.cat(rows, dim=2).transpose(1, 2)  # [1, T, H, D]
         if self.single:
             q = query  # [1, H, T, D]
         else:

@@ -55,9 +55,21 @@ def test_prepack_keeps_tied_weights_and_the_state_dict():
 
 
 def test_prepack_leaves_other_dtypes_alone():
-    model = nn.Sequential(nn.Linear(16, 16)).to(torch.bfloat16)
+    model = nn.Sequential(nn.Linear(16, 16)).to(torch.float16)
     assert prepack(model) == 0
     assert type(model[0]) is nn.Linear
+
+
+def test_prepack_packs_bf16_where_the_cpu_multiplies_it_natively():
+    from shared.engine import cpu_linear
+
+    model = nn.Sequential(nn.Linear(16, 16)).to(torch.bfloat16)
+    packed = prepack(model, min_rows=1)
+    assert packed == (1 if cpu_linear.bf16_supported() else 0)
+    if packed:
+        x = torch.randn(3, 16, dtype=torch.bfloat16)
+        with torch.no_grad():
+            assert torch.allclose(model(x).float(), F.linear(x, model[0].weight, model[0].bias).float(), atol=2e-2, rtol=2e-2)
 
 
 def test_runner_prepacks_on_cpu_and_its_greedy_tokens_do_not_change(tiny_model_dir):
