@@ -98,6 +98,9 @@ def up(
     ] = None,
     home: Annotated[Path | None, typer.Option(help="Tandem home (default $TANDEM_HOME or ~/.cache/tandem).")] = None,
     device: Annotated[str, typer.Option(help="Device of the model services.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="Weights of the model services: auto (float32 on CPU, bfloat16 on CUDA), "
+                                       "float32, bfloat16 (on CPUs with native bf16, AVX512-BF16/AMX: lossless, and "
+                                       "verifying k tokens costs about one decode; docs/engine.md), float16.")] = "auto",
     log_dir: Annotated[Path | None, typer.Option(help="Directory for the services' logs.")] = None,
     draft_share: Annotated[
         str | None,
@@ -118,7 +121,7 @@ def up(
     try:
         config = LaunchConfig(
             pair=pair, port=port, metrics_port=metrics_port, http_port=http_port, redis_url=redis_url,
-            speculation_policy=speculation_policy, draft=draft, draft_model=draft_model, home=home, device=device,
+            speculation_policy=speculation_policy, draft=draft, draft_model=draft_model, home=home, device=device, dtype=dtype,
             log_dir=log_dir, draft_share=draft_share, share_batch=share_batch, share_chunk=share_chunk,
             draft_threads=draft_threads, target_threads=target_threads,
         )  # fmt: skip

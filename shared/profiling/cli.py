@@ -71,7 +71,7 @@ def profile(
     from shared.engine.factory import build_target_engine
     from shared.models.paths import Paths
     from shared.engine.errors import ModelLoadError
-    from shared.profiling.cost_model import profile_path, redis_blob_name, save_profile
+    from shared.profiling.cost_model import dtype_variant, profile_path, redis_blob_name, save_profile
     from shared.profiling.measure import hardware_name, measure
 
     console = Console()
@@ -85,7 +85,9 @@ def profile(
         raise typer.Exit(1) from None
     engine, loaded = build_target_engine(path, device=device, dtype=dtype, with_tokenizer=False)
     stored_home = Paths.resolve(home).home
-    existing = profile_path(stored_home, loaded.name, hardware_name(engine.runner.device))
+    runner = engine.runner
+    existing = profile_path(stored_home, loaded.name, hardware_name(runner.device),
+                            dtype_variant(str(runner.device), str(runner.dtype).removeprefix("torch.")))  # fmt: skip
     if if_missing and existing.is_file():
         console.print(f"{loaded.name} is already profiled on this hardware: {existing}")
         return

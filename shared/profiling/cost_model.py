@@ -222,8 +222,16 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
 
 
-def profile_path(home: Path, model: str, hardware: str) -> Path:
-    return home / "profiles" / slug(model) / f"{slug(hardware)}.json"
+def profile_path(home: Path, model: str, hardware: str, variant: str = "") -> Path:
+    """``variant``: a dtype other than the device's default (``dtype_variant``), so the profiles of one model on
+    one machine in float32 and in bfloat16 are two files; the scheduler picks by dtype (services/scheduler/budget.py)."""
+    return home / "profiles" / slug(model) / f"{slug(hardware)}{'-' + slug(variant) if variant else ''}.json"
+
+
+def dtype_variant(device: str, dtype: str) -> str:
+    """'' for the device's default dtype (float32 on CPU, bfloat16 on CUDA), else the dtype."""
+    default = "float32" if str(device).split(":")[0] == "cpu" else "bfloat16"
+    return "" if dtype == default else dtype
 
 
 def write_model(path: Path, model: BaseModel) -> Path:
@@ -236,7 +244,7 @@ def write_model(path: Path, model: BaseModel) -> Path:
 
 
 def save_profile(profile: Profile, home: Path) -> Path:
-    return write_model(profile_path(home, profile.model, profile.hardware), profile)
+    return write_model(profile_path(home, profile.model, profile.hardware, dtype_variant(profile.device, profile.dtype)), profile)
 
 
 def load_profile(path: Path) -> Profile:

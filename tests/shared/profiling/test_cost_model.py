@@ -165,3 +165,10 @@ def test_profiles_are_stored_per_model_and_hardware_and_read_back(tmp_path):
     assert find_profile(tmp_path, "tiny-target", "cpu Xeon (2 threads)") == path  # the exact hardware
     assert find_profile(tmp_path, "tiny-target") == other  # else the newest
     assert find_profile(tmp_path, "another-model") is None
+
+
+def test_a_bf16_profile_is_stored_beside_the_float32_one(tmp_path):
+    fp32 = save_profile(_profile(), tmp_path)
+    bf16 = save_profile(_profile().model_copy(update={"dtype": "bfloat16"}), tmp_path)
+    assert fp32 != bf16 and fp32.is_file() and bf16.is_file()
+    assert bf16.name.endswith("-bfloat16.json")
