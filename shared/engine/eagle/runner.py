@@ -94,7 +94,8 @@ class EagleRunner(ModelRunner):
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         super().truncate(seq, num_tokens)
-        self.state[seq.seq_id].truncate(seq.num_committed)
+        if num_tokens:  # nothing rolled back keeps the head's outputs: a lookahead commit needs them (FASER §4.3)
+            self.state[seq.seq_id].truncate(seq.num_committed)
 
     def check_features(
         self, seq: Sequence, block: FeatureBlock, *, num_committed: int, rollback: int = 0, ahead: bool = False

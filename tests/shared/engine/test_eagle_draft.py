@@ -82,6 +82,33 @@ def test_feature_draft_is_lossless_through_the_scheduler(dirs, policy):
     assert draft.runner.state == {}
 
 
+@pytest.mark.parametrize("chunk", [1, 2])
+def test_feature_draft_pipelines_frontier_chunks_losslessly(dirs, chunk):
+    """FASER §4.3 with a feature draft: the lookahead runs the chunk on the head's own outputs until the
+    target's rows come; every step speculates (no draft failure falls back to plain decoding)."""
+    from scheduler.frontier import FrontierConfig
+
+    target, draft, ref = engines(dirs)
+    sched = Scheduler(
+        LocalTargetWorker(target),
+        LocalDraftWorker(draft),
+        spec_policy=FixedChain(4),
+        config=SchedulerConfig(frontier=FrontierConfig(chunk_size=chunk, require_gain=False)),
+    )
+    failures = []
+    real_failed = sched.link.failed
+    sched.link.failed = lambda exc, *a, **k: (failures.append(exc), real_failed(exc, *a, **k))
+    reqs = [Request(id=f"r{i}", prompt_ids=p, max_new_tokens=14 + 3 * i) for i, p in enumerate(PROMPTS)]
+    outs = run(sched, reqs)
+    for req, out in zip(reqs, outs):
+        assert out == ref.greedy(req.prompt_ids, req.max_new_tokens)
+    assert sched.frontier.stats.steps > 0
+    assert failures == [], "the draft refused a pipelined call"
+    for engine in (target, draft):
+        engine.runner.check_accounting()
+        assert engine.runner.seqs == {}
+
+
 @pytest.mark.parametrize("max_call_rows", [None, 3], ids=["one-call", "split-calls"])
 def test_a_restarted_draft_is_rebuilt_from_recomputed_features(dirs, max_call_rows):
     target, draft, ref = engines(dirs)
