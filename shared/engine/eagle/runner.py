@@ -92,6 +92,7 @@ class EagleRunner(ModelRunner):
         super().release(seq_id)
         self.state.pop(seq_id, None)
 
+    @torch.inference_mode()  # the feature state grows inside forwards: its tensors are inference tensors
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         super().truncate(seq, num_tokens)
         if num_tokens:  # nothing rolled back keeps the head's outputs: a lookahead commit needs them (FASER §4.3)
@@ -141,6 +142,7 @@ class EagleRunner(ModelRunner):
             seq.tree.clear()
             st.num_out = 0
 
+    @torch.inference_mode()  # writes provisional rows into the feature state (inference tensors once grown)
     def commit(self, seq: Sequence, tokens: list[int]) -> int:
         """Append tokens; positions along a drafted path keep the head's outputs as their (provisional) features."""
         st = self.state[seq.seq_id]
