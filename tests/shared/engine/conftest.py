@@ -35,6 +35,15 @@ class Reference:
         return out[len(prompt) :]
 
 
+def path_to(parents, node):
+    """Root-to-node path of tree node ``node`` (node indices; a parent of -1 is the root)."""
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
 def make_runner(model, *, num_blocks: int = 512, block_size: int = 4, **kw) -> ModelRunner:
     return ModelRunner(model, EngineConfig(num_blocks=num_blocks, block_size=block_size, **kw))
 

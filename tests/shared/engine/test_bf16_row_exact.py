@@ -17,17 +17,9 @@ from shared.engine import cpu_linear
 from shared.engine.runner import Work
 from shared.models.tiny import build_tiny
 
-from conftest import make_runner
+from conftest import make_runner, path_to
 
 SHAPES = {"chain": [-1, 0, 1, 2, 3], "tree": [-1, -1, 0, 0, 1, 3]}
-
-
-def path_to(parents, node):
-    path = []
-    while node >= 0:
-        path.append(node)
-        node = parents[node]
-    return path[::-1]
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))

@@ -7,17 +7,9 @@ import pytest
 from shared.engine.runner import Work
 from shared.models.tiny import build_tiny
 
-from conftest import Reference, make_runner
+from conftest import Reference, make_runner, path_to
 
 PARENTS = [-1, -1, 0, 0, 1, 2, 2, 4, 5]
-
-
-def path_to(parents, node):
-    path = []
-    while node >= 0:
-        path.append(node)
-        node = parents[node]
-    return path[::-1]
 
 
 @pytest.mark.parametrize("accepted_leaf", [None, 0, 1, 2, 3, 5, 6, 7, 8])

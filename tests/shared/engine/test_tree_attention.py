@@ -8,7 +8,7 @@ import torch
 from shared.engine.runner import Work
 from shared.models.tiny import FAMILIES, build_tiny
 
-from conftest import Reference, make_runner
+from conftest import Reference, make_runner, path_to
 
 TREE_SHAPES = {
     "chain": [-1, 0, 1, 2, 3],
@@ -17,14 +17,6 @@ TREE_SHAPES = {
     "specinfer": [-1, 0, 1, 1, 1, 2, 3, 4, 5, 6],  # <1,1,3,1,...> style
     "ragged": [-1, 0, -1, 1, 2, 2, 5, 0, 7],
 }
-
-
-def path_to(parents, node):
-    path = []
-    while node >= 0:
-        path.append(node)
-        node = parents[node]
-    return path[::-1]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
