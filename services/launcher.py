@@ -88,7 +88,7 @@ class LaunchConfig(BaseModel):
     redis_url: str | None = Field(None, description="Redis to use; unset = start a local one.")
     speculation_policy: str = Field("fixed", description="Scheduler policy for AUTO requests (fixed[:K], none).")
     device: str = Field("auto", description="Device of both model services.")
-    dtype: str = Field("auto", description="Weight dtype of both model services.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Weight dtype of both model services.")
     draft_threads: int | None = Field(
         None, ge=1, description="torch threads of the draft process (its TANDEM_THREADS); unset = from draft_share."
     )

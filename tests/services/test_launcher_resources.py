@@ -121,3 +121,11 @@ def test_free_ports_are_distinct():
     for _ in range(50):
         ports = _free_ports("127.0.0.1", 4)
         assert len(set(ports)) == 4 and all(p > 0 for p in ports)
+
+
+def test_an_unknown_dtype_is_refused_before_anything_starts():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="dtype"):
+        LaunchConfig(dtype="float8")
+    assert LaunchConfig(dtype="bfloat16").dtype == "bfloat16"
