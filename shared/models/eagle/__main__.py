@@ -99,6 +99,8 @@ def main(
     threads: int = typer.Option(2),
     home: Path = typer.Option(None, help="Tandem home (models, caches); default $TANDEM_HOME or ~/.cache/tandem."),
     out: Path = typer.Option(WEIGHTS_DIR, help="Where the committed files go."),
+    evaluate_only: bool = typer.Option(False, help="Evaluate the --init head again (no training) and update the "
+                                       "held-out figures in --out's report.json; the weights are not rewritten."),
 ) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -135,8 +137,10 @@ def main(
         console.print(f"continuing from {init}")
     t2d = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
     t2d[torch.tensor(vocab_ids)] = torch.arange(len(vocab_ids))
+    if evaluate_only and init is None:
+        raise typer.BadParameter("--evaluate-only needs --init (the head to evaluate)")
     cfg = train.TrainConfig(steps=steps, lr=lr, batch_tokens=batch_tokens, minutes=minutes, prompt_weight=prompt_weight, bf16=bf16, soft=soft)
-    fit = train.train(head, train_seqs, t2d, cfg, progress=console.print)
+    fit = None if evaluate_only else train.train(head, train_seqs, t2d, cfg, progress=console.print)
     heldout = {"all": evaluate.chain_acceptance(head, held, k=4)}
     for kind in sorted({s.kind for s in held}):
         heldout[kind] = evaluate.chain_acceptance(head, [s for s in held if s.kind == kind], k=4)
@@ -148,6 +152,13 @@ def main(
                       AUX_LAYERS, max_new_tokens=max_new_tokens, tag=smollm2.NAME + ":bench-chat")  # fmt: skip
     heldout["bench_chat"] = evaluate.chain_acceptance(head, chat, k=4)
     console.print(f"bench chat prompts (held out), k = 4 chain: {heldout['bench_chat']}")
+    if evaluate_only:
+        report = json.loads((out / "report.json").read_text())
+        report["heldout_k4"] = heldout
+        report["evaluated"] = {"command": "python -m shared.models.eagle " + shlex.join(sys.argv[1:]), "date": date.today().isoformat()}
+        (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"[green]✓[/] updated {out / 'report.json'}")
+        return
     report = {
         "command": "python -m shared.models.eagle " + shlex.join(sys.argv[1:]),
         "target": smollm2.NAME,

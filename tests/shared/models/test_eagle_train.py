@@ -158,3 +158,13 @@ def test_training_continues_from_a_committed_head(tmp_path):
     other = new_head(target, list(range(1, 64, 2)), [1, 2, 3])  # another draft vocabulary: refused
     with pytest.raises(ValueError, match="draft vocabulary"):
         load_trained(other, tmp_path / "head.safetensors")
+
+
+def test_decoding_walk_visits_only_the_positions_after_each_bonus_token():
+    from shared.models.eagle.evaluate import decoding_walk
+
+    accepted = {0: 3, 1: 0, 2: 0, 3: 0, 4: 0, 5: 1, 6: 0, 7: 0}  # easy at 0 and 5, hard everywhere else
+    # the walk: 0 (commits 4) -> 4 (1) -> 5 (2) -> 7 (1) -> 8 = n - 1: 8 tokens in 4 steps
+    assert decoding_walk(accepted.__getitem__, 0, 9) == (8, 4)
+    # averaging every position alike says 1 + 4/8 = 1.5; the walk 2.0 here, lower when misses cluster after misses
+    assert decoding_walk(lambda p: 4, 0, 4) == (3, 1)  # the answer's end caps the last step
