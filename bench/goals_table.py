@@ -12,7 +12,9 @@ repeats, with the per-repeat ratios as the spread. A goal counts as met only whe
     adaserve   SLO attainment >= 1.3x the best baseline at every load where that baseline attains < 70 %
     laps-sd    mean latency >= 25 % below FCFS at 30 and at 50 requests sent at once
     faser      frontier pipelining + early exit: batch-1 TPOT >= 15 % below serial SD; early exit pruning
-               (share of drafted tokens stopped early, from the scheduler's counters)
+               (share of drafted tokens stopped early, from the scheduler's counters); checked on the suffix
+               draft (faser-<suffix>) and on the feature draft over open chat (faser-eagle), the issue's
+               "early exit measurably pruning on the feature draft's trees"
 
 Writes goals.json, README.md (the table) and summary.png (one panel per paper) under --out.
 """
@@ -142,25 +144,26 @@ def laps(results: dict, folder: Path) -> list[dict]:
     return rows
 
 
-def faser(results: dict, folder: Path) -> list[dict]:
+def faser(results: dict, folder: Path, draft: str = "") -> list[dict]:
     b1 = results.get("batch1") or {}
     if "faser:all" not in b1 or "faser:serial" not in b1:
         return []
     tpot = lambda n: b1[n]["summary"]["tpot_s"]["mean"]  # noqa: E731
     ratio = tpot("faser:all") / tpot("faser:serial")
     runs = [a / b for a, b in zip(_runs(b1["faser:all"], "tpot_mean_s"), _runs(b1["faser:serial"], "tpot_mean_s"))]
-    rows = [_goal("FASER", "pipelining + early exit: batch-1 TPOT >= 15 % below serial SD", f"{ratio - 1:+.1%}",
+    rows = [_goal("FASER", f"pipelining + early exit: batch-1 TPOT >= 15 % below serial SD{draft}", f"{ratio - 1:+.1%}",
                   _spread([r - 1 for r in runs], "+.1%"), _met(ratio <= 0.85, [r <= 0.85 for r in runs]), results,
                   folder)]  # fmt: skip
     ee = {n: b1[n].get("early_exit") for n in ("faser:ee", "faser:all") if b1.get(n, {}).get("early_exit")}
     if ee:
         value = "; ".join(f"{n}: {e['pruned_share']:.1%} of {e['proposed']} drafted tokens" for n, e in ee.items())
-        rows.append(_goal("FASER", "early exit measurably pruning", value, "–",
+        rows.append(_goal("FASER", f"early exit measurably pruning{draft}", value, "–",
                           all(e["pruned"] > 0 for e in ee.values()), results, folder))  # fmt: skip
     return rows
 
 
 CHECKS = {"adaptive": adaptive, "slo": adaserve, "order": laps, "faser": faser}
+FEATURE_DRAFT = {"faser": ("eagle", " (feature draft, open chat)")}  # bench -> (its feature-draft run's suffix, label)
 
 
 def _by_factor(results: dict) -> dict[float, str]:
@@ -201,6 +204,11 @@ def collect(root: Path, suffix: str) -> list[dict]:
         found = results_of(root, bench, suffix)
         if found is not None:
             rows += check(*found)
+        if bench in FEATURE_DRAFT and suffix != FEATURE_DRAFT[bench][0]:
+            other, label = FEATURE_DRAFT[bench]
+            found = results_of(root, bench, other)
+            if found is not None:
+                rows += check(*found, draft=label)
     return rows
 
 
