@@ -24,6 +24,17 @@ The original weight stays (tied embeddings share it, ``state_dict`` and
 ``save_pretrained`` see it); the packed copy is a plain attribute, so it doubles
 the projections' memory on CPU. Nothing changes on other devices or dtypes, or
 where this torch has no oneDNN: ``prepack`` leaves those models alone.
+
+Row exactness in 16 bits (``pad_single_rows``): greedy speculation is lossless only if a
+verify row computes bit for bit what a decode of the same path computes. In float32 the
+kernels' differences (~1e-7) practically never flip a choice; in bfloat16 they round into
+different values and do. The 16-bit products here (oneDNN's packed ones and MKL's alike) give
+the same row whatever the row count from 2 rows on, but a single row takes a GEMV kernel that
+sums K in another order: on an AMD EPYC with AVX512-BF16 SmolLM2-135M's down_proj (K = 1,536)
+differs in 5 of 36,864 outputs between 1 row and 2-16 rows, and 4 of 8 chat prompts left
+target-only's greedy output within 64 tokens at k = 2. So on CPU in 16 bits a one-row product
+is computed as two rows (the row twice, the first kept), and the packed weight serves every
+row count (one kernel): about 1 ms per decode step of the demo target on that CPU.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
+SIXTEEN_BIT = (torch.bfloat16, torch.float16)
 DEFAULT_MIN_ROWS = 4  # where nothing was measured: MKL below this many rows, the packed weight from there
 CALIBRATION_MAX_ROWS = 4  # from 4 rows on the packed weight was never the slower one on any machine measured
 CALIBRATION_SAMPLE_BYTES = 256 << 20  # enough weights that the products stream them from memory, as a forward does
@@ -65,6 +77,7 @@ class PackedLinear(nn.Module):
         self.weight = linear.weight  # the same Parameter: tied weights stay tied
         self.bias = linear.bias
         self.min_rows = min_rows
+        self.pad_single_row = False  # pad_single_rows: a one-row product runs as two rows (row exactness)
         with torch.no_grad():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())  # opaque blocked layout
 
@@ -72,6 +85,8 @@ class PackedLinear(nn.Module):
         rows = x.numel() // self.in_features
         if rows < self.min_rows or x.requires_grad:
             return F.linear(x, self.weight, self.bias)
+        if rows == 1 and self.pad_single_row:
+            return _as_two_rows(x, self.packed_forward)
         return self.packed_forward(x)
 
     def packed_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -84,6 +99,53 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, min_rows={self.min_rows}"
+
+
+class PaddedLinear(nn.Module):
+    """An ``nn.Linear`` whose one-row products run as two rows (the same weight: ties and state_dict unchanged)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() // self.in_features == 1 and not x.requires_grad:
+            return _as_two_rows(x, lambda two: F.linear(two, self.weight, self.bias))
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, one row as two"
+
+
+def _as_two_rows(x: torch.Tensor, product) -> torch.Tensor:
+    """``product`` of a one-row ``x`` computed on the row twice: the kernel of 2+ rows, not the GEMV one."""
+    flat = x.reshape(1, x.shape[-1])
+    out = product(torch.cat([flat, flat]))  # [2, out]
+    return out[:1].reshape(*x.shape[:-1], out.shape[-1])
+
+
+def pad_single_rows(model: nn.Module) -> int:
+    """On CPU in 16 bits, make every linear of ``model`` compute a one-row product as two rows; returns how many.
+
+    PackedLinears get the flag; plain ``nn.Linear``s become PaddedLinears. Other devices and
+    dtypes are left alone (see the module docstring: row exactness).
+    """
+    first = next(model.parameters(), None)
+    if first is None or first.device.type != "cpu" or first.dtype not in SIXTEEN_BIT:
+        return 0
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is PackedLinear:
+                child.pad_single_row = True
+                count += 1
+            elif type(child) is nn.Linear:
+                setattr(parent, name, PaddedLinear(child))
+                count += 1
+    return count
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -135,9 +197,9 @@ def calibrate_min_rows(
 
 
 def prepack(model: nn.Module, min_rows: int | None = None) -> int:
-    """Swap every ``nn.Linear`` of ``model`` for a PackedLinear where that pays (CPU, float32); returns how many.
+    """Swap every ``nn.Linear`` of ``model`` for a PackedLinear where that pays (CPU); returns how many.
 
-    ``min_rows`` None: measured on the model's own layers (``calibrate_min_rows``). A layer whose
+    ``min_rows`` None: measured on the model's own layers (``calibrate_min_rows``); in 16 bits 1. A layer whose
     packed product does not match ``F.linear`` on a probe is left as it was.
     """
     first = next(model.parameters(), None)
@@ -162,9 +224,15 @@ def prepack(model: nn.Module, min_rows: int | None = None) -> int:
                 continue
             setattr(parent, name, packed)
             swapped.append(packed)
-    if swapped and min_rows is None:
+    if swapped and first.dtype in SIXTEEN_BIT:
+        # one kernel for every row count (row exactness, module docstring): the packed one, also at 1 row
+        if min_rows not in (None, 1):
+            log.warning("cpu_prepack_min_rows=%d in %s mixes two kernels: verify rows may differ from decodes",
+                        min_rows, first.dtype)  # fmt: skip
+        min_rows = min_rows or 1
+    elif swapped and min_rows is None:
         min_rows = calibrate_min_rows(swapped)
         log.info("prepacked %d linear layers; the packed weight from %d rows on (measured)", len(swapped), min_rows)
-        for layer in swapped:
-            layer.min_rows = min_rows
+    for layer in swapped:
+        layer.min_rows = min_rows
     return len(swapped)

@@ -82,6 +82,7 @@ class ModelRunner:
         self.packed_linears = (
             cpu_linear.prepack(model, self.config.cpu_prepack_min_rows) if self.config.cpu_prepack else 0
         )
+        cpu_linear.pad_single_rows(model)  # CPU, 16 bits: a decode's products as a verify's (row exactness)
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
         cfg = model.config

@@ -4,8 +4,9 @@ Greedy speculation equals plain decoding token for token only if the target's lo
 position do not depend on how many other rows the forward carries. In float32 the batched
 kernels differ by ~1e-7 and that holds in practice; in bfloat16 such differences round into
 different values and flip greedy choices. So on CPU in 16-bit the attention runs one call per
-query row over exactly the slots it sees (attention/sdpa.py, row-exact mode; prepacked
-bf16 linears, cpu_linear.py, were row-invariant on every CPU tried). Compared here bit for bit.
+query row over exactly the slots it sees (attention/sdpa.py, row-exact mode), and every linear
+computes a one-row product as two rows (cpu_linear.pad_single_rows: single rows take a GEMV
+kernel that sums in another order). Compared here bit for bit.
 """
 
 import random
@@ -55,3 +56,38 @@ def test_bf16_verify_rows_equal_plain_decoding_bit_for_bit(shape, prepack):
             logits = runner.forward([Work(s, new_nodes=[(token, -1)], want_root=False, want_nodes=True)]).nodes(0, 1)[0]
             runner.commit(s, [token])
         assert torch.equal(nodes[j], logits), f"node {j} of the {shape}"
+
+
+@pytest.mark.parametrize("prepack", [False, True])
+def test_bf16_one_row_products_equal_the_same_row_of_a_verify(prepack):
+    """A decode multiplies one row, a verify 2-16: in 16 bits the one-row GEMV kernel sums K in another
+    order (K = 1,536, SmolLM2's down_proj, differed in 5 of 36,864 outputs on an AMD EPYC). So one-row
+    products run as two rows; every row then equals the same row of any product of up to 16 rows."""
+    if prepack and not cpu_linear.available(torch.device("cpu"), torch.bfloat16):
+        pytest.skip("this CPU/torch has no native bf16 oneDNN matmul")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1536, 576, bias=False)).to(torch.bfloat16)
+    with torch.no_grad():
+        model[0].weight.mul_(0.05)
+    if prepack:
+        assert cpu_linear.prepack(model) == 1 and model[0].min_rows == 1  # 16 bits: one kernel, never MKL
+    assert cpu_linear.pad_single_rows(model) == 1
+    layer = model[0]
+    x = torch.randn(64, 1536, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        one_by_one = torch.cat([layer(x[i : i + 1].unsqueeze(0))[0] for i in range(64)])  # [1, 1, K]: a decode
+        for rows in (2, 3, 5, 16):
+            verify = torch.cat([layer(x[i : i + rows].unsqueeze(0))[0] for i in range(0, 64, rows)])
+            assert torch.equal(one_by_one, verify), f"{rows} rows"
+
+
+def test_pad_single_rows_keeps_weights_and_leaves_float32_alone():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 2))
+    assert cpu_linear.pad_single_rows(model) == 0 and type(model[0]) is torch.nn.Linear
+    model.to(torch.bfloat16)
+    weights, keys = [layer.weight for layer in model], model.state_dict().keys()
+    assert cpu_linear.pad_single_rows(model) == 2
+    assert type(model[0]) is cpu_linear.PaddedLinear and model.state_dict().keys() == keys
+    assert all(layer.weight is w for layer, w in zip(model, weights))  # the same Parameters: ties stay tied
+    with torch.inference_mode():
+        assert model(torch.randn(1, 8, dtype=torch.bfloat16)).shape == (1, 2)
