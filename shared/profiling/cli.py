@@ -70,6 +70,7 @@ def profile(
     from services.settings import ServiceSettings
     from shared.engine.factory import build_target_engine
     from shared.models.paths import Paths
+    from shared.engine.eagle.loading import is_eagle_dir
     from shared.engine.errors import ModelLoadError
     from shared.profiling.cost_model import dtype_variant, profile_path, redis_blob_name, save_profile
     from shared.profiling.measure import hardware_name, measure
@@ -83,6 +84,11 @@ def profile(
     except ModelLoadError as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None
+    if is_eagle_dir(path):  # a feature draft's forward needs the target's features: no standalone profile
+        console.print(f"{path.name} is a feature-level draft (EAGLE head over the target's features); it is not "
+                      "profiled alone: the speculation policies fit its cost online from the speculate times "
+                      "(scheduler/policies/step_cost.py)")  # fmt: skip
+        raise typer.Exit(0 if if_missing else 1)
     engine, loaded = build_target_engine(path, device=device, dtype=dtype, with_tokenizer=False)
     stored_home = Paths.resolve(home).home
     runner = engine.runner
@@ -124,6 +130,7 @@ def profile_shares_command(
     import torch
 
     from services.settings import ServiceSettings
+    from shared.engine.eagle.loading import is_eagle_dir
     from shared.engine.errors import ModelLoadError
     from shared.models.paths import Paths
     from shared.profiling.measure_shares import profile_shares

@@ -89,3 +89,15 @@ def test_draft_flag_profiles_the_pairs_draft(home):
     path = find_profile(home, "tiny-draft")
     assert path is not None and path.parent == home / "profiles" / "tiny-draft"
     assert load_profile(path).model == "tiny-draft"
+
+
+def test_a_feature_draft_is_not_profiled_alone_and_says_why(home, tmp_path):
+    from shared.models.tiny import save_tiny_eagle
+
+    head = save_tiny_eagle(tmp_path / "head", home / "models" / "tiny-target", draft_vocab_size=64)
+    args = ["profile", "--model", str(head), "--draft", "--home", str(home), "--device", "cpu", "--quick"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1 and "feature-level draft" in result.output, result.output
+    again = CliRunner().invoke(app, [*args, "--if-missing"])  # what `make bench-adaptive` runs: nothing to do
+    assert again.exit_code == 0 and "fit its cost online" in again.output.replace("\n", " "), again.output
+    assert find_profile(home, head.name) is None
