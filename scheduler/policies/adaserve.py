@@ -11,6 +11,14 @@ One iteration of every policy here, for a batch of n requests and budget B::
                EqualGreedy    floor(B / n) per request, greedy within each tree (§6.3)
     observe    learn t_spec, the iteration latency, from the step reports
 
+``marginal_cost`` (``adaserve:marginal``, ``global_greedy:marginal``): B is
+where a GPU's verify stops being free; on a CPU a verify token costs ~1 ms
+from the first one, so filling B verifies nodes worth less than they cost.
+With the option the throughput-optimized step takes a node only while it
+raises the step's expected tokens per second (selection.MarginalCost, priced
+by the profiled cost model and the observed drafting time); the
+SLO-customized step is unchanged.
+
 SpecInferTree is the fixed-shape baseline (§6.1): a <1,1,3,1,1,1,1,1> tree per
 request, whatever the load; it ignores B.
 
@@ -35,12 +43,15 @@ from collections.abc import Sequence
 from pydantic import BaseModel, Field
 
 from scheduler.policies.selection import (
+    MarginalCost,
     TreeSelector,
     select_equal_greedy,
     select_expansion,
     select_global_greedy,
     select_slo_customized,
     subtree,
+    tree_depth,
+    tree_width,
 )
 from scheduler.policies.speculation import SpecContext, SpecShape, SpeculationPolicy
 from scheduler.report import StepReport
@@ -68,6 +79,12 @@ class TreePolicyConfig(BaseModel):
         0.3, gt=0.0, le=1.0, description="Weight of the newest iteration in the t_spec moving average."
     )
     initial_iteration_s: float = Field(0.0, ge=0.0, description="t_spec before the first iteration is observed.")
+    marginal_cost: bool = Field(
+        False,
+        description="Spend the budget only on nodes that raise the step's expected goodput (selection.MarginalCost), "
+        "priced by the profiled cost model: for hardware whose verify time grows from the first token (a CPU). "
+        "Off = the paper's rule, fill B. AdaServe and GlobalGreedy.",
+    )
 
 
 def speculation_shape(num_requests: int, budget: int, max_depth: int, max_width: int) -> SpecShape:
@@ -102,6 +119,9 @@ class _BudgetedTrees(SpeculationPolicy):
     def __init__(self, config: TreePolicyConfig | None = None) -> None:
         self.config = config or TreePolicyConfig()
         self.t_spec = self.config.initial_iteration_s  # EMA of observed iteration latency
+        self.t_draft = 0.0  # EMA of the observed drafting time (sunk when the selection runs)
+        self.used_depth: int | None = None  # marginal_cost: deepest node the last selection kept
+        self.used_width = 0  # marginal_cost: most nodes the last selection kept in one layer of one tree
 
     def budget(self, ctx: SpecContext) -> int:
         return ctx.token_budget if ctx.token_budget else self.config.token_budget
@@ -111,6 +131,10 @@ class _BudgetedTrees(SpeculationPolicy):
         if budget <= len(batch):  # the roots alone spend B: no node could be selected
             return [SpecShape.none()] * len(batch)
         shape = speculation_shape(len(batch), budget, self.config.max_depth, self.config.max_width)
+        if self.config.marginal_cost and self.used_depth is not None and shape.speculates:
+            # draft one layer deeper and one beam wider than the last selection used, not what it would
+            # prune unverified (drafting is half the cost of a tree step on a CPU)
+            shape = SpecShape.tree(min(shape.depth, self.used_depth + 1), min(shape.width, self.used_width + 1))
         return [shape] * len(batch)
 
     def tree_selector(self) -> TreeSelector:
@@ -122,21 +146,38 @@ class _BudgetedTrees(SpeculationPolicy):
         a = self.config.iteration_ema
         t = report.times.total
         self.t_spec = t if self.t_spec == 0.0 else a * t + (1 - a) * self.t_spec
+        if report.times.speculate > 0:
+            d = report.times.speculate
+            self.t_draft = d if self.t_draft == 0.0 else a * d + (1 - a) * self.t_draft
+
+    def marginal_cost(self, batch: Sequence[Request], fixed_nodes: int, ctx: SpecContext) -> MarginalCost | None:
+        """What a verify token costs against this step (None: the option is off or nothing is profiled)."""
+        cm = ctx.cost_model
+        if not self.config.marginal_cost or cm is None or cm.gamma_s <= 0:
+            return None
+        context = float(sum(r.num_tokens for r in batch))
+        verify = cm.predict(context, len(batch) + fixed_nodes, verify=True)  # the roots and the fixed trees
+        return MarginalCost(per_token_s=cm.gamma_s, step_s=self.t_draft + verify)
 
     def select(self, batch: Sequence[Request], trees: list[TokenTree], ctx: SpecContext) -> list[TokenTree]:
         auto = [i for i, r in enumerate(batch) if r.speculation.mode is SpecMode.AUTO]
         fixed_nodes = sum(len(trees[i]) for i, r in enumerate(batch) if r.speculation.mode is not SpecMode.AUTO)
         # the fixed requests' roots and nodes come off the budget first
         budget = self.budget(ctx) - (len(batch) - len(auto)) - fixed_nodes
-        keep = self.choose([batch[i] for i in auto], [trees[i] for i in auto], budget, ctx)
+        cost = self.marginal_cost(batch, fixed_nodes, ctx)
+        keep = self.choose([batch[i] for i in auto], [trees[i] for i in auto], budget, ctx, cost)
         out = list(trees)
         for i, nodes in zip(auto, keep):
             out[i] = subtree(trees[i], nodes)
+        if cost is not None and auto:
+            self.used_depth = max(tree_depth(out[i]) for i in auto)
+            self.used_width = max(tree_width(out[i]) for i in auto)
         return out
 
     def choose(
-        self, batch: Sequence[Request], trees: list[TokenTree], budget: int, ctx: SpecContext
-    ) -> list[list[int]]:
+        self, batch: Sequence[Request], trees: list[TokenTree], budget: int, ctx: SpecContext,
+        cost: MarginalCost | None = None,
+    ) -> list[list[int]]:  # fmt: skip
         """Node indices to keep per tree, spending at most ``budget`` verify tokens (roots included)."""
         raise NotImplementedError
 
@@ -147,10 +188,11 @@ class AdaServe(_BudgetedTrees):
     name = "adaserve"
 
     def choose(
-        self, batch: Sequence[Request], trees: list[TokenTree], budget: int, ctx: SpecContext
-    ) -> list[list[int]]:
+        self, batch: Sequence[Request], trees: list[TokenTree], budget: int, ctx: SpecContext,
+        cost: MarginalCost | None = None,
+    ) -> list[list[int]]:  # fmt: skip
         required = [required_tokens(r, ctx.now, self.t_spec) for r in batch]
-        return select_slo_customized(trees, required, budget, self.config.n_max)
+        return select_slo_customized(trees, required, budget, self.config.n_max, cost)
 
 
 class GlobalGreedy(_BudgetedTrees):
@@ -159,9 +201,10 @@ class GlobalGreedy(_BudgetedTrees):
     name = "global_greedy"
 
     def choose(
-        self, batch: Sequence[Request], trees: list[TokenTree], budget: int, ctx: SpecContext
-    ) -> list[list[int]]:
-        return select_global_greedy(trees, budget)
+        self, batch: Sequence[Request], trees: list[TokenTree], budget: int, ctx: SpecContext,
+        cost: MarginalCost | None = None,
+    ) -> list[list[int]]:  # fmt: skip
+        return select_global_greedy(trees, budget, cost)
 
 
 class EqualGreedy(_BudgetedTrees):
@@ -170,9 +213,10 @@ class EqualGreedy(_BudgetedTrees):
     name = "equal_greedy"
 
     def choose(
-        self, batch: Sequence[Request], trees: list[TokenTree], budget: int, ctx: SpecContext
-    ) -> list[list[int]]:
-        return select_equal_greedy(trees, budget)
+        self, batch: Sequence[Request], trees: list[TokenTree], budget: int, ctx: SpecContext,
+        cost: MarginalCost | None = None,
+    ) -> list[list[int]]:  # fmt: skip
+        return select_equal_greedy(trees, budget)  # the paper's baseline: an equal share, spent
 
 
 class SpecInferTree(SpeculationPolicy):

@@ -28,6 +28,8 @@ break that either.
 from __future__ import annotations
 
 import heapq
+from collections import Counter
+from dataclasses import dataclass
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -70,6 +72,14 @@ def tree_depth(tree: TokenTree) -> int:
     for parent in tree.parent_ids:
         depth.append(1 if parent == -1 else depth[parent] + 1)
     return max(depth, default=0)
+
+
+def tree_width(tree: TokenTree) -> int:
+    """Most nodes at one depth (0 for an empty tree): the beam a draft needs to have proposed them."""
+    depth: list[int] = []
+    for parent in tree.parent_ids:
+        depth.append(1 if parent == -1 else depth[parent] + 1)
+    return max(Counter(depth).values(), default=0)
 
 
 def is_valid_subset(tree: TokenTree, keep: Sequence[int]) -> bool:
@@ -127,15 +137,44 @@ class _Frontier:
             heapq.heappush(self.heap, (-self.f[child], child))
 
 
-def _take_globally(frontiers: list[_Frontier], budget: int) -> int:
+@dataclass(frozen=True)
+class MarginalCost:
+    """What one more verify token costs, for a budget that is not free (AdaServe's B assumes it is).
+
+    AdaServe spends the budget to the last token because below B a GPU's verify is memory-bound: a
+    token more costs ~nothing. Where the verify's time grows from the first token (a CPU: ~1 ms per
+    token on a 28 ms decode here), a node is worth its token only if it raises the step's expected
+    goodput, tokens emitted per second (SmartSpec eq. 3)::
+
+        (E + f) / (T + c) > E / T   <=>   f * T > c * E
+
+    E: expected tokens the step emits so far (a bonus token per request + sum of f taken),
+    T: the step's time so far (drafting, sunk by now, and the verify of what is taken),
+    c: ``per_token_s``, f: the node's path probability. Nodes come in descending f and E / T
+    rises while they pay, so the first node that does not pay ends the selection.
+    """
+
+    per_token_s: float  # c: seconds one more verified token adds
+    step_s: float  # T of the step with no node taken: drafting + the verify of the roots
+
+    def pays(self, f: float, expected: float, num_taken: int) -> bool:
+        return f * (self.step_s + self.per_token_s * num_taken) > self.per_token_s * expected
+
+
+def _take_globally(frontiers: list[_Frontier], budget: int, cost: MarginalCost | None = None) -> int:
     """Algorithm 2 lines 18-23: the globally most probable available nodes, over all trees, until the
-    budget is spent; returns the budget left (> 0 only when every candidate is taken)."""
+    budget is spent (or, with ``cost``, until a node no longer pays); returns the budget left."""
     heap = [(neg_f, i, node) for i, fr in enumerate(frontiers) for neg_f, node in fr.heap]
     heapq.heapify(heap)
     for fr in frontiers:
         fr.heap = []  # the global heap owns the available nodes from here on
+    taken = sum(len(fr.taken) for fr in frontiers)
+    expected = len(frontiers) + sum(fr.f[n] for fr in frontiers for n in fr.taken)  # bonus tokens + sum f
     while budget > 0 and heap:
-        _, i, node = heapq.heappop(heap)
+        if cost is not None and not cost.pays(-heap[0][0], expected, taken):
+            break
+        neg_f, i, node = heapq.heappop(heap)
+        taken, expected = taken + 1, expected - neg_f
         fr = frontiers[i]
         fr.taken.append(node)
         for child in fr.children[node + 1]:
@@ -149,8 +188,9 @@ def _take_globally(frontiers: list[_Frontier], budget: int) -> int:
 
 
 def select_slo_customized(
-    candidates: Sequence[TokenTree], required: Sequence[float], budget: int, n_max: int
-) -> list[list[int]]:
+    candidates: Sequence[TokenTree], required: Sequence[float], budget: int, n_max: int,
+    cost: MarginalCost | None = None,
+) -> list[list[int]]:  # fmt: skip
     """AdaServe's selection (Algorithm 2, lines 3-23) under a budget of ``budget`` verify tokens.
 
     ``required[i]`` is A(r_i): the tokens request i must emit this iteration to
@@ -158,7 +198,8 @@ def select_slo_customized(
     is certain (the bonus, n_acc = 1.0, line 6), so a request takes nodes while
     1 + sum f < A_cap = min(A, d + 1) (§4.3 step 2; d = the depth of its
     candidate), at most ``n_max`` of them, most urgent request first (line 9).
-    The rest of the budget goes to the globally most probable nodes (step 3).
+    The rest of the budget goes to the globally most probable nodes (step 3); with ``cost``, only
+    while a node raises the step's expected goodput (``MarginalCost``).
 
     The sum is of path probabilities f(v), as eq. (5) and Theorem 3.1 have
     it; line 15 of Algorithm 2 writes the conditional M_q(v | ...), which only
@@ -175,14 +216,16 @@ def select_slo_customized(
         while n_acc < a_cap and len(fr.taken) < n_max and left > 0 and fr:  # line 12
             n_acc += fr.take()
             left -= 1
-    _take_globally(frontiers, left)
+    _take_globally(frontiers, left, cost)
     return [fr.taken for fr in frontiers]
 
 
-def select_global_greedy(candidates: Sequence[TokenTree], budget: int) -> list[list[int]]:
+def select_global_greedy(
+    candidates: Sequence[TokenTree], budget: int, cost: MarginalCost | None = None
+) -> list[list[int]]:
     """GlobalGreedy (AdaServe §6.3): the most probable nodes across all trees, no SLO step."""
     frontiers = [_Frontier(tree) for tree in candidates]
-    _take_globally(frontiers, budget - len(candidates))
+    _take_globally(frontiers, budget - len(candidates), cost)
     return [fr.taken for fr in frontiers]
 
 

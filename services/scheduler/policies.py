@@ -5,8 +5,9 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
 
     speculation   fixed, fixed:K   every AUTO request drafts a chain of K (4)   FixedChain(K)
                   none, off        plain decoding unless a request asks         NoSpeculation
-                  adaserve         SLO-customized trees under the budget B      AdaServe
-                  global_greedy    most probable nodes under B, no SLOs         GlobalGreedy
+                  adaserve[:marginal]  SLO-customized trees under the budget B  AdaServe (marginal: a node
+                                   only while it raises expected goodput)
+                  global_greedy[:marginal]  most probable nodes under B, no SLOs  GlobalGreedy
                   equal_greedy     B split evenly, greedy per request           EqualGreedy
                   specinfer[:E]    fixed tree, expansion E (1-1-3-1-1-1-1-1)    SpecInferTree(E)
                   smartspec[:K]    goodput-optimal k for the batch, k <= K (8)  SmartSpec (granularity batch)
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from scheduler.policies.adaserve import AdaServe, EqualGreedy, GlobalGreedy, SpecInferTree
+from scheduler.policies.adaserve import AdaServe, EqualGreedy, GlobalGreedy, SpecInferTree, TreePolicyConfig
 from scheduler.policies.faser import Faser, FaserConfig
 from scheduler.policies.nightjar import Nightjar, NightjarConfig
 from scheduler.policies.smartspec import SmartSpec, SmartSpecConfidence, SmartSpecConfig
@@ -57,8 +58,8 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     "fixed": lambda arg: FixedChain(_chain_length(arg)),
     "none": lambda arg: NoSpeculation(),
     "off": lambda arg: NoSpeculation(),
-    "adaserve": lambda arg: AdaServe(),
-    "global_greedy": lambda arg: GlobalGreedy(),
+    "adaserve": lambda arg: AdaServe(_tree_config(arg)),
+    "global_greedy": lambda arg: GlobalGreedy(_tree_config(arg)),
     "equal_greedy": lambda arg: EqualGreedy(),
     "specinfer": lambda arg: SpecInferTree(_expansion(arg)) if arg else SpecInferTree(),
     "smartspec": lambda arg: SmartSpec(SmartSpecConfig(max_k=_max_k(arg))),
@@ -93,6 +94,12 @@ def _chain_length(arg: str | None) -> int:
     if not arg.isdigit() or int(arg) < 1:
         raise ValueError(f"fixed:K needs a chain length K >= 1, got {arg!r}")
     return int(arg)
+
+
+def _tree_config(arg: str | None) -> TreePolicyConfig:
+    if arg not in (None, "marginal"):
+        raise ValueError(f"adaserve/global_greedy take no option or 'marginal', got {arg!r}")
+    return TreePolicyConfig(marginal_cost=arg == "marginal")
 
 
 def _max_k(arg: str | None, default: int = 8) -> int:

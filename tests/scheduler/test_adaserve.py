@@ -16,6 +16,7 @@ from scheduler.policies.adaserve import (
     speculation_shape,
 )
 from scheduler.policies.selection import (
+    MarginalCost,
     is_valid_subset,
     path_probs,
     select_equal_greedy,
@@ -24,6 +25,7 @@ from scheduler.policies.selection import (
     select_slo_customized,
     subtree,
     tree_depth,
+    tree_width,
 )
 from scheduler.policies.speculation import SpecContext, SpecShape
 from scheduler.report import StepReport
@@ -213,3 +215,60 @@ def test_policies_by_name():
     assert speculation_policy("specinfer:1-2").expansion == (1, 2)
     with pytest.raises(ValueError):
         speculation_policy("specinfer:1-0")
+
+
+def test_marginal_cost_takes_a_node_only_while_it_raises_expected_goodput():
+    # 2 roots (E = 2 bonus tokens), T = 30 ms, 1 ms per verify token: a node pays while f * T > 1 ms * E
+    cost = MarginalCost(per_token_s=1e-3, step_s=30e-3)
+    assert cost.pays(0.1, expected=2.0, num_taken=0)  # 3.0 ms > 2.0 ms
+    assert not cost.pays(0.06, expected=2.0, num_taken=0)  # 1.8 ms < 2.0 ms
+    # GlobalGreedy over Figure 2's trees (f: .7 .56 .5 .4 .35 .336 .2 .21 .2 .168 .1 .07): with B = 8 it fills
+    # the budget; priced, it also stops where f * T < c * E (here after the 8 most probable: both stop at B)
+    assert select_global_greedy([FIG2_R0, FIG2_R1], 8, cost) == select_global_greedy([FIG2_R0, FIG2_R1], 8)
+    # a big budget: paper's rule takes all 12 nodes; priced, the two least probable do not pay for their ms
+    free = select_global_greedy([FIG2_R0, FIG2_R1], 64)
+    priced = select_global_greedy([FIG2_R0, FIG2_R1], 64, cost)
+    assert sum(map(len, free)) == 12
+    taken_f = sorted((path_probs(t)[n] for t, nodes in zip([FIG2_R0, FIG2_R1], priced) for n in nodes), reverse=True)
+    assert taken_f == pytest.approx([0.7, 0.56, 0.5, 0.4, 0.35, 0.336, 0.21, 0.2, 0.2, 0.168])
+    expected = 2 + sum(taken_f)  # the next node (f = .1) no longer pays: .1 * 40 ms < 1 ms * 5.624
+    assert not cost.pays(0.1, expected, len(taken_f)) and cost.pays(0.168, expected - 0.168, 9)
+    assert all(is_valid_subset(t, nodes) for t, nodes in zip([FIG2_R0, FIG2_R1], priced))
+    # an expensive token: nothing but what the SLO step must take
+    dear = MarginalCost(per_token_s=1.0, step_s=30e-3)
+    assert select_slo_customized([FIG2_R0, FIG2_R1], [1.6, 1.8], 64, 8, dear) == [[T1], [T1, T2]]
+
+
+def test_adaserve_marginal_prices_nodes_with_the_profile_and_drafts_only_as_deep_as_it_verifies():
+    from shared.profiling.cost_model import CostModel
+
+    policy = AdaServe(TreePolicyConfig(marginal_cost=True))
+    batch = [running("a", None, 3), running("b", None, 3)]
+    cm = CostModel(alpha_s=0.0, gamma_s=1e-3, delta_s=28e-3)
+    ctx = SpecContext(now=1.0, step=0, draft_available=True, token_budget=64, cost_model=cm)
+    assert policy.decide(batch, ctx) == [SpecShape.tree(6, 4)] * 2  # eq. 8-9 before any selection
+    out = policy.select(batch, [FIG2_R0, FIG2_R1], ctx)
+    assert sum(map(len, out)) == 10 and policy.used_depth == 3  # T = 0 ms drafting + 28 + 2 roots
+    assert policy.used_width == 2 == tree_width(FIG2_R0) and tree_width(TokenTree()) == 0
+    assert policy.decide(batch, ctx) == [SpecShape.tree(4, 3)] * 2  # one layer deeper, one beam wider than used
+    # without a profile there is no price: the paper's rule, the whole budget, eq. 8 depth
+    plain = AdaServe(TreePolicyConfig(marginal_cost=True))
+    unpriced = SpecContext(now=1.0, step=0, draft_available=True, token_budget=64)
+    assert sum(map(len, plain.select(batch, [FIG2_R0, FIG2_R1], unpriced))) == 12 and plain.used_depth is None
+    # the drafting time observed is sunk into T: a slower step makes the same node cheaper relatively
+    report = StepReport(step=0, started_at=0.0, batch_size=2)
+    report.times.total, report.times.speculate = 0.05, 0.02
+    policy.observe(report)
+    assert policy.t_draft == pytest.approx(0.02)
+    cost = policy.marginal_cost(batch, 0, ctx)
+    assert cost.per_token_s == pytest.approx(1e-3) and cost.step_s == pytest.approx(0.02 + cm.predict(6, 2, True))
+
+
+def test_tree_policy_options_by_name():
+    from services.scheduler.policies import speculation_policy
+
+    assert speculation_policy("adaserve:marginal").config.marginal_cost
+    assert speculation_policy("global_greedy:marginal").config.marginal_cost
+    assert not speculation_policy("adaserve").config.marginal_cost
+    with pytest.raises(ValueError, match="marginal"):
+        speculation_policy("adaserve:cheap")
