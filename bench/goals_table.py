@@ -31,7 +31,9 @@ from bench import adaptive_goals
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ADAPTIVE_POLICIES = ("policy:smartspec", "policy:faser", "policy:nightjar", "policy:nightjar-global")
-SLO_BASELINES = ("target-only", "tandem-k3", "policy:specinfer", "policy:equal_greedy", "policy:global_greedy")
+SLO_BASELINES = ("target-only", "tandem-k3", "policy:specinfer", "policy:equal_greedy", "policy:global_greedy",
+                 "policy:global_greedy:marginal")  # fmt: skip
+ADASERVE = ("policy:adaserve", "policy:adaserve:marginal")
 LAPS = ("order:laps-sd", "order:laps-sd:est=1")
 
 
@@ -62,7 +64,7 @@ def _goal(paper: str, goal: str, value: str, spread: str, met: bool, results: di
             "command": results.get("command"), "commit": _commit(folder), "folder": folder.name, **extra}  # fmt: skip
 
 
-def adaptive(results: dict, folder: Path) -> list[dict]:
+def adaptive(results: dict, folder: Path, draft: str = "") -> list[dict]:
     g = adaptive_goals.goals(results)
     rows = []
     loads = [*g["sweep"].values(), *g["bursty"].values()]
@@ -77,7 +79,7 @@ def adaptive(results: dict, folder: Path) -> list[dict]:
                        [d <= adaptive_goals.MARGIN for d in x["vs_best_fixed_by_run"]]) for x in per)  # fmt: skip
         within = sum(x["vs_best_fixed"] <= adaptive_goals.MARGIN for x in per)
         rows.append(_goal("SmartSpec / FASER-AD / Nightjar", f"{p}: mean latency within 5 % of the best fixed k at "
-                          "every load and on the bursty trace", f"{within}/{len(per)} loads; worst {worst:+.1%}",
+                          f"every load and on the bursty trace{draft}", f"{within}/{len(per)} loads; worst {worst:+.1%}",
                           _spread(runs, "+.1%") + " (per repeat, all loads)", met, results, folder))  # fmt: skip
     sweep = results.get("sweep") or {}
     if sweep:
@@ -94,33 +96,38 @@ def adaptive(results: dict, folder: Path) -> list[dict]:
             runs = [b / a for a, b in zip(_runs(per[p], "tpot_mean_s"), _runs(base, "tpot_mean_s")) if a]
             slo_tok = per[p]["summary"]["goodput_tok_s"] / max(base["summary"]["goodput_tok_s"], 1e-9)
             rows.append(_goal("SmartSpec / FASER-AD / Nightjar", f"{p}: goodput >= 1.2x target-only at the lowest load "
-                              f"({lowest} req/s)", f"{ratio:.2f}x (1/TPOT; SLO-meeting tokens/s {slo_tok:.2f}x, capped "
+                              f"({lowest} req/s){draft}", f"{ratio:.2f}x (1/TPOT; SLO-meeting tokens/s {slo_tok:.2f}x, capped "
                               f"by the offered load)", _spread(runs, ".2f"), _met(ratio >= 1.2, [r >= 1.2 for r in runs]),
                               results, folder))  # fmt: skip
     return rows
 
 
-def adaserve(results: dict, folder: Path) -> list[dict]:
+def adaserve(results: dict, folder: Path, draft: str = "") -> list[dict]:
+    return [row for name in ADASERVE for row in _adaserve(results, folder, name, draft)]
+
+
+def _adaserve(results: dict, folder: Path, name: str, draft: str) -> list[dict]:
     ratios, runs, capped = [], [], []
+    goal = f"{name}: SLO attainment >= 1.3x the best baseline where it falls below 70 %{draft}"
     for load, per in (results.get("sweep") or {}).items():
-        if "policy:adaserve" not in per:
+        if name not in per:
             continue
         base = {n: per[n]["summary"]["attainment"] for n in SLO_BASELINES if n in per}
         best = max(base, key=base.get)
         if base[best] >= 0.7:
             capped.append(load)
             continue
-        ours = per["policy:adaserve"]["summary"]["attainment"]
+        ours = per[name]["summary"]["attainment"]
         ratios.append((load, best, ours / max(base[best], 1e-9)))
-        runs += [a / max(b, 1e-9) for a, b in zip(_runs(per["policy:adaserve"], "attainment"), _runs(per[best], "attainment"))]
+        runs += [a / max(b, 1e-9) for a, b in zip(_runs(per[name], "attainment"), _runs(per[best], "attainment"))]
     if not ratios:
+        if not capped:
+            return []
         value = f"every load's best baseline attains >= 70 % ({', '.join(capped)})"
-        return [_goal("AdaServe", "SLO attainment >= 1.3x the best baseline where it falls below 70 %", value, "–",
-                      False, results, folder)]  # fmt: skip
+        return [_goal("AdaServe", goal, value, "–", False, results, folder)]
     value = "; ".join(f"{load}: {r:.2f}x {best}" for load, best, r in ratios)
     met = all(r >= 1.3 for _, _, r in ratios) and _met(True, [r >= 1.3 for r in runs])
-    return [_goal("AdaServe", "SLO attainment >= 1.3x the best baseline where it falls below 70 %", value,
-                  _spread(runs, ".2f"), met, results, folder)]  # fmt: skip
+    return [_goal("AdaServe", goal, value, _spread(runs, ".2f"), met, results, folder)]
 
 
 def laps(results: dict, folder: Path) -> list[dict]:
@@ -163,7 +170,8 @@ def faser(results: dict, folder: Path, draft: str = "") -> list[dict]:
 
 
 CHECKS = {"adaptive": adaptive, "slo": adaserve, "order": laps, "faser": faser}
-FEATURE_DRAFT = {"faser": ("eagle", " (feature draft, open chat)")}  # bench -> (its feature-draft run's suffix, label)
+# bench -> (its feature-draft run's suffix, label)
+FEATURE_DRAFT = {bench: ("eagle", " (feature draft, open chat)") for bench in ("adaptive", "slo", "faser")}
 
 
 def _by_factor(results: dict) -> dict[float, str]:

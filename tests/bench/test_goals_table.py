@@ -37,3 +37,23 @@ def test_results_of_reads_the_rerun_beside_the_first_run(tmp_path):
 def test_a_goal_needs_the_pooled_value_and_most_repeats():
     assert _met(True, [True, True, False]) and not _met(True, [True, False, False]) and not _met(False, [True] * 3)
     assert _met(True, [])  # repeats unknown: the pooled value decides
+
+
+def test_adaserve_goal_rows_per_variant_against_every_baseline(tmp_path):
+    from bench.goals_table import adaserve
+
+    def cell(attained: float, runs: list[float]) -> dict:
+        return {"summary": {"attainment": attained}, "by_run": [{"attainment": a} for a in runs]}
+
+    results = {"command": "slo", "sweep": {
+        "rate=1": {"tandem-k3": cell(0.8, [0.8] * 3), "policy:adaserve": cell(0.9, [0.9] * 3)},  # baseline >= 70 %
+        "rate=2": {"tandem-k3": cell(0.5, [0.5] * 3), "policy:global_greedy:marginal": cell(0.6, [0.6] * 3),
+                   "policy:adaserve": cell(0.5, [0.4, 0.5, 0.6]), "policy:adaserve:marginal": cell(0.8, [0.8] * 3)},
+    }}  # fmt: skip
+    rows = adaserve(results, tmp_path, draft=" (feature draft)")
+    assert [r["goal"].split(":")[0] for r in rows] == ["policy", "policy"]
+    plain, marginal = rows
+    assert "policy:adaserve: SLO" in plain["goal"] and plain["goal"].endswith("(feature draft)")
+    # the best baseline at rate=2 is the priced GlobalGreedy (0.6), not the chain
+    assert plain["value"] == "rate=2: 0.83x policy:global_greedy:marginal" and not plain["met"]
+    assert marginal["value"] == "rate=2: 1.33x policy:global_greedy:marginal" and marginal["met"]
