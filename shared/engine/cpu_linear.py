@@ -83,11 +83,14 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        if rows < self.min_rows or x.requires_grad:
+        if x.requires_grad:
             return F.linear(x, self.weight, self.bias)
-        if rows == 1 and self.pad_single_row:
-            return _as_two_rows(x, self.packed_forward)
-        return self.packed_forward(x)
+        if rows == 1 and self.pad_single_row:  # as two rows, through the path two rows take
+            return _as_two_rows(x, self.packed_forward if self.min_rows <= 2 else self._mkl)
+        return F.linear(x, self.weight, self.bias) if rows < self.min_rows else self.packed_forward(x)
+
+    def _mkl(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
 
     def packed_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The product through the packed weight, whatever the row count."""

@@ -91,3 +91,20 @@ def test_pad_single_rows_keeps_weights_and_leaves_float32_alone():
     assert all(layer.weight is w for layer, w in zip(model, weights))  # the same Parameters: ties stay tied
     with torch.inference_mode():
         assert model(torch.randn(1, 8, dtype=torch.bfloat16)).shape == (1, 2)
+
+
+def test_a_padded_row_takes_the_path_two_rows_take():
+    if not cpu_linear.available(torch.device("cpu"), torch.bfloat16):
+        pytest.skip("this CPU/torch has no native bf16 oneDNN matmul")
+    calls = []
+    layer = cpu_linear.PackedLinear(torch.nn.Linear(16, 8).to(torch.bfloat16), min_rows=3)
+    layer.pad_single_row = True
+    layer.packed_forward = lambda x: calls.append(("packed", x.shape[0])) or torch.zeros(x.shape[0], 8)
+    with torch.inference_mode():
+        one = layer(torch.randn(1, 1, 16, dtype=torch.bfloat16))
+        two = layer(torch.randn(1, 2, 16, dtype=torch.bfloat16))
+    assert one.shape == (1, 1, 8) and two.shape == (1, 2, 8) and calls == []  # below min_rows: MKL, at 2 rows
+    layer.min_rows = 2
+    with torch.inference_mode():
+        layer(torch.randn(1, 1, 16, dtype=torch.bfloat16))
+    assert calls == [("packed", 2)]
