@@ -66,20 +66,22 @@ def path_probs(tree: TokenTree) -> list[float]:
     return out
 
 
-def tree_depth(tree: TokenTree) -> int:
-    """Nodes on the longest root-to-leaf path (0 for an empty tree)."""
+def node_depths(tree: TokenTree) -> list[int]:
+    """Each node's depth (1 for a child of the root)."""
     depth: list[int] = []
     for parent in tree.parent_ids:
         depth.append(1 if parent == -1 else depth[parent] + 1)
-    return max(depth, default=0)
+    return depth
+
+
+def tree_depth(tree: TokenTree) -> int:
+    """Nodes on the longest root-to-leaf path (0 for an empty tree)."""
+    return max(node_depths(tree), default=0)
 
 
 def tree_width(tree: TokenTree) -> int:
     """Most nodes at one depth (0 for an empty tree): the beam a draft needs to have proposed them."""
-    depth: list[int] = []
-    for parent in tree.parent_ids:
-        depth.append(1 if parent == -1 else depth[parent] + 1)
-    return max(Counter(depth).values(), default=0)
+    return max(Counter(node_depths(tree)).values(), default=0)
 
 
 def is_valid_subset(tree: TokenTree, keep: Sequence[int]) -> bool:
