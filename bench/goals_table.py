@@ -130,7 +130,7 @@ def _adaserve(results: dict, folder: Path, name: str, draft: str) -> list[dict]:
     return [_goal("AdaServe", goal, value, _spread(runs, ".2f"), met, results, folder)]
 
 
-def laps(results: dict, folder: Path) -> list[dict]:
+def laps(results: dict, folder: Path, draft: str = "") -> list[dict]:
     rows = []
     closed = results.get("closed") or {}
     for name in LAPS:
@@ -146,7 +146,7 @@ def laps(results: dict, folder: Path) -> list[dict]:
             runs += r
             ok = ok and _met(ratio <= 0.75, [x <= 0.75 for x in r])
         if cells:
-            rows.append(_goal("LAPS-SD", f"{name}: mean latency >= 25 % below FCFS at 30 and 50 requests at once",
+            rows.append(_goal("LAPS-SD", f"{name}: mean latency >= 25 % below FCFS at 30 and 50 requests at once{draft}",
                               "; ".join(cells), _spread([x - 1 for x in runs], "+.0%"), ok, results, folder))  # fmt: skip
     return rows
 
@@ -171,7 +171,7 @@ def faser(results: dict, folder: Path, draft: str = "") -> list[dict]:
 
 CHECKS = {"adaptive": adaptive, "slo": adaserve, "order": laps, "faser": faser}
 # bench -> (its feature-draft run's suffix, label)
-FEATURE_DRAFT = {bench: ("eagle", " (feature draft, open chat)") for bench in ("adaptive", "slo", "faser")}
+FEATURE_DRAFT = {bench: ("eagle", " (feature draft, open chat)") for bench in ("adaptive", "slo", "order", "faser")}
 
 
 def _by_factor(results: dict) -> dict[float, str]:

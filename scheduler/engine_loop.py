@@ -275,7 +275,7 @@ class Scheduler:
         # 4. speculate (frontier pipelining runs 4-6 itself: verify chunk i while drafting chunk i+1)
         t = clock.now()
         piped = await self.frontier.run(self, batch, shapes, ctx, report) if self.frontier is not None else None
-        trees = piped.trees if piped is not None else await self._speculate(batch, shapes)
+        trees = piped.trees if piped is not None else await self._speculate(batch, shapes, report)
         times.speculate = piped.speculate_s if piped is not None else clock.now() - t
 
         # 5. select
@@ -370,16 +370,20 @@ class Scheduler:
                 self.features.on_prefill(req, res)
             report.num_prefill_tokens += len(self._commit_tokens(req, [res.first_token], now))
 
-    async def _speculate(self, batch: list[Request], shapes: list[SpecShape]) -> list[TokenTree]:
+    async def _speculate(self, batch: list[Request], shapes: list[SpecShape], report: StepReport) -> list[TokenTree]:
         trees = [TokenTree() for _ in batch]
         spec = [(i, r, s) for i, (r, s) in enumerate(zip(batch, shapes)) if s.speculates]
         if not spec:
             return trees
         draft = self.draft
         try:
-            # requests the draft does not hold (recovery, or AUTO requests not prefilled there)
+            # requests the draft does not hold (recovery, or AUTO requests not prefilled there); timed apart, so
+            # that the policies' fits of the speculate call are not charged a prefill (it is no drafting cost)
+            t = self.clock.now()
             await self.link.sync([r for _, r, _ in spec])
+            report.times.draft_sync = self.clock.now() - t
             items = [s.spec_item(r.id, r.tokens()[r.draft_seen :]) for _, r, s in spec]
+            report.num_catchup_tokens = sum(max(0, len(item.new_tokens) - 1) for item in items)
             if self.features is not None:
                 for item, (_, r, _) in zip(items, spec):
                     item.features = r.features

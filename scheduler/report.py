@@ -14,6 +14,7 @@ class PhaseTimes:
 
     prefill: float = 0.0  # target + draft prefill of admitted requests (run concurrently)
     speculate: float = 0.0  # draft resync (release/prefill) + the speculate call
+    draft_sync: float = 0.0  # of speculate: the resync alone (re-prefilling requests the draft did not hold)
     select: float = 0.0
     verify: float = 0.0
     commit: float = 0.0  # appending, stop checks, events, releases
@@ -41,6 +42,9 @@ class StepReport:
     prefilled_ids: list[str] = field(default_factory=list)
     num_prefill_tokens: int = 0  # tokens emitted by target prefill (first tokens)
     preempted_ids: list[str] = field(default_factory=list)
+    # tokens the speculate call fed the draft before drafting, beyond each request's newest one: the accepted
+    # tokens of its last step, and everything since it last drafted for it (the catch-up of Nightjar §4.2)
+    num_catchup_tokens: int = 0
     resumed_ids: list[str] = field(default_factory=list)  # preempted requests readmitted with their KV kept
     failed_ids: list[str] = field(default_factory=list)
     draft_available: bool = False  # at the end of the step

@@ -50,7 +50,7 @@ from scheduler.policies.step_cost import StepCost, StepCostConfig, StepCostModel
 from scheduler.report import StepReport
 from scheduler.request import Request, SpecMode
 
-STATE_VERSION = 2  # 2: the target fit has a verify-mode term (step_cost.py c_t)
+STATE_VERSION = 3  # 2: the target fit has a verify-mode term (step_cost.py c_t); 3: the draft fit a fed-tokens term
 
 
 class FaserConfig(BaseModel):
@@ -192,7 +192,7 @@ class Faser(SpeculationPolicy):
         cfg = self.config
         ks = [o.num_drafted for o in outcomes]
         contexts = [planned[o.request_id] for o in outcomes]
-        t_obs = report.times.speculate + report.times.verify
+        t_obs = report.times.speculate - report.times.draft_sync + report.times.verify  # a resync is no cost of s
         drafted = [0] * cfg.max_k
         accepted = [0] * cfg.max_k
         for o in outcomes:
@@ -210,6 +210,5 @@ class Faser(SpeculationPolicy):
         if any(drafted):
             event["drafted"], event["accepted"] = drafted, accepted
         if report.times.verify > 0:
-            spec_s = report.times.speculate if any(ks) else None
-            event["cost"] = StepCostModel.measurement(ks, contexts, report.times.verify, spec_s)
+            event["cost"] = StepCostModel.observed(ks, contexts, report)
         self.state.record(event)

@@ -28,7 +28,10 @@ with 1/√(bins so far), Lemma 2's reading: 16 % of the first 1 000 rounds,
 
 Reward r = observed goodput of the step: tokens it generated (accepted +
 one bonus per request) / seconds of speculate + select + verify. So the
-draft's real cost, the RPCs and the verify width all count, measured.
+draft's real cost, the RPCs and the verify width all count, measured. The
+draft's re-prefill of requests it did not hold (``PhaseTimes.draft_sync``)
+is left out: it is the switching cost, charged by eq. 3's second term, not
+a property of the arm played.
 
 Switching cost c_prefill (§4.2, Table 3): after a step without speculation
 the draft lags the target by the tokens it did not see; the next speculate
@@ -239,7 +242,8 @@ class Nightjar(SpeculationPolicy):
         self._prev_k = last[2] if played and report.num_speculating else 0
         if not played or not report.outcomes:
             return
-        seconds = report.times.speculate + report.times.select + report.times.verify
+        # the draft's resync (a request it did not hold) is a switching cost, which eq. 3 charges apart
+        seconds = report.times.speculate - report.times.draft_sync + report.times.select + report.times.verify
         if seconds <= 0:
             return
         tokens = sum(o.num_accepted + 1 for o in report.outcomes)  # accepted + bonus (§4.1 goodput)

@@ -71,7 +71,7 @@ from scheduler.report import StepReport
 from scheduler.request import Request, SpecMode
 from shared.engine.types import TokenTree
 
-STATE_VERSION = 2  # 2: the target fit has a verify-mode term (step_cost.py c_t)
+STATE_VERSION = 3  # 2: the target fit has a verify-mode term (step_cost.py c_t); 3: the draft fit a fed-tokens term
 
 
 class SmartSpecConfig(BaseModel):
@@ -307,8 +307,7 @@ class SmartSpec(SpeculationPolicy):
             "decisions": [sum(1 for k in decisions if k == 0), len(decisions)] if decisions else None,
         }
         if ks and report.times.verify > 0:
-            spec_s = report.times.speculate if any(ks) else None
-            event["cost"] = StepCostModel.measurement(ks, contexts, report.times.verify, spec_s)
+            event["cost"] = StepCostModel.observed(ks, contexts, report)
         if any(v is not None for v in event.values()):
             self.state.record(event)
 

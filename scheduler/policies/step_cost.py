@@ -31,6 +31,18 @@ and speculate times, so RPC overhead and whatever the profile missed are
 learned. Without a profile the prior is a weak generic one. The fits are
 JSON state, merged across replicas like any learned state (shared_state.py).
 
+What the draft fit sees is the speculate call alone: a step that first
+re-prefilled requests on the draft (``PhaseTimes.draft_sync``: a request the
+draft never held, or a feature draft's resync through the target) is charged
+without it, and the tokens the call fed the draft before drafting enter as a
+feature of their own (c_f per token, ``StepReport.num_catchup_tokens``), so a
+probe after plain decoding does not teach the fit that drafting is dear. And
+while the policy does not speculate, the draft fit fades toward its prior at
+the forgetting rate, as SmartSpec's alpha does: one slow call (a cold start,
+a resync the loop could not separate) cannot switch speculation off for good
+(seen: one 60 ms first call lifted c_d from 2 to 17 ms, and the policy never
+drafted again, since only drafting refreshes the fit).
+
 Pure: numpy, no I/O.
 """
 
@@ -43,11 +55,12 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, Field
 
+from scheduler.report import StepReport
 from shared.profiling.cost_model import CostModel
 
 # Feature scales: coefficients are fitted on features divided by these, so one ridge prior fits all.
 TARGET_SCALES = (1.0, 16.0, 4096.0, 1.0)  # 1, N_batched, N_context, [verifying drafted tokens]
-DRAFT_SCALES = (1.0, 4.0, 32.0, 16384.0)  # [speculating], max k, sum k, sum k * context
+DRAFT_SCALES = (1.0, 4.0, 32.0, 16384.0, 16.0)  # [speculating], max k, sum k, sum k * context, tokens fed
 
 DEFAULT_TARGET = CostModel(alpha_s=0.0, gamma_s=1e-3, delta_s=20e-3)
 DEFAULT_DRAFT = CostModel(alpha_s=0.0, gamma_s=2e-4, delta_s=4e-3)  # per draft forward
@@ -74,6 +87,7 @@ class StepCost:
     gamma_d: float
     alpha_d: float
     call_t: float = 0.0  # c_t: a verify pass's cost beyond a plain decode step
+    feed_d: float = 0.0  # c_f: per token the speculate call feeds the draft before drafting (not in T(k))
 
     def spec_overhead(self) -> float:
         """What speculating at all adds to a step, whatever k: the draft call and the verify mode."""
@@ -125,6 +139,12 @@ class OnlineFit:
         xty = rho * np.asarray(state["xty"]) + z * y
         return {"xtx": xtx.tolist(), "xty": xty.tolist(), "n": rho * state["n"] + 1.0}
 
+    def fade(self, state: dict[str, Any]) -> dict[str, Any]:
+        """One step's forgetting without an observation: the data's weight shrinks, the prior's stays."""
+        rho = self.forgetting
+        return {"xtx": (rho * np.asarray(state["xtx"])).tolist(), "xty": (rho * np.asarray(state["xty"])).tolist(),
+                "n": rho * state["n"]}  # fmt: skip
+
     def solve(self, state: dict[str, Any]) -> np.ndarray:
         """Coefficients in real units, clipped at 0 (no cost is negative)."""
         lam = self.prior_steps
@@ -150,7 +170,7 @@ class StepCostModel:
             cfg.profiled_prior_steps if target else cfg.prior_steps, cfg.forgetting,
         )  # fmt: skip
         self.draft = OnlineFit(
-            DRAFT_SCALES, (cfg.draft_call_s, d.delta_s, d.gamma_s, d.alpha_s),
+            DRAFT_SCALES, (cfg.draft_call_s, d.delta_s, d.gamma_s, d.alpha_s, d.gamma_s),
             cfg.profiled_prior_steps if draft else cfg.prior_steps, cfg.forgetting,
         )  # fmt: skip
 
@@ -164,23 +184,33 @@ class StepCostModel:
             state["target"] = self.target.update(state["target"], event["x_target"], event["verify_s"])
         if event.get("speculate_s") is not None:
             state["draft"] = self.draft.update(state["draft"], event["x_draft"], event["speculate_s"])
+        elif event.get("verify_s") is not None:  # a step without drafting: what the draft fit saw fades
+            state["draft"] = self.draft.fade(state["draft"])
         return state
 
     def current(self, state: dict[str, Any]) -> StepCost:
         dt, gt, at, ct = self.target.solve(state["target"])
-        cd, dd, gd, ad = self.draft.solve(state["draft"])
-        return StepCost(dt, gt, at, cd, dd, gd, ad, ct)
+        cd, dd, gd, ad, fd = self.draft.solve(state["draft"])
+        return StepCost(dt, gt, at, cd, dd, gd, ad, ct, fd)
+
+    @classmethod
+    def observed(cls, ks: Sequence[int], contexts: Sequence[int], report: StepReport) -> dict[str, Any]:
+        """``measurement`` of what a step report says: speculate less the draft's resync, the tokens fed."""
+        times = report.times
+        spec_s = max(0.0, times.speculate - times.draft_sync) if any(ks) else None
+        return cls.measurement(ks, contexts, times.verify, spec_s, report.num_catchup_tokens)
 
     @staticmethod
     def measurement(
-        ks: Sequence[int], contexts: Sequence[int], verify_s: float, speculate_s: float | None
+        ks: Sequence[int], contexts: Sequence[int], verify_s: float, speculate_s: float | None, fed_tokens: int = 0
     ) -> dict[str, Any]:
-        """The event of one step: chain lengths and contexts verified, and the times the loop measured."""
+        """The event of one step: chain lengths and contexts verified, the times the loop measured (speculate
+        without the draft's resync), and the tokens the speculate call fed the draft before drafting."""
         ks = [int(k) for k in ks]
         n_batched = sum(k + 1 for k in ks)
         x_target = [1.0, n_batched, float(sum(contexts)), 1.0 if any(ks) else 0.0]
         event: dict[str, Any] = {"verify_s": verify_s, "x_target": x_target}
         if speculate_s is not None and any(ks):
             event["speculate_s"] = speculate_s
-            event["x_draft"] = [1.0, max(ks), sum(ks), float(sum(k * c for k, c in zip(ks, contexts)))]
+            event["x_draft"] = [1.0, max(ks), sum(ks), float(sum(k * c for k, c in zip(ks, contexts))), float(fed_tokens)]
         return event

@@ -57,3 +57,22 @@ def test_adaserve_goal_rows_per_variant_against_every_baseline(tmp_path):
     # the best baseline at rate=2 is the priced GlobalGreedy (0.6), not the chain
     assert plain["value"] == "rate=2: 0.83x policy:global_greedy:marginal" and not plain["met"]
     assert marginal["value"] == "rate=2: 1.33x policy:global_greedy:marginal" and marginal["met"]
+
+
+def test_order_goal_reads_the_feature_draft_run_beside_the_suffix_one(tmp_path):
+    from bench.goals_table import collect
+
+    def cell(mean: float, runs: list[float]) -> dict:
+        return {"summary": {"latency_s": {"mean": mean}}, "latency_mean_by_run_s": runs}
+
+    def order(ratio: float) -> dict:
+        return {"command": "order", "closed": {f"concurrency={n}": {
+            "order:fcfs": cell(10.0, [10.0] * 3), "order:laps-sd:est=1": cell(10 * ratio, [10 * ratio] * 3)}
+            for n in (30, 50)}}  # fmt: skip
+
+    for name, run in (("order-grounded", order(0.8)), ("order-eagle", order(0.7))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(run))
+    rows = collect(tmp_path, "grounded")
+    assert [(r["folder"], r["met"]) for r in rows] == [("order-grounded", False), ("order-eagle", True)]
+    assert rows[1]["goal"].endswith("(feature draft, open chat)") and rows[1]["value"] == "30: -30%; 50: -30%"
