@@ -69,3 +69,20 @@ def test_gp_cost_per_iteration(capsys):
         print(f"\nFASER decide, window 64, batch 32: median {np.median(samples) * 1e3:.3f} ms "
               f"(GP part measured by the policy: {policy.last_decide_s * 1e3:.3f} ms)")  # fmt: skip
     assert policy.last_decide_s is not None
+
+
+def test_an_unlucky_start_does_not_keep_a_request_at_s0():
+    """A request whose first chains were all rejected looks hopeless next to the global rate; at s = 0 it sees
+    nothing new, so its own evidence must fade while it idles, or it never drafts again (a third of the
+    requests on the feature draft did so before)."""
+    import dataclasses
+
+    cheap = dataclasses.replace(CHEAP_DRAFT, delta_t=0.02, call_d=0.003, delta_d=0.0015, call_t=0.002)
+    for decay, drafts_again in ((1.0, False), (0.9, True)):
+        policy = Faser(FaserConfig(request_idle_decay=decay))
+        run_steps(policy, requests(1, prefix="warm"), [0.5], cheap, steps=60)  # the global rate: about 0.5
+        unlucky = requests(1, prefix="unlucky")
+        unlucky[0].position_drafted, unlucky[0].position_accepted = [12] * 8, [0] * 8  # nothing taken yet
+        chosen = run_steps(policy, unlucky, [0.5], cheap, steps=40, start_step=60)
+        assert chosen[0] == [0]  # with that history it stops drafting at first
+        assert any(ks[0] > 0 for ks in chosen) is drafts_again
