@@ -24,8 +24,7 @@ Failure handling:
   held queues again with its tokens and is re-prefilled once it answers (target_link.py); any
   other error fails the requests of that call (the call is atomic), and the loop goes on.
 
-Preemption and KV pressure: scheduler/admission.py. Elastic draft memory (Nightjar §5):
-scheduler/elastic_control.py. Target outages: scheduler/target_link.py.
+Preemption and KV pressure: admission.py; elastic draft memory (Nightjar §5): elastic_control.py.
 
 Workers see releases only between calls (flushed after admission and at the end of a step),
 never while one of their calls is in flight. No torch, grpc or redis here: workers, clock and
@@ -375,11 +374,8 @@ class Scheduler:
         spec = [(i, r, s) for i, (r, s) in enumerate(zip(batch, shapes)) if s.speculates]
         if not spec:
             return trees
-        draft = self.draft
         try:
-            # requests the draft does not hold (recovery, or AUTO requests not prefilled there); timed apart, so
-            # that the policies' fits of the speculate call are not charged a prefill (it is no drafting cost)
-            t = self.clock.now()
+            t = self.clock.now()  # resync requests the draft lacks (recovery, deferred); timed apart: no drafting cost
             await self.link.sync([r for _, r, _ in spec])
             report.times.draft_sync = self.clock.now() - t
             items = [s.spec_item(r.id, r.tokens()[r.draft_seen :]) for _, r, s in spec]
@@ -387,7 +383,7 @@ class Scheduler:
             if self.features is not None:
                 for item, (_, r, _) in zip(items, spec):
                     item.features = r.features
-            drafted = await draft.speculate(items)
+            drafted = await self.draft.speculate(items)
             if len(drafted) != len(items):
                 raise RuntimeError(f"draft returned {len(drafted)} trees for {len(items)} items")
             if self.features is not None:
