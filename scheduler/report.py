@@ -21,6 +21,11 @@ class PhaseTimes:
     overhead: float = 0.0
     total: float = 0.0
 
+    @property
+    def drafting(self) -> float:
+        """The speculate phase less the draft's resync: what the chosen shape cost the draft (the policies' fits)."""
+        return max(0.0, self.speculate - self.draft_sync)
+
 
 @dataclass
 class RequestOutcome:

@@ -243,7 +243,7 @@ class Nightjar(SpeculationPolicy):
         if not played or not report.outcomes:
             return
         # the draft's resync (a request it did not hold) is a switching cost, which eq. 3 charges apart
-        seconds = report.times.speculate - report.times.draft_sync + report.times.select + report.times.verify
+        seconds = report.times.drafting + report.times.select + report.times.verify
         if seconds <= 0:
             return
         tokens = sum(o.num_accepted + 1 for o in report.outcomes)  # accepted + bonus (§4.1 goodput)

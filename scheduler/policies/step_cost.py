@@ -197,7 +197,7 @@ class StepCostModel:
     def observed(cls, ks: Sequence[int], contexts: Sequence[int], report: StepReport) -> dict[str, Any]:
         """``measurement`` of what a step report says: speculate less the draft's resync, the tokens fed."""
         times = report.times
-        spec_s = max(0.0, times.speculate - times.draft_sync) if any(ks) else None
+        spec_s = times.drafting if any(ks) else None
         return cls.measurement(ks, contexts, times.verify, spec_s, report.num_catchup_tokens)
 
     @staticmethod
