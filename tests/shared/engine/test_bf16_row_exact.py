@@ -3,8 +3,8 @@
 Greedy speculation equals plain decoding token for token only if the target's logits for a
 position do not depend on how many other rows the forward carries. In float32 the batched
 kernels differ by ~1e-7 and that holds in practice; in bfloat16 such differences round into
-different values and flip greedy choices. So on CPU in 16-bit the attention runs one call per
-query row over exactly the slots it sees (attention/sdpa.py, row-exact mode), and every linear
+different values and flip greedy choices. So on CPU in 16-bit each query row attends over
+exactly the slots it sees (attention/row_exact.py, sdpa.py's row-exact mode), and every linear
 computes a one-row product as two rows (cpu_linear.pad_single_rows: single rows take a GEMV
 kernel that sums in another order). Compared here bit for bit.
 """
@@ -36,21 +36,25 @@ def test_bf16_verify_rows_equal_plain_decoding_bit_for_bit(shape, prepack):
     parents = SHAPES[shape]
     tree = [(rng.randrange(128), p) for p in parents]
     prefix = [rng.randrange(128) for _ in range(301)]
-    seq = runner.add("v", prefix)
+    # as in serving: the prompt but its last token is prefilled; the last committed token is fed with the tree
+    seq = runner.add("v", prefix[:-1])
     runner.forward([Work(seq)])
+    runner.commit(seq, prefix[-1:])
     out = runner.forward([Work(seq, new_nodes=tree, want_root=True, want_nodes=True)])
     root, nodes = out.root(0).clone(), out.nodes(0, len(tree)).clone()
-    runner.commit(seq, [])  # roll the tree back: the prefix alone again
 
-    # plain decoding: the same prefix, then each path one token at a time in a sequence of its own
-    alone = runner.add("d0", prefix)
-    runner.forward([Work(alone)])
-    decoded_root = runner.forward([Work(alone, want_root=True)]).root(0)
+    # plain decoding: the same prefill, then each path one token at a time in a sequence of its own
+    def decoded(seq_id: str) -> tuple:
+        s = runner.add(seq_id, prefix[:-1])
+        runner.forward([Work(s)])
+        runner.commit(s, prefix[-1:])
+        return s, runner.forward([Work(s, want_root=True)]).root(0)
+
+    _, decoded_root = decoded("d0")
     assert torch.equal(root, decoded_root)
     for j in range(len(tree)):
         path = [tree[k][0] for k in path_to(parents, j)]
-        s = runner.add(f"d{j + 1}", prefix)
-        runner.forward([Work(s)])
+        s, _ = decoded(f"d{j + 1}")
         logits = None
         for token in path:
             logits = runner.forward([Work(s, new_nodes=[(token, -1)], want_root=False, want_nodes=True)]).nodes(0, 1)[0]
