@@ -459,6 +459,8 @@ class Harness:
         delta = self.prom.get((phase, load, name))
         if delta:
             extra["per_position_acceptance"] = prom.per_position_acceptance(delta)
+            if ks := prom.speculation_lengths(delta):
+                extra["speculation_lengths"] = ks  # what a length policy chose, per request-step
             if (ee := prom.early_exit(delta)) is not None:
                 extra["early_exit"] = ee
             if events := prom.memory_events(delta):

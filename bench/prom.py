@@ -2,6 +2,7 @@
 
     before = scrape(url); ...run...; delta = scrape(url) - before
     per_position_acceptance(delta)   # [(position, proposed, accepted, rate, rate given the previous accepted)]
+    speculation_lengths(delta)       # {k: request-steps}: what a length policy chose
 
 Configurations run one after another on a shared stack, so the difference of
 two scrapes is exactly that configuration's share of the counters.
@@ -84,3 +85,16 @@ def early_exit(delta: Scrape, namespace: str = "tandem") -> dict | None:
     if proposed <= 0:
         return None
     return {"proposed": int(proposed), "pruned": int(pruned), "pruned_share": pruned / proposed}
+
+
+def speculation_lengths(delta: Scrape, namespace: str = "tandem") -> dict[int, int]:
+    """Request-steps per chosen speculation length k (the scheduler's histogram, one bucket per integer k)."""
+    cumulative = {float(le): v for le, v in delta.by_label(f"{namespace}_speculation_length_bucket", "le").items()
+                  if le != "+Inf"}  # fmt: skip
+    out, below = {}, 0.0
+    for le in sorted(cumulative):
+        n = cumulative[le] - below
+        below = cumulative[le]
+        if n > 0 and le.is_integer():
+            out[int(le)] = int(n)
+    return out

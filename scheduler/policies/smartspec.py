@@ -96,6 +96,11 @@ class SmartSpecConfig(BaseModel):
         0.7, ge=0.0, le=1.0, description="Share of k = 0 decisions above which new requests skip the draft (§5)."
     )
     prefill_window: int = Field(64, ge=1, description="Steps whose decisions the prefill rule looks at.")
+    prefill_lift_threshold: float | None = Field(
+        0.5, ge=0.0, le=1.0,
+        description="Share of k = 0 decisions at or below which requests the rule took off the draft come back "
+        "to it (resynced at their next speculation); None: off for good, as in the paper (§5).",
+    )  # fmt: skip
     prefill_min_decisions: int = Field(16, ge=1, description="Decisions needed before the prefill rule applies.")
     confidence_threshold: float = Field(
         0.0, ge=0.0, le=1.0, description="App. A: draft chains stop below this confidence; 0 = alpha variant."
@@ -230,14 +235,19 @@ class SmartSpec(SpeculationPolicy):
         return self._costs.current(self.state.state["costs"])
 
     # ------------------------------------------------------------------ decisions
-    def wants_draft(self, req: Request) -> bool:
-        """§5 prefill disabling: skip the draft when most recent decisions were k = 0 (the request
-        never speculates); else defer its draft prefill while the last few steps decided k = 0
-        (draft_admission.py: the first step that speculates for it prefills it on the draft)."""
-        cfg = self.config
+    def _zero_share(self) -> float | None:
+        """Share of k = 0 among the window's decisions (§5); None before ``prefill_min_decisions``."""
         zero = sum(z for z, _ in self.state.state["decisions"])
         total = sum(n for _, n in self.state.state["decisions"])
-        if total >= cfg.prefill_min_decisions and zero / total > cfg.prefill_disable_threshold:
+        return zero / total if total >= self.config.prefill_min_decisions else None
+
+    def wants_draft(self, req: Request) -> bool:
+        """§5 prefill disabling: skip the draft when most recent decisions were k = 0 (the request
+        does not speculate while that lasts); else defer its draft prefill while the last few steps decided
+        k = 0 (draft_admission.py: the first step that speculates for it prefills it on the draft)."""
+        cfg = self.config
+        share = self._zero_share()
+        if share is not None and share > cfg.prefill_disable_threshold:
             self._no_draft[req.id] = None
             while len(self._no_draft) > 100_000:
                 del self._no_draft[next(iter(self._no_draft))]
@@ -247,6 +257,7 @@ class SmartSpec(SpeculationPolicy):
     def decide(self, batch: Sequence[Request], ctx: SpecContext) -> list[SpecShape]:
         cfg = self.config
         n = len(batch)
+        self._lift_prefill_rule(batch)
         contexts = np.array([r.num_tokens for r in batch], dtype=float)
         free = np.array([r.speculation.mode is SpecMode.AUTO and r.id not in self._no_draft for r in batch])
         fixed = np.array(
@@ -267,6 +278,21 @@ class SmartSpec(SpeculationPolicy):
         self._last_decisions = [int(k) for k, counted in zip(would, free | off) if counted]
         self._admission.record(self._last_decisions)  # would-be k too: the deferral lifts with the load
         return [self._shape(int(k), r, caps[i]) if free[i] else SpecShape.none() for i, (r, k) in enumerate(zip(batch, ks))]
+
+    def _lift_prefill_rule(self, batch: Sequence[Request]) -> None:
+        """Requests §5 took off the draft come back once the window's k = 0 share fell to the lift threshold.
+
+        The paper keeps them off for good: a request admitted at a burst's peak then decodes plainly through
+        the lull after it, where speculation pays most (bench/results/adaptive-eagle, bursty trace). Here the
+        loop resyncs a request the draft lacks at its next speculation (a draft prefill of its tokens), so the
+        classification can end; a lower lift threshold than the one that sets it keeps it from flapping."""
+        lift = self.config.prefill_lift_threshold
+        if lift is None or not self._no_draft:
+            return
+        share = self._zero_share()
+        if share is not None and share <= lift:
+            for r in batch:
+                self._no_draft.pop(r.id, None)
 
     def _optimise(self, alpha: float, alphas: np.ndarray | None, free: np.ndarray, caps: np.ndarray,
                   fixed: np.ndarray, contexts: np.ndarray, cost: StepCost) -> tuple[np.ndarray, float]:  # fmt: skip

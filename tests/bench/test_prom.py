@@ -39,3 +39,14 @@ def test_early_exit_share_from_the_schedulers_counters():
     ee = early_exit(parse(m.render()) - before)
     assert ee == {"proposed": 12, "pruned": 3, "pruned_share": pytest.approx(3 / 12)}
     assert early_exit(parse("")) is None
+
+
+def test_speculation_lengths_per_k_from_the_histogram():
+    from bench.prom import speculation_lengths
+    from shared.metrics import TandemMetrics
+
+    m = TandemMetrics()
+    m.observe_speculation([0, 2, 2])
+    before = parse(m.render())
+    m.observe_speculation([1, 2, 2, 0, 7])
+    assert speculation_lengths(parse(m.render()) - before) == {0: 1, 1: 1, 2: 2, 7: 1}

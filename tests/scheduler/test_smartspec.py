@@ -112,10 +112,22 @@ def test_prefill_rule_lifts_when_the_load_drops():
     run_steps(policy, requests(48), [0.6] * 48, EXPENSIVE_VERIFY, steps=5)  # high load: the rule fires
     late = requests(2, prefix="late")
     assert not any(policy.wants_draft(r) for r in late)
-    # low load now: the late requests cannot speculate, but what they *would* get is recorded
+    # low load now: the late requests do not speculate at first, but what they *would* get is recorded,
+    # the window moves on, and once k = 0 is no longer the rule they come back to the draft
+    chosen = run_steps(policy, late, [0.6, 0.6], EXPENSIVE_VERIFY, steps=85, start_step=5)
+    assert all(k == 0 for k in chosen[0])
+    assert all(k > 0 for ks in chosen[-10:] for k in ks)  # the high-load steps left the 64-step window
+    assert policy.wants_draft(Request("next", [1] * 5))  # new requests draft again too
+
+
+def test_prefill_rule_for_good_as_in_the_paper():
+    policy = SmartSpec(SmartSpecConfig(prefill_min_decisions=8, prefill_lift_threshold=None))
+    run_steps(policy, requests(48), [0.6] * 48, EXPENSIVE_VERIFY, steps=5)
+    late = requests(2, prefix="late")
+    assert not any(policy.wants_draft(r) for r in late)
     chosen = run_steps(policy, late, [0.6, 0.6], EXPENSIVE_VERIFY, steps=70, start_step=5)
-    assert all(k == 0 for ks in chosen for k in ks)
-    assert policy.wants_draft(Request("next", [1] * 5))  # the window moved on: new requests draft again
+    assert all(k == 0 for ks in chosen for k in ks)  # §5: non-speculative for all subsequent steps
+    assert policy.wants_draft(Request("next", [1] * 5))
 
 
 def test_alpha_falls_back_to_the_prior_after_a_window_without_speculation():
