@@ -36,11 +36,21 @@ likelihood estimate for a geometric acceptance, which a plain
 accepted / proposed underestimates). Per request it is the same count with
 a decay, shrunk toward the global alpha while the request is young.
 
+Alpha per depth (``per_depth``, batch granularity; an extension, False is
+the paper's eq. 8): drafts accept a second token after an accepted first more
+often than a first one (the EAGLE head on chat: 0.56 against 0.44), and an
+alpha estimated while running k = 1 sees first tokens only, which underrates
+k = 2 and keeps the policy at k = 1 (bench/results/diag-burst). So the
+expected length uses alpha_j per depth: the pooled alpha's level, the
+counts' shape over depth (depth_acceptance.py).
+
 Prefill disabling (§5): at admission, when more than
 ``prefill_disable_threshold`` of the recent per-request decisions were k = 0,
-the request is not prefilled on the draft and never speculates. Requests
+the request is not prefilled on the draft and does not speculate. Requests
 kept off the draft still count in the decisions with the k they would get,
-so the rule lifts when the load drops.
+so the rule lifts when the load drops, for new requests and (an extension:
+``prefill_lift_threshold``; None is the paper's "for good") for the ones it
+took off, which the loop resyncs onto the draft at their next speculation.
 
 Confidence variant (App. A, Algorithm 3): the draft drafts up to K_max and
 stops a chain once its confidence (draft probability) drops below the
@@ -62,6 +72,13 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
+from scheduler.policies.depth_acceptance import (
+    add_counts,
+    chain_depth_counts,
+    conditional_rates,
+    decay_into,
+    depth_gains,
+)
 from scheduler.policies.draft_admission import DraftAdmission
 from scheduler.policies.selection import subtree
 from scheduler.policies.shared_state import SharedState, push_window
@@ -71,7 +88,8 @@ from scheduler.report import StepReport
 from scheduler.request import Request, SpecMode
 from shared.engine.types import TokenTree
 
-STATE_VERSION = 3  # 2: the target fit has a verify-mode term (step_cost.py c_t); 3: the draft fit a fed-tokens term
+STATE_VERSION = 4  # 2: the target fit has a verify-mode term (step_cost.py c_t); 3: the draft fit a fed-tokens term;
+# 4: acceptance counts per draft depth
 
 
 class SmartSpecConfig(BaseModel):
@@ -87,6 +105,10 @@ class SmartSpecConfig(BaseModel):
         description="Weight an observation keeps per step in that average (0.98: about the last 50 steps count).",
     )  # fmt: skip
     prior_alpha: float = Field(0.6, gt=0.0, lt=1.0, description="Alpha before anything was observed.")
+    per_depth: bool = Field(
+        True, description="Batch granularity: a conditional acceptance per draft depth in eq. 8 "
+        "(depth_acceptance.py); False: one alpha for every depth, as in the paper.",
+    )  # fmt: skip
     prior_trials: float = Field(4.0, ge=0.0, description="Weight of prior_alpha, in observed tokens.")
     request_decay: float = Field(0.9, gt=0.0, le=1.0, description="Per-request alpha: weight kept per step.")
     request_prior_trials: float = Field(
@@ -123,11 +145,19 @@ def best_uniform_k(
     alphas: np.ndarray, free: np.ndarray, caps: np.ndarray, fixed: np.ndarray, contexts: np.ndarray,
     cost: StepCost, max_k: int,
 ) -> tuple[np.ndarray, float]:  # fmt: skip
-    """Algorithm 2 with Algorithm 1's estimate: the one k for all free requests that maximises goodput."""
+    """Algorithm 2 with Algorithm 1's estimate: the one k for all free requests that maximises goodput.
+
+    ``alphas`` [n] is each request's alpha (eq. 8), or [n, depth] the gain of each request's j-th token
+    (depth_acceptance.depth_gains: alpha per depth); depths past the last given gain nothing."""
+    n = len(free)
+    depth = int(max(max_k, fixed.max() if n else 0))
+    gains = (alphas[:, None] ** np.arange(1, depth + 1)[None, :] if alphas.ndim == 1
+             else np.pad(alphas[:, :depth], ((0, 0), (0, max(0, depth - alphas.shape[1])))))  # fmt: skip
+    cum = np.concatenate([np.zeros((n, 1)), np.cumsum(gains, axis=1)], axis=1)  # [n, depth + 1]
     best_ks, best_g = fixed.copy(), -1.0
     for k in range(max_k + 1):
         ks = np.where(free, np.minimum(k, caps), fixed)
-        g = float(expected_length(alphas, ks).sum()) / cost.step(ks, contexts)  # eq. 3, 8-9
+        g = float((1.0 + cum[np.arange(n), ks]).sum()) / cost.step(ks, contexts)  # eq. 3, 8-9
         if g > best_g + 1e-12:  # ties: the shorter k
             best_ks, best_g = ks, g
     return best_ks, best_g
@@ -197,7 +227,7 @@ class SmartSpec(SpeculationPolicy):
         return self.state
 
     def _empty(self) -> dict[str, Any]:
-        return {"alpha": [], "decisions": [], "costs": self._costs.empty()}
+        return {"alpha": [], "decisions": [], "costs": self._costs.empty(), "depth": []}
 
     def _apply(self, state: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
         state = dict(state)
@@ -207,6 +237,8 @@ class SmartSpec(SpeculationPolicy):
             state["decisions"] = push_window(list(state["decisions"]), event["decisions"], self.config.prefill_window)
         if event.get("cost") is not None:
             state["costs"] = self._costs.apply(state["costs"], event["cost"])
+        if event.get("depth"):
+            state["depth"] = decay_into(state.get("depth", []), event["depth"], self.config.alpha_decay, self.config.max_k)
         return state
 
     def alpha(self) -> float:
@@ -299,6 +331,10 @@ class SmartSpec(SpeculationPolicy):
         """k per request maximising the step's goodput: Algorithm 2 (one k), or per request (§4.4)."""
         max_k = self.config.max_k
         if alphas is None:
+            if self.config.per_depth:  # alpha per depth, shrunk toward the pooled one (depth_acceptance.py)
+                rates = conditional_rates(self.state.state.get("depth", []), alpha, self.config.prior_trials, max_k)
+                gains = np.tile(depth_gains(rates), (len(free), 1))  # [n, max_k]
+                return best_uniform_k(gains, free, caps, fixed, contexts, cost, max_k)
             return best_uniform_k(np.full(len(free), alpha), free, caps, fixed, contexts, cost, max_k)
         gains = alphas[:, None] ** np.arange(1, max_k + 1)[None, :]  # token j adds alpha^j (eq. 8)
         return best_request_ks(gains, free, caps, fixed, contexts, cost, max_k)
@@ -310,11 +346,14 @@ class SmartSpec(SpeculationPolicy):
     def observe(self, report: StepReport) -> None:
         planned = self._last[1] if self._last is not None and self._last[0] == report.step else {}
         acc = trials = 0
+        depth: list[list[float]] = []
         ks, contexts = [], []
         decay = self.config.request_decay
         for o in report.outcomes:
             a, t = chain_alpha_counts(o.num_drafted, o.num_accepted) if o.num_drafted else (0, 0)
             acc, trials = acc + a, trials + t
+            if o.num_drafted:
+                depth = add_counts(depth, chain_depth_counts(o.num_drafted, o.num_accepted))
             if o.num_drafted:
                 old = self._request_alpha.get(o.request_id, [0.0, 0.0])
                 self._request_alpha[o.request_id] = [decay * old[0] + a, decay * old[1] + t]
@@ -331,6 +370,7 @@ class SmartSpec(SpeculationPolicy):
             # the estimate is the prior again, so a low streak cannot switch speculation off for good
             "alpha": [acc, trials] if planned or trials else None,
             "decisions": [sum(1 for k in decisions if k == 0), len(decisions)] if decisions else None,
+            "depth": depth or None,
         }
         if ks and report.times.verify > 0:
             event["cost"] = StepCostModel.observed(ks, contexts, report)
