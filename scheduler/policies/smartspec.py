@@ -36,13 +36,17 @@ likelihood estimate for a geometric acceptance, which a plain
 accepted / proposed underestimates). Per request it is the same count with
 a decay, shrunk toward the global alpha while the request is young.
 
-Alpha per depth (``per_depth``, batch granularity; an extension, False is
-the paper's eq. 8): drafts accept a second token after an accepted first more
+Alpha per depth (``per_depth``, batch granularity; an extension, off by
+default, which is the paper's eq. 8): drafts accept a second token after an accepted first more
 often than a first one (the EAGLE head on chat: 0.56 against 0.44), and an
 alpha estimated while running k = 1 sees first tokens only, which underrates
-k = 2 and keeps the policy at k = 1 (bench/results/diag-burst). So the
+k = 2 and keeps the policy at k = 1 (bench/results/diag-burst). With it the
 expected length uses alpha_j per depth: the pooled alpha's level, the
-counts' shape over depth (depth_acceptance.py).
+counts' shape over depth (depth_acceptance.py). Measured once on the feature
+draft it rated the first token lower (truly) and then chose k = 0 for 30 % of
+request-steps at 4x load, where k = 1 was 15 % faster than k = 0: the step
+cost fit overrates what speculation costs at large batches, and the single
+alpha's overrated first token had been hiding it. Off until that is fixed.
 
 Prefill disabling (§5): at admission, when more than
 ``prefill_disable_threshold`` of the recent per-request decisions were k = 0,
@@ -106,8 +110,9 @@ class SmartSpecConfig(BaseModel):
     )  # fmt: skip
     prior_alpha: float = Field(0.6, gt=0.0, lt=1.0, description="Alpha before anything was observed.")
     per_depth: bool = Field(
-        True, description="Batch granularity: a conditional acceptance per draft depth in eq. 8 "
-        "(depth_acceptance.py); False: one alpha for every depth, as in the paper.",
+        False, description="Batch granularity: a conditional acceptance per draft depth in eq. 8 "
+        "(depth_acceptance.py); False: one alpha for every depth, as in the paper (off by default: "
+        "measured, it moved SmartSpec to k = 0 at high load where k = 1 was best; docs/policies/adaptive-length.md).",
     )  # fmt: skip
     prior_trials: float = Field(4.0, ge=0.0, description="Weight of prior_alpha, in observed tokens.")
     request_decay: float = Field(0.9, gt=0.0, le=1.0, description="Per-request alpha: weight kept per step.")
