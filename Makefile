@@ -25,7 +25,7 @@ PYTEST_ARGS ?=
 # The launcher sets the same for the services it starts.
 export GOMP_SPINCOUNT ?= 10000
 
-.PHONY: help setup protos models test demo trace-ui profile bench-engine bench bench-serving bench-slo bench-adaptive bench-order bench-faser bench-offload bench-drafts bench-grounded bench-http soak clean distclean
+.PHONY: help setup protos models test demo trace-ui profile bench-engine bench bench-serving bench-slo bench-adaptive bench-order bench-faser bench-exit-signal bench-offload bench-drafts bench-grounded bench-http soak clean distclean
 
 help:
 	@sed -n '4,8p' Makefile | sed 's/^# \{0,1\}//'
@@ -122,6 +122,11 @@ bench-faser: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing --draft
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --faser --pair $(PAIR) --name faser-$(PAIR) $(BENCH_ARGS)
+
+# FASER's early-exit signal on the pair's target (bench.exit_signal): per layer, the share of rejected / accepted
+# drafted tokens outside the top-K of their parent row's logit lens. Results: bench/results/exit-signal-$(PAIR)/.
+bench-exit-signal: setup models
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.exit_signal --pair $(PAIR) $(BENCH_ARGS)
 
 # Nightjar's elastic draft memory (bench.harness --offload): two stacks under a deliberately small KV pool
 # (bench.offload.pool_env: TANDEM_NUM_BLOCKS, TANDEM_KV_GROW_BLOCKS = the draft's footprint in target blocks),

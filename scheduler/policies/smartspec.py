@@ -42,11 +42,12 @@ often than a first one (the EAGLE head on chat: 0.56 against 0.44), and an
 alpha estimated while running k = 1 sees first tokens only, which underrates
 k = 2 and keeps the policy at k = 1 (bench/results/diag-burst). With it the
 expected length uses alpha_j per depth: the pooled alpha's level, the
-counts' shape over depth (depth_acceptance.py). Measured once on the feature
-draft it rated the first token lower (truly) and then chose k = 0 for 30 % of
-request-steps at 4x load, where k = 1 was 15 % faster than k = 0: the step
-cost fit overrates what speculation costs at large batches, and the single
-alpha's overrated first token had been hiding it. Off until that is fixed.
+counts' shape over depth (depth_acceptance.py). Off by default: the one
+run with it on (feature draft, open chat) came out 4-12 % behind the best
+fixed k where the run after it, off, was within 3 % at every load; an
+unchanged policy moved as much between those two runs, so the run says
+little either way, and the paper's eq. 8 stays the default until repeated
+runs show the extension helps.
 
 Prefill disabling (§5): at admission, when more than
 ``prefill_disable_threshold`` of the recent per-request decisions were k = 0,
@@ -111,8 +112,8 @@ class SmartSpecConfig(BaseModel):
     prior_alpha: float = Field(0.6, gt=0.0, lt=1.0, description="Alpha before anything was observed.")
     per_depth: bool = Field(
         False, description="Batch granularity: a conditional acceptance per draft depth in eq. 8 "
-        "(depth_acceptance.py); False: one alpha for every depth, as in the paper (off by default: "
-        "measured, it moved SmartSpec to k = 0 at high load where k = 1 was best; docs/policies/adaptive-length.md).",
+        "(depth_acceptance.py); False: one alpha for every depth, as in the paper (the default: one run "
+        "with it on showed no gain; docs/policies/adaptive-length.md).",
     )  # fmt: skip
     prior_trials: float = Field(4.0, ge=0.0, description="Weight of prior_alpha, in observed tokens.")
     request_decay: float = Field(0.9, gt=0.0, le=1.0, description="Per-request alpha: weight kept per step.")
