@@ -128,8 +128,14 @@ def main(
     torch.set_num_threads(threads)
     started = time.time()
     paths = Paths.resolve(home)
-    spec_pair = get_pair(pair)
+    try:
+        spec_pair = get_pair(pair)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--pair") from None
     target_dir, draft_dir = paths.model_dir(spec_pair.target.name), paths.model_dir(spec_pair.draft.name)
+    for d in (target_dir, draft_dir):
+        if not d.exists():
+            raise typer.BadParameter(f"{d} is missing: run `tandem models prepare --pair {pair}` first", param_hint="--pair")
     target, loaded = build_target_engine(target_dir, dtype=dtype)
     if is_eagle_dir(draft_dir):
         draft = build_feature_draft_engine(draft_dir, target_dir=target_dir, dtype=dtype)

@@ -358,7 +358,7 @@ class SmartSpec(SpeculationPolicy):
         for o in report.outcomes:
             a, t = chain_alpha_counts(o.num_drafted, o.num_accepted) if o.num_drafted else (0, 0)
             acc, trials = acc + a, trials + t
-            if o.num_drafted:
+            if o.num_drafted and self.config.per_depth:  # counts only where they are read
                 depth = add_counts(depth, chain_depth_counts(o.num_drafted, o.num_accepted))
             if o.num_drafted:
                 old = self._request_alpha.get(o.request_id, [0.0, 0.0])
