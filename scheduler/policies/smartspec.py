@@ -160,13 +160,11 @@ def best_uniform_k(
     gains = (alphas[:, None] ** np.arange(1, depth + 1)[None, :] if alphas.ndim == 1
              else np.pad(alphas[:, :depth], ((0, 0), (0, max(0, depth - alphas.shape[1])))))  # fmt: skip
     cum = np.concatenate([np.zeros((n, 1)), np.cumsum(gains, axis=1)], axis=1)  # [n, depth + 1]
-    best_ks, best_g = fixed.copy(), -1.0
-    for k in range(max_k + 1):
-        ks = np.where(free, np.minimum(k, caps), fixed)
-        g = float((1.0 + cum[np.arange(n), ks]).sum()) / cost.step(ks, contexts)  # eq. 3, 8-9
-        if g > best_g + 1e-12:  # ties: the shorter k
-            best_ks, best_g = ks, g
-    return best_ks, best_g
+    candidates = np.where(free[None, :], np.minimum(np.arange(max_k + 1)[:, None], caps[None, :]), fixed[None, :])
+    tokens = (1.0 + cum[np.arange(n)[None, :], candidates]).sum(axis=1)  # [max_k + 1]
+    goodput = tokens / cost.steps(candidates, contexts)  # eq. 3, 8-9: one row per k
+    best = int(np.argmax(goodput > goodput.max() - 1e-12))  # ties: the shorter k
+    return candidates[best], float(goodput[best])
 
 
 def best_request_ks(
@@ -252,10 +250,11 @@ class SmartSpec(SpeculationPolicy):
         a step's observation weighs alpha_decay^(steps since)."""
         cfg = self.config
         window = self.state.state["alpha"]
-        acc = trials = 0.0
-        weight = 1.0
-        for a, t in reversed(window):
-            acc, trials, weight = acc + weight * a, trials + weight * t, weight * cfg.alpha_decay
+        if not window:
+            return cfg.prior_alpha
+        counts = np.asarray(window, dtype=float).reshape(-1, 2)  # [steps, (acceptances, trials)], oldest first
+        weights = cfg.alpha_decay ** np.arange(len(counts) - 1, -1, -1, dtype=float)
+        acc, trials = weights @ counts
         return (acc + cfg.prior_alpha * cfg.prior_trials) / (trials + cfg.prior_trials) if trials else cfg.prior_alpha
 
     def request_alpha(self, request_id: str, global_alpha: float) -> float:

@@ -109,6 +109,14 @@ class StepCost:
         draft = (self.spec_overhead() + k_max * self.delta_d) if k_max > 0 else 0.0
         return self.base(ctx) + float((ks * self.per_token(ctx)).sum()) + draft
 
+    def steps(self, ks: np.ndarray, contexts: np.ndarray) -> np.ndarray:
+        """``step`` for each row of ``ks`` [m, n] at once (the candidates of one decision)."""
+        ks = np.asarray(ks, dtype=float)
+        ctx = np.asarray(contexts, dtype=float)
+        k_max = ks.max(axis=1) if ks.shape[1] else np.zeros(len(ks))
+        draft = np.where(k_max > 0, self.spec_overhead() + k_max * self.delta_d, 0.0)
+        return self.base(ctx) + ks @ self.per_token(ctx) + draft
+
     def uniform(self, k: float, batch_size: int, context_sum: float) -> float:
         """T_batch when all ``batch_size`` requests draft ``k`` (a mean is fine: FASER's GP prior mean)."""
         if batch_size <= 0:

@@ -86,3 +86,31 @@ def test_an_unlucky_start_does_not_keep_a_request_at_s0():
         chosen = run_steps(policy, unlucky, [0.5], cheap, steps=40, start_step=60)
         assert chosen[0] == [0]  # with that history it stops drafting at first
         assert any(ks[0] > 0 for ks in chosen) is drafts_again
+
+
+def test_depths_never_drafted_are_not_as_good_as_the_first():
+    """P(d) is a path probability: before any data it falls as a chain's would (the prior's d+1-th power), and
+    with data it never rises with depth. A flat prior made s = K_max look as good as s = 1 per token."""
+    policy = Faser()
+    q = policy.config.prior_position_rate
+    assert np.allclose(policy.global_position_rates(), q ** np.arange(1, policy.config.max_k + 1))
+    policy.state.state["drafted"], policy.state.state["accepted"] = [100.0, 100.0, 1.0], [50.0, 30.0, 1.0]
+    rates = policy.global_position_rates()
+    assert rates[0] == pytest.approx((50 + 0.6 * 4) / 104)
+    assert np.all(np.diff(rates) <= 0)  # depth 2's one lucky acceptance cannot lift it above depth 1
+    assert rates[3] == pytest.approx(rates[2] * q)  # never drafted: one more token at the prior's rate
+    req = requests(1)[0]
+    req.position_drafted, req.position_accepted = [10, 10, 10], [2, 1, 1]
+    per_token = np.diff(policy.expected_accepted(req, rates))
+    assert np.all(np.diff(per_token) <= 1e-12)
+
+
+def test_a_good_draft_at_batch_one_settles_on_a_moderate_chain():
+    """The feature draft's shape (0.44 first token, then 0.56 each): a long chain must not look like it pays."""
+    import dataclasses
+
+    cheap = dataclasses.replace(CHEAP_DRAFT, delta_t=0.018, call_d=0.002, delta_d=0.0015, call_t=0.002)
+    policy = Faser()
+    chosen = run_steps(policy, requests(1), [0.5], cheap, steps=200)
+    late = [ks[0] for ks in chosen[100:]]
+    assert np.mean([k >= 6 for k in late]) < 0.05
