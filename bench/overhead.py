@@ -16,7 +16,9 @@ thread's time, ``tandem.engine_work_ms``)::
 Also summed over the steps: the scheduler's phase times (``phase_s``: prefill, speculate,
 select, verify, commit, overhead) and the engine work per model service
 (``model_s_by_service``), which show where a policy that speculates little still spends
-time (draft prefills and catch-up next to the target's work).
+time (draft prefills and catch-up next to the target's work); and the median phase times
+per (batch size, longest chain) (``step_ms_by_batch_k``): the step costs a length policy
+must predict, as the whole stack pays them (`python -m bench.step_costs results.json`).
 
 Only steps that verified something have a commit span, so a step that only
 prefilled is not counted; target and draft prefill run concurrently, so their
@@ -27,6 +29,7 @@ split into services eating the speedup?
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -41,6 +44,8 @@ class Step:
     start_ns: int
     end_ns: int
     phases_ms: dict[str, float]
+    batch_size: int = 0
+    k_max: int = 0  # the longest chain (tree depth) any request of the step drafted
 
     @property
     def total_s(self) -> float:
@@ -58,7 +63,8 @@ def steps_of(spans: Iterable[Span], trace_ids: set[str]) -> list[Step]:
             continue
         phases = {k.removeprefix("tandem.step_").removesuffix("_ms"): float(v) for k, v in s.attributes.items()
                   if k.startswith("tandem.step_") and k.endswith("_ms")}  # fmt: skip
-        found[number] = Step(number, s.end_ns - round(phases["total"] * 1e6), s.end_ns, phases)
+        found[number] = Step(number, s.end_ns - round(phases["total"] * 1e6), s.end_ns, phases,
+                             int(s.attributes.get("tandem.batch_size", 0)), int(s.attributes.get("tandem.step_k_max", 0)))
     return [found[n] for n in sorted(found)]
 
 
@@ -106,6 +112,22 @@ def breakdown(spans: list[Span], trace_ids: set[str]) -> dict[str, float | int] 
     out["phase_s"] = dict(sorted(phases.items()))
     out["model_s_by_service"] = dict(sorted(model_by_service.items()))
     out["model_s_by_call"] = dict(sorted(model_by_call.items()))
+    out["step_ms_by_batch_k"] = by_batch_k(steps)
+    return out
+
+
+def by_batch_k(steps: list[Step]) -> dict[str, dict[str, float]]:
+    """Median phase times (ms) of the steps at each (batch size, longest chain): what a policy's cost model
+    should predict, measured through the whole stack (key "b=8,k=1"; n = steps)."""
+    groups: dict[tuple[int, int], list[Step]] = {}
+    for step in steps:
+        groups.setdefault((step.batch_size, step.k_max), []).append(step)
+    out = {}
+    for (b, k), group in sorted(groups.items()):
+        row: dict[str, float] = {"n": len(group)}
+        for phase in ("total", "verify", "speculate"):
+            row[phase] = statistics.median(g.phases_ms.get(phase, 0.0) for g in group)
+        out[f"b={b},k={k}"] = row
     return out
 
 

@@ -60,3 +60,25 @@ def test_by_config_groups_traces_by_request_id():
     out = by_config(spans, {"a/1": "a", "b/1": "b", "c/1": "c"})
     assert set(out) == {"a", "b"}
     assert out["a"]["model_s"] == 0.0 and out["b"]["model_s"] == pytest.approx(0.004)
+
+
+def test_step_costs_by_batch_size_and_chain_length():
+    """Median phase times per (batch size, longest chain), and bench.step_costs pooling them over loads."""
+    from bench.step_costs import pooled
+
+    def at(trace, step, end_ms, batch, k, verify, speculate):
+        span = commit(trace, step, end_ms, total=verify + speculate + 1, speculate=speculate, verify=verify)
+        span.attributes.update({"tandem.batch_size": batch, "tandem.step_k_max": k})
+        return span
+
+    spans = [at("t1", 1, 10, 2, 1, 22, 5), at("t1", 2, 40, 2, 1, 24, 5), at("t1", 3, 70, 2, 1, 40, 5),
+             at("t1", 4, 100, 8, 0, 27, 0)]  # fmt: skip
+    cells = breakdown(spans, {"t1"})["step_ms_by_batch_k"]
+    assert cells == {"b=2,k=1": {"n": 3, "total": 30.0, "verify": 24.0, "speculate": 5.0},
+                     "b=8,k=0": {"n": 1, "total": 28.0, "verify": 27.0, "speculate": 0.0}}  # fmt: skip
+    other = {"b=2,k=1": {"n": 1, "total": 50.0, "verify": 40.0, "speculate": 9.0}}
+    results = {"sweep": {"rate=1": {"k1": {"overhead": {"step_ms_by_batch_k": cells}}},
+                         "rate=2": {"k1": {"overhead": {"step_ms_by_batch_k": other}}}}}  # fmt: skip
+    got = pooled(results)["k1"]
+    assert got[(2, 1)]["n"] == 4 and got[(2, 1)]["verify"] == pytest.approx((3 * 24 + 40) / 4)
+    assert pooled(results, config="nope") == {}
