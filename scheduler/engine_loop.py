@@ -267,6 +267,7 @@ class Scheduler:
         )
         try:
             shapes = plan_shapes(self.spec_policy, batch, ctx)
+            report.policy = self.spec_policy.explain() if batch and ctx.draft_available else {}
         except Exception:  # noqa: BLE001 - a policy bug costs speed, not requests
             log.exception("speculation policy failed; plain decoding this step")
             shapes = [SpecShape.none()] * len(batch)

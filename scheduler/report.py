@@ -59,6 +59,7 @@ class StepReport:
     kv_pool_event: str | None = None  # "grow", "shrink", "grow-failed" or "shrink-refused" (pool_growth)
     kv_token_budget: int = 0  # at the end of the step: max_tokens_in_flight, grown while the draft is away
     outcomes: list[RequestOutcome] = field(default_factory=list)
+    policy: dict[str, float] = field(default_factory=dict)  # the speculation policy's explain() of this step
 
     @property
     def early_exit_ratio(self) -> float:

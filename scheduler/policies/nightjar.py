@@ -234,6 +234,17 @@ class Nightjar(SpeculationPolicy):
         shape = SpecShape.chain(k)
         return [shape if r.speculation.mode is SpecMode.AUTO else SpecShape.none() for r in batch]
 
+    def explain(self) -> dict[str, float]:
+        """The last round's bucket, bin type, arm and switching cost, and the bucket's mean goodput per arm."""
+        if self._last is None:
+            return {}
+        _, b, k, explore = self._last
+        st = self.state.state["buckets"].get(str(b)) or _new_bucket(self.num_arms)
+        out = {"bucket": float(b), "k": float(k), "explore": float(explore), "c_prefill_ms": self.last_c_prefill * 1e3}
+        for arm, (g, n) in enumerate(zip(_fit(list(st["g"]), self.num_arms, 0.0), _fit(list(st["n"]), self.num_arms, 0))):
+            out[f"goodput_k{arm}"], out[f"plays_k{arm}"] = float(g), float(n)
+        return out
+
     # ------------------------------------------------------------------ learning
     def observe(self, report: StepReport) -> None:
         last, self._last = self._last, None

@@ -55,7 +55,10 @@ the request is not prefilled on the draft and does not speculate. Requests
 kept off the draft still count in the decisions with the k they would get,
 so the rule lifts when the load drops, for new requests and (an extension:
 ``prefill_lift_threshold``; None is the paper's "for good") for the ones it
-took off, which the loop resyncs onto the draft at their next speculation.
+took off, which the loop resyncs onto the draft at their next speculation. The
+lift reads the last ``prefill_lift_steps`` steps, not the whole window: a
+burst's many-request steps would otherwise outweigh the lull after it until
+they left the window, and every request of the lull decoded plainly meanwhile.
 
 Confidence variant (App. A, Algorithm 3): the draft drafts up to K_max and
 stops a chain once its confidence (draft probability) drops below the
@@ -129,6 +132,10 @@ class SmartSpecConfig(BaseModel):
         description="Share of k = 0 decisions at or below which requests the rule took off the draft come back "
         "to it (resynced at their next speculation); None: off for good, as in the paper (§5).",
     )  # fmt: skip
+    prefill_lift_steps: int = Field(
+        8, ge=1, description="Steps whose decisions the lift reads: the rule lifts (and new requests draft again) "
+        "once their k = 0 share is at most prefill_lift_threshold.",
+    )  # fmt: skip
     prefill_min_decisions: int = Field(16, ge=1, description="Decisions needed before the prefill rule applies.")
     confidence_threshold: float = Field(
         0.0, ge=0.0, le=1.0, description="App. A: draft chains stop below this confidence; 0 = alpha variant."
@@ -147,11 +154,11 @@ def chain_alpha_counts(num_drafted: int, num_accepted: int) -> tuple[int, int]:
     return num_accepted, num_accepted + (1 if num_accepted < num_drafted else 0)
 
 
-def best_uniform_k(
+def uniform_goodputs(
     alphas: np.ndarray, free: np.ndarray, caps: np.ndarray, fixed: np.ndarray, contexts: np.ndarray,
     cost: StepCost, max_k: int,
-) -> tuple[np.ndarray, float]:  # fmt: skip
-    """Algorithm 2 with Algorithm 1's estimate: the one k for all free requests that maximises goodput.
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Algorithm 2's candidates: for k = 0..max_k, every free request's length (row k) and the step's goodput.
 
     ``alphas`` [n] is each request's alpha (eq. 8), or [n, depth] the gain of each request's j-th token
     (depth_acceptance.depth_gains: alpha per depth); depths past the last given gain nothing."""
@@ -162,7 +169,15 @@ def best_uniform_k(
     cum = np.concatenate([np.zeros((n, 1)), np.cumsum(gains, axis=1)], axis=1)  # [n, depth + 1]
     candidates = np.where(free[None, :], np.minimum(np.arange(max_k + 1)[:, None], caps[None, :]), fixed[None, :])
     tokens = (1.0 + cum[np.arange(n)[None, :], candidates]).sum(axis=1)  # [max_k + 1]
-    goodput = tokens / cost.steps(candidates, contexts)  # eq. 3, 8-9: one row per k
+    return candidates, tokens / cost.steps(candidates, contexts)  # eq. 3, 8-9: one row per k
+
+
+def best_uniform_k(
+    alphas: np.ndarray, free: np.ndarray, caps: np.ndarray, fixed: np.ndarray, contexts: np.ndarray,
+    cost: StepCost, max_k: int,
+) -> tuple[np.ndarray, float]:  # fmt: skip
+    """Algorithm 2 with Algorithm 1's estimate: the one k for all free requests that maximises goodput."""
+    candidates, goodput = uniform_goodputs(alphas, free, caps, fixed, contexts, cost, max_k)
     best = int(np.argmax(goodput > goodput.max() - 1e-12))  # ties: the shorter k
     return candidates[best], float(goodput[best])
 
@@ -225,6 +240,7 @@ class SmartSpec(SpeculationPolicy):
         self._admission = DraftAdmission()
         self._last_decisions: list[int] = []  # the last step's k per AUTO request (kept off the draft: would-be k)
         self.last_goodput: float | None = None  # the estimate behind the last decision (traces, tests)
+        self._explain_inputs: tuple | None = None  # alpha, contexts, step cost, free requests, k of the last decision
 
     # ------------------------------------------------------------------ learned state
     def shared_state(self) -> SharedState:
@@ -278,13 +294,24 @@ class SmartSpec(SpeculationPolicy):
         total = sum(n for _, n in self.state.state["decisions"])
         return zero / total if total >= self.config.prefill_min_decisions else None
 
+    def _lifted(self) -> bool:
+        """Has the load dropped: k = 0 at most ``prefill_lift_threshold`` of the last ``prefill_lift_steps``
+        steps' decisions? Those steps alone: in the whole window a burst's steps, ten decisions each, outweigh
+        the lull's one-decision steps until they leave it (64 steps, 1.5 s here, for every request of the lull)."""
+        lift, n = self.config.prefill_lift_threshold, self.config.prefill_lift_steps
+        recent = self.state.state["decisions"][-n:]
+        if lift is None or len(recent) < n:
+            return False
+        total = sum(t for _, t in recent)
+        return total > 0 and sum(z for z, _ in recent) / total <= lift
+
     def wants_draft(self, req: Request) -> bool:
         """§5 prefill disabling: skip the draft when most recent decisions were k = 0 (the request
         does not speculate while that lasts); else defer its draft prefill while the last few steps decided
         k = 0 (draft_admission.py: the first step that speculates for it prefills it on the draft)."""
         cfg = self.config
         share = self._zero_share()
-        if share is not None and share > cfg.prefill_disable_threshold:
+        if share is not None and share > cfg.prefill_disable_threshold and not self._lifted():
             self._no_draft[req.id] = None
             while len(self._no_draft) > 100_000:
                 del self._no_draft[next(iter(self._no_draft))]
@@ -307,6 +334,7 @@ class SmartSpec(SpeculationPolicy):
         alphas = np.array([self.request_alpha(r.id, alpha) for r in batch]) if cfg.granularity == "request" else None
         ks, g = self._optimise(alpha, alphas, free, caps, fixed, contexts, cost)
         self.last_goodput = g
+        self._explain_inputs = (alpha, contexts, cost, int(free.sum()), int(ks.max()) if n else 0)
         # the prefill rule's decisions count requests kept off the draft too, by what they *would* get:
         # otherwise, once the rule fires, no decision is recorded again and it can never lift (§5)
         off = np.array([r.speculation.mode is SpecMode.AUTO and r.id in self._no_draft for r in batch])
@@ -316,18 +344,30 @@ class SmartSpec(SpeculationPolicy):
         self._admission.record(self._last_decisions)  # would-be k too: the deferral lifts with the load
         return [self._shape(int(k), r, caps[i]) if free[i] else SpecShape.none() for i, (r, k) in enumerate(zip(batch, ks))]
 
+    def explain(self) -> dict[str, float]:
+        """The last decision's alpha, chosen k, the fitted step costs (ms), and the modelled goodput (tokens/s)
+        of the whole batch drafting k = 0..3 (eq. 3, 8-9): where the model and the measured steps part."""
+        if self._explain_inputs is None:
+            return {}
+        alpha, contexts, cost, num_free, k = self._explain_inputs
+        n = len(contexts)
+        _, goodput = uniform_goodputs(np.full(n, alpha), np.ones(n, bool), np.full(n, 3), np.zeros(n, int),
+                                      contexts, cost, 3)  # fmt: skip
+        out = {"alpha": alpha, "k": float(k), "num_free": float(num_free), "goodput": self.last_goodput or 0.0}
+        out.update({f"goodput_k{j}": float(g) for j, g in enumerate(goodput)})
+        for name in ("delta_t", "gamma_t", "alpha_t", "call_t", "call_d", "delta_d", "gamma_d", "alpha_d"):
+            out[f"{name}_ms"] = getattr(cost, name) * 1e3
+        return out
+
     def _lift_prefill_rule(self, batch: Sequence[Request]) -> None:
         """Requests §5 took off the draft come back once the window's k = 0 share fell to the lift threshold.
 
         The paper keeps them off for good: a request admitted at a burst's peak then decodes plainly through
         the lull after it, where speculation pays most (bench/results/adaptive-eagle, bursty trace). Here the
         loop resyncs a request the draft lacks at its next speculation (a draft prefill of its tokens), so the
-        classification can end; a lower lift threshold than the one that sets it keeps it from flapping."""
-        lift = self.config.prefill_lift_threshold
-        if lift is None or not self._no_draft:
-            return
-        share = self._zero_share()
-        if share is not None and share <= lift:
+        classification can end; a lower lift threshold than the one that sets it keeps it from flapping. The lift
+        reads the last few steps (``_lifted``), not the whole window: it is the load now that decides."""
+        if self._no_draft and self._lifted():
             for r in batch:
                 self._no_draft.pop(r.id, None)
 

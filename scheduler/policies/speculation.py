@@ -68,6 +68,11 @@ class SpeculationPolicy:
         """What this policy learns, to be kept in Redis and shared by replicas (None: nothing to keep)."""
         return None
 
+    def explain(self) -> dict[str, float]:
+        """What the last ``decide`` rested on (estimates, modelled costs), as numbers for the step's trace
+        attributes (``tandem.policy.<key>`` on its commit spans); empty by default."""
+        return {}
+
 
 class NoSpeculation(SpeculationPolicy):
     """Plain decoding: one target token per step."""

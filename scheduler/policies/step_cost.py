@@ -31,6 +31,14 @@ and speculate times, so RPC overhead and whatever the profile missed are
 learned. Without a profile the prior is a weak generic one. The fits are
 JSON state, merged across replicas like any learned state (shared_state.py).
 
+Measured times enter the fits held within +-50 % of the current prediction
+(``outlier_clip``): on a shared CPU one call now and then stalls for ten
+times its cost (a 258 ms verify among 25 ms ones), and least squares would
+spread that over every coefficient for the next ~50 steps (γ_t rose from
+0.85 to 1.29 ms per token after one such step, and k = 1 looked dear at
+every batch size). A real change of speed still moves the fit, by up to
+half the prediction per step.
+
 What the draft fit sees is the speculate call alone: a step that first
 re-prefilled requests on the draft (``PhaseTimes.draft_sync``: a request the
 draft never held, or a feature draft's resync through the target) is charged
@@ -73,6 +81,10 @@ class StepCostConfig(BaseModel):
     prior_steps: float = Field(2.0, gt=0.0, description="Weight of the generic prior, in steps.")
     profiled_prior_steps: float = Field(8.0, gt=0.0, description="Weight of a profiled prior, in steps.")
     draft_call_s: float = Field(2e-3, ge=0.0, description="Prior of c_d, the speculate call's own cost.")
+    outlier_clip: float | None = Field(
+        0.5, gt=0.0, description="A measured time enters the fit held within (1 +- this) x the fit's prediction: "
+        "a stalled call (a 258 ms verify among 25 ms ones, seen) cannot lift every coefficient; None: as measured.",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -140,7 +152,14 @@ class OnlineFit:
         d = len(self.scales)
         return {"xtx": [[0.0] * d for _ in range(d)], "xty": [0.0] * d, "n": 0.0}
 
-    def update(self, state: dict[str, Any], x: Sequence[float], y: float) -> dict[str, Any]:
+    def update(self, state: dict[str, Any], x: Sequence[float], y: float, clip: float | None = None) -> dict[str, Any]:
+        """Fold in observation ``y`` at features ``x``; with ``clip``, y is first held within (1 +- clip) x the
+        current prediction (a Huber-like bound: one stalled call, 10x a normal one, cannot drag every
+        coefficient; a real change still moves the fit, by up to ``clip`` per step)."""
+        if clip is not None:
+            predicted = float(np.dot(self.solve(state), np.asarray(x, dtype=float)))
+            if predicted > 0:
+                y = min(max(y, predicted * (1.0 - clip)), predicted * (1.0 + clip))
         z = np.asarray(x, dtype=float) / self.scales
         rho = self.forgetting
         xtx = rho * np.asarray(state["xtx"]) + np.outer(z, z)
@@ -188,10 +207,11 @@ class StepCostModel:
     def apply(self, state: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
         """Fold one step's measurement (``event`` from ``measurement``) into ``state``."""
         state = dict(state)
+        clip = self.config.outlier_clip
         if event.get("verify_s") is not None:
-            state["target"] = self.target.update(state["target"], event["x_target"], event["verify_s"])
+            state["target"] = self.target.update(state["target"], event["x_target"], event["verify_s"], clip)
         if event.get("speculate_s") is not None:
-            state["draft"] = self.draft.update(state["draft"], event["x_draft"], event["speculate_s"])
+            state["draft"] = self.draft.update(state["draft"], event["x_draft"], event["speculate_s"], clip)
         elif event.get("verify_s") is not None:  # a step without drafting: what the draft fit saw fades
             state["draft"] = self.draft.fade(state["draft"])
         return state

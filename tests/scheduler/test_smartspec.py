@@ -16,7 +16,7 @@ from scheduler.policies.smartspec import (
     expected_length,
 )
 from scheduler.policies.speculation import SpecContext, plan_shapes
-from scheduler.policies.step_cost import OnlineFit, StepCostModel
+from scheduler.policies.step_cost import OnlineFit, StepCostConfig, StepCostModel
 from scheduler.request import Request, SpecMode, SpeculationSetting
 from shared.engine.types import TokenTree
 from shared.profiling.cost_model import CostModel
@@ -118,6 +118,20 @@ def test_prefill_rule_lifts_when_the_load_drops():
     assert all(k == 0 for k in chosen[0])
     assert all(k > 0 for ks in chosen[-10:] for k in ks)  # the high-load steps left the 64-step window
     assert policy.wants_draft(Request("next", [1] * 5))  # new requests draft again too
+
+
+def test_prefill_rule_lifts_within_a_few_steps_of_the_lull():
+    """The lift reads the last prefill_lift_steps steps: a burst's 48-decision steps, still in the 64-step
+    window, must not keep the lull's requests off the draft for the window's length."""
+    policy = SmartSpec(SmartSpecConfig(prefill_min_decisions=8))
+    run_steps(policy, requests(48), [0.6] * 48, EXPENSIVE_VERIFY, steps=20)  # a burst: 20 steps of 48 x k = 0
+    late = requests(1, prefix="late")
+    assert not policy.wants_draft(late[0])
+    chosen = run_steps(policy, late, [0.6], EXPENSIVE_VERIFY, steps=20, start_step=20)
+    back = next(i for i, ks in enumerate(chosen) if ks[0] > 0)
+    assert back <= policy.config.prefill_lift_steps + 1
+    assert policy._zero_share() > policy.config.prefill_disable_threshold  # the whole window still says k = 0
+    assert policy.wants_draft(Request("next", [1] * 5))  # and new requests draft: the load now decides
 
 
 def test_prefill_rule_for_good_as_in_the_paper():
@@ -242,9 +256,47 @@ def test_a_draft_resync_is_no_drafting_cost_and_a_slow_call_fades():
     assert StepCostModel.observed([2], [20], StepReport(0, 0.0, PhaseTimes(speculate=0.06, draft_sync=0.05,
                                                                           verify=0.02)))["speculate_s"] == pytest.approx(0.01)
 
-    model = StepCostModel()
+    clipped = StepCostModel()  # the default holds a measurement within +-50 % of the prediction
+    once = clipped.apply(clipped.empty(), StepCostModel.measurement([2], [20], 0.02, 0.080))
+    assert clipped.current(once).call_d < 0.004
+    model = StepCostModel(config=StepCostConfig(outlier_clip=None))  # as measured: the fade must undo it
     slow = model.apply(model.empty(), StepCostModel.measurement([2], [20], 0.02, 0.080))  # one cold 80 ms call
     assert model.current(slow).call_d > 0.01
     for _ in range(300):  # plain decoding since (6 s of 20 ms steps): the verify fit is observed, the draft fit is not
         slow = model.apply(slow, StepCostModel.measurement([0], [20], 0.02, None))
     assert model.current(slow).call_d < 0.003  # back near the prior (2 ms): the policy will look again
+
+
+def test_explain_reports_what_the_decision_rested_on():
+    """The numbers behind a decision, for the step's trace attributes: alpha, k, fitted costs, modelled goodput."""
+    from scheduler.policies.nightjar import Nightjar
+    from tests.scheduler.sim_reports import CHEAP_DRAFT, requests, run_steps
+
+    policy = SmartSpec()
+    assert policy.explain() == {}
+    run_steps(policy, requests(2), [0.8, 0.8], CHEAP_DRAFT, steps=30)
+    info = policy.explain()
+    assert 0 < info["alpha"] < 1 and info["num_free"] == 2
+    assert info["goodput"] == pytest.approx(max(info[f"goodput_k{j}"] for j in range(4))) or info["k"] > 3
+    assert info["delta_t_ms"] > 0 and all(isinstance(v, float) for v in info.values())
+    bandit = Nightjar()
+    batch = requests(1)
+    run_steps(bandit, batch, [0.8], CHEAP_DRAFT, steps=10)
+    plan_shapes(bandit, batch, SpecContext(now=10.0, step=10, draft_available=True))  # explain follows a decide
+    info = bandit.explain()
+    assert info["bucket"] == 1.0 and sum(info[f"plays_k{j}"] for j in range(6)) >= 9
+
+
+def test_one_stalled_verify_does_not_drag_the_fit():
+    """A 258 ms verify among 25 ms ones (seen on the stack) enters held at 1.5x the prediction."""
+    model = StepCostModel()
+    state = model.empty()
+    for _ in range(60):
+        state = model.apply(state, StepCostModel.measurement([0] * 8, [150] * 8, 0.025, None))
+    before = model.current(state).step([0] * 8, [150] * 8)
+    after = model.current(model.apply(state, StepCostModel.measurement([0] * 8, [150] * 8, 0.258, None)))
+    assert before == pytest.approx(0.025, rel=0.05)
+    assert after.step([0] * 8, [150] * 8) < before * 1.05
+    raw = StepCostModel(config=StepCostConfig(outlier_clip=None))
+    assert raw.current(raw.apply(state, StepCostModel.measurement([0] * 8, [150] * 8, 0.258, None))).step(
+        [0] * 8, [150] * 8) > before * 1.2  # fmt: skip

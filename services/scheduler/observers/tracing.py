@@ -10,7 +10,8 @@ The span tree of one request::
         verify                       one per step: tree size, accepted length
         commit                       one per step: k chosen (tandem.k), accepted length, tokens emitted,
                                      finish reason, the step's phase times (tandem.step_{total,verify,...}_ms)
-                                     and its k over the batch (tandem.step_k_mean, tandem.step_k_max)
+                                     and its k over the batch (tandem.step_k_mean, tandem.step_k_max),
+                                     what the length policy's decision rested on (tandem.policy.*)
           └╌▶ TargetService/Verify, DraftService/Speculate ...   SERVER spans of the model services
 
 The catch is batching: one Verify RPC serves every running request, but an
@@ -94,6 +95,7 @@ class RequestTracer:
         ks = [o.shape.max_depth for o in report.outcomes]  # the k chosen this step, per request and for the step
         if ks:
             step_attrs.update({"tandem.step_k_mean": sum(ks) / len(ks), "tandem.step_k_max": max(ks)})
+        step_attrs.update({f"tandem.policy.{key}": float(value) for key, value in report.policy.items()})
         for o in report.outcomes:
             live = self._live.get(o.request_id)
             if live is None:
