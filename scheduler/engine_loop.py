@@ -46,14 +46,8 @@ from scheduler.frontier import FrontierPipeline
 from scheduler.policies.elastic_memory import ElasticDraftMemory
 from scheduler.policies.queue import FCFS, QueuePolicy, reserved_tokens
 from scheduler.policies.selection import PassThrough, TreeSelector
-from scheduler.policies.speculation import (
-    NoSpeculation,
-    SpecContext,
-    SpecShape,
-    SpeculationPolicy,
-    plan_shapes,
-    wants_draft,
-)
+from scheduler.policies.speculation import (NoSpeculation, SpecContext, SpecShape, SpeculationPolicy, explained,
+                                           plan_shapes, wants_draft)  # fmt: skip
 from scheduler.loop_config import SchedulerConfig  # noqa: F401 - re-exported: callers build it from here
 from scheduler.report import RequestOutcome, StepReport
 from scheduler.request_stream import RequestStream, TokenEvent  # noqa: F401 - re-exported too
@@ -267,10 +261,11 @@ class Scheduler:
         )
         try:
             shapes = plan_shapes(self.spec_policy, batch, ctx)
-            report.policy = self.spec_policy.explain() if batch and ctx.draft_available else {}
         except Exception:  # noqa: BLE001 - a policy bug costs speed, not requests
             log.exception("speculation policy failed; plain decoding this step")
             shapes = [SpecShape.none()] * len(batch)
+        else:
+            report.policy = explained(self.spec_policy) if batch and ctx.draft_available else {}
 
         # 4. speculate (frontier pipelining runs 4-6 itself: verify chunk i while drafting chunk i+1)
         t = clock.now()
@@ -599,3 +594,4 @@ class Scheduler:
                     await out
             except Exception:  # noqa: BLE001 - an observer never stops the loop
                 log.exception("observer %r failed", fn)
+

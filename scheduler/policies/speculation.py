@@ -24,11 +24,14 @@ Room for the papers, all as subclasses of ``SpeculationPolicy``:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from scheduler.request import Request, SpecMode
 from scheduler.spec_shape import _NONE, SpecContext, SpecShape
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from scheduler.policies.selection import TreeSelector
@@ -71,6 +74,15 @@ class SpeculationPolicy:
     def explain(self) -> dict[str, float]:
         """What the last ``decide`` rested on (estimates, modelled costs), as numbers for the step's trace
         attributes (``tandem.policy.<key>`` on its commit spans); empty by default."""
+        return {}
+
+
+def explained(policy: SpeculationPolicy) -> dict[str, float]:
+    """``policy.explain()`` for the traces: a failing one is logged and never costs the step."""
+    try:
+        return policy.explain()
+    except Exception:  # noqa: BLE001
+        log.exception("speculation policy's explain failed")
         return {}
 
 

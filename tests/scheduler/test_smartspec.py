@@ -300,3 +300,13 @@ def test_one_stalled_verify_does_not_drag_the_fit():
     raw = StepCostModel(config=StepCostConfig(outlier_clip=None))
     assert raw.current(raw.apply(state, StepCostModel.measurement([0] * 8, [150] * 8, 0.258, None))).step(
         [0] * 8, [150] * 8) > before * 1.2  # fmt: skip
+
+
+def test_a_failing_explain_costs_nothing_but_its_attributes():
+    from scheduler.policies.speculation import FixedChain, explained
+
+    class Broken(FixedChain):
+        def explain(self) -> dict[str, float]:
+            raise RuntimeError("bug")
+
+    assert explained(Broken(2)) == {} and explained(FixedChain(2)) == {}

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import grpc.aio
 
 from scheduler.engine_loop import Scheduler, SchedulerConfig
-from scheduler.policies.speculation import FixedChain
+from scheduler.policies.speculation import FixedChain, SpeculationPolicy
 from scheduler.testing import FakeDraft, FakeTarget, ToyDraftLM, ToyLM
 from scheduler.workers import RealClock
 from services.scheduler.ledger import StepLedger
@@ -75,7 +75,7 @@ class FakeStack:
 
 async def _serve(
     stack: FakeStack, codec: TextCodec | None, redis_url: str | None, limits: Limits | None,
-    max_queue: int | None, config: SchedulerConfig | None,
+    max_queue: int | None, config: SchedulerConfig | None, spec_policy: SpeculationPolicy | None = None,
 ) -> None:
     clock = RealClock()
     tracer = RequestTracer(stack.tracer_provider)
@@ -84,7 +84,7 @@ async def _serve(
         TracedTarget(ledger, tracer),
         TracedDraft(stack.draft, tracer),
         clock=clock,
-        spec_policy=FixedChain(2),
+        spec_policy=spec_policy or FixedChain(2),
         detokenize=codec.decode if codec else None,
         config=config or SchedulerConfig(),
     )
@@ -127,6 +127,7 @@ def fake_stack(
     limits: Limits | None = None,
     max_queue: int | None = None,
     config: SchedulerConfig | None = None,
+    spec_policy: SpeculationPolicy | None = None,
 ) -> Iterator[FakeStack]:
     """Serve the public endpoint over fake workers (and record to Redis when ``redis_url`` is given);
     ``limits``/``max_queue``/``config`` replace the servicer's request limits, queue bound and loop config."""
@@ -137,7 +138,7 @@ def fake_stack(
     provider = setup_tracing("scheduler", "memory")
     with LoopThread() as loop:
         stack = FakeStack("", None, target, draft, lm, TandemMetrics(), provider, None, loop)
-        loop.run(_serve(stack, codec, redis_url, limits, max_queue, config))
+        loop.run(_serve(stack, codec, redis_url, limits, max_queue, config, spec_policy))
         try:
             yield stack
         finally:

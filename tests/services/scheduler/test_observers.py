@@ -59,6 +59,19 @@ def test_one_request_one_trace_with_phase_spans(token_stack):
     assert all(s.attributes["tandem.batch_size"] == 1 for s in verifies)
 
 
+def test_commit_spans_carry_what_the_length_policy_decided_on():
+    """A length policy's explain() lands on its step's commit spans (tandem.policy.*), so a trace shows why
+    a step speculated as it did; a policy without one adds nothing."""
+    from scheduler.policies.smartspec import SmartSpec
+
+    with fake_stack(None, spec_policy=SmartSpec()) as stack, Client(stack.address) as client:
+        client.generate([1, 2, 3], max_new_tokens=12, speculation="auto")
+        commits = _by_name(_finished(stack, num_requests=1), "commit")
+    assert commits and all(0 < s.attributes["tandem.policy.alpha"] < 1 for s in commits)
+    assert all(s.attributes["tandem.policy.k"] == s.attributes["tandem.step_k_max"] for s in commits)
+    assert all("tandem.policy.goodput_k1" in s.attributes for s in commits)
+
+
 def test_batched_calls_pick_a_representative_and_link_the_rest(token_stack):
     with Client(token_stack.address, timeout=30) as client, ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda i: client.generate([i + 1, 7], max_new_tokens=30, speculation=2), range(4)))
