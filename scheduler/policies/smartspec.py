@@ -231,6 +231,8 @@ class SmartSpec(SpeculationPolicy):
         self.config = cfg = config or SmartSpecConfig()
         if cfg.granularity == "request" and type(self) is SmartSpec:
             self.name = "smartspec-request"
+        elif cfg.per_depth and type(self) is SmartSpec:
+            self.name = "smartspec-depth"  # its own learned state: the two estimates do not pool
         self._costs = StepCostModel(config=cfg.cost)
         self._cost_priors: tuple[Any, Any] = (None, None)
         self.state = SharedState(f"policy:{self.name}", STATE_VERSION, self._empty, self._apply)

@@ -12,6 +12,7 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                   specinfer[:E]    fixed tree, expansion E (1-1-3-1-1-1-1-1)    SpecInferTree(E)
                   smartspec[:K]    goodput-optimal k for the batch, k <= K (8)  SmartSpec (granularity batch)
                   smartspec-request[:K]  ... a k per request (alpha per request) SmartSpec (granularity request)
+                  smartspec-depth[:K]    ... one k, an alpha per draft depth        SmartSpec (per_depth)
                   smartspec-conf[:T]     draft until confidence < T (0.5),     SmartSpecConfidence
                                          verify the goodput-optimal prefix
                   faser[:K]        per-request k by GP-LCB, k <= K (8)          Faser
@@ -64,6 +65,7 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     "specinfer": lambda arg: SpecInferTree(_expansion(arg)) if arg else SpecInferTree(),
     "smartspec": lambda arg: SmartSpec(SmartSpecConfig(max_k=_max_k(arg))),
     "smartspec-request": lambda arg: SmartSpec(SmartSpecConfig(max_k=_max_k(arg), granularity="request")),
+    "smartspec-depth": lambda arg: SmartSpec(SmartSpecConfig(max_k=_max_k(arg), per_depth=True)),
     "smartspec-conf": lambda arg: SmartSpecConfidence(SmartSpecConfig(confidence_threshold=_threshold(arg))),
     "faser": lambda arg: Faser(FaserConfig(max_k=_max_k(arg))),
     "nightjar": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg, default=5))),
