@@ -115,11 +115,7 @@ class StepCost:
 
     def step(self, ks: Sequence[int] | np.ndarray, contexts: Sequence[int] | np.ndarray) -> float:
         """T_batch for chain lengths ``ks`` (eq. 4-7)."""
-        ks = np.asarray(ks, dtype=float)
-        ctx = np.asarray(contexts, dtype=float)
-        k_max = float(ks.max()) if len(ks) else 0.0
-        draft = (self.spec_overhead() + k_max * self.delta_d) if k_max > 0 else 0.0
-        return self.base(ctx) + float((ks * self.per_token(ctx)).sum()) + draft
+        return float(self.steps(np.asarray(ks, dtype=float)[None, :], contexts)[0])
 
     def steps(self, ks: np.ndarray, contexts: np.ndarray) -> np.ndarray:
         """``step`` for each row of ``ks`` [m, n] at once (the candidates of one decision)."""
