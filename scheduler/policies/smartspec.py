@@ -96,8 +96,8 @@ from scheduler.report import StepReport
 from scheduler.request import Request, SpecMode
 from shared.engine.types import TokenTree
 
-STATE_VERSION = 4  # 2: the target fit has a verify-mode term (step_cost.py c_t); 3: the draft fit a fed-tokens term;
-# 4: acceptance counts per draft depth
+STATE_VERSION = 5  # 2: the target fit has a verify-mode term (step_cost.py c_t); 3: the draft fit a fed-tokens term;
+# 4: acceptance counts per draft depth; 5: the fits' feature scales (how firmly the prior holds each coefficient)
 
 
 class SmartSpecConfig(BaseModel):
@@ -141,6 +141,10 @@ class SmartSpecConfig(BaseModel):
         0.0, ge=0.0, le=1.0, description="App. A: draft chains stop below this confidence; 0 = alpha variant."
     )
     cost: StepCostConfig = Field(default_factory=StepCostConfig)
+    cost_probe_steps: int | None = Field(
+        32, ge=1, description="A step decodes plainly (k = 0) after this many speculating steps in a row, so the "
+        "cost fit keeps seeing both modes and the verify-mode cost c_t stays identified; None: never.",
+    )  # fmt: skip
 
 
 def expected_length(alpha: np.ndarray | float, k: np.ndarray | int) -> np.ndarray:
@@ -242,7 +246,8 @@ class SmartSpec(SpeculationPolicy):
         self._admission = DraftAdmission()
         self._last_decisions: list[int] = []  # the last step's k per AUTO request (kept off the draft: would-be k)
         self.last_goodput: float | None = None  # the estimate behind the last decision (traces, tests)
-        self._explain_inputs: tuple | None = None  # alpha, contexts, step cost, free requests, k of the last decision
+        self._explain_inputs: tuple | None = None  # alpha, contexts, step cost, free requests, k, a cost probe?
+        self._speculating_steps = 0  # speculating steps in a row (cost probes)
 
     # ------------------------------------------------------------------ learned state
     def shared_state(self) -> SharedState:
@@ -336,11 +341,12 @@ class SmartSpec(SpeculationPolicy):
         alphas = np.array([self.request_alpha(r.id, alpha) for r in batch]) if cfg.granularity == "request" else None
         ks, g = self._optimise(alpha, alphas, free, caps, fixed, contexts, cost)
         self.last_goodput = g
-        self._explain_inputs = (alpha, contexts, cost, int(free.sum()), int(ks.max()) if n else 0)
         # the prefill rule's decisions count requests kept off the draft too, by what they *would* get:
         # otherwise, once the rule fires, no decision is recorded again and it can never lift (§5)
         off = np.array([r.speculation.mode is SpecMode.AUTO and r.id in self._no_draft for r in batch])
         would = self._optimise(alpha, alphas, free | off, caps, fixed, contexts, cost)[0] if off.any() else ks
+        ks, probe = self._cost_probe(ks, fixed)
+        self._explain_inputs = (alpha, contexts, cost, int(free.sum()), int(ks.max()) if n else 0, probe)
         self._last = (ctx.step, {r.id: (int(k), int(c), bool(f)) for r, k, c, f in zip(batch, ks, contexts, free)})
         self._last_decisions = [int(k) for k, counted in zip(would, free | off) if counted]
         self._admission.record(self._last_decisions)  # would-be k too: the deferral lifts with the load
@@ -351,15 +357,30 @@ class SmartSpec(SpeculationPolicy):
         of the whole batch drafting k = 0..3 (eq. 3, 8-9): where the model and the measured steps part."""
         if self._explain_inputs is None:
             return {}
-        alpha, contexts, cost, num_free, k = self._explain_inputs
+        alpha, contexts, cost, num_free, k, probe = self._explain_inputs
         n = len(contexts)
         _, goodput = uniform_goodputs(np.full(n, alpha), np.ones(n, bool), np.full(n, 3), np.zeros(n, int),
                                       contexts, cost, 3)  # fmt: skip
-        out = {"alpha": alpha, "k": float(k), "num_free": float(num_free), "goodput": self.last_goodput or 0.0}
+        out = {"alpha": alpha, "k": float(k), "num_free": float(num_free), "goodput": self.last_goodput or 0.0,
+               "cost_probe": float(probe)}
         out.update({f"goodput_k{j}": float(g) for j, g in enumerate(goodput)})
         for name in ("delta_t", "gamma_t", "alpha_t", "call_t", "call_d", "delta_d", "gamma_d", "alpha_d"):
             out[f"{name}_ms"] = getattr(cost, name) * 1e3
         return out
+
+    def _cost_probe(self, ks: np.ndarray, fixed: np.ndarray) -> tuple[np.ndarray, bool]:
+        """``ks``, or a plain-decode step in their place when the last ``cost_probe_steps`` steps all speculated.
+
+        The cost fit tells a verify pass's own cost c_t from the per-step constant only by steps without
+        drafting; a policy that always speculates never shows it one, and the fit cannot see a verify-mode cost
+        that should stop it (step_cost.py). One plain step in 32 keeps both modes in the fit's window (~50
+        steps) at a price of 1/32 of one step's speculative gain (~0.5 % of goodput at batch 1 here). Decisions
+        (§5, deferral) record what the policy chose, not the probe."""
+        every = self.config.cost_probe_steps
+        speculating = bool(len(ks)) and int(ks.max()) > 0
+        probe = every is not None and speculating and self._speculating_steps >= every and not fixed.any()
+        self._speculating_steps = self._speculating_steps + 1 if speculating and not probe else 0
+        return (np.zeros_like(ks) if probe else ks), probe
 
     def _lift_prefill_rule(self, batch: Sequence[Request]) -> None:
         """Requests §5 took off the draft come back once the window's k = 0 share fell to the lift threshold.

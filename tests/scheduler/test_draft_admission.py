@@ -82,12 +82,14 @@ def test_a_deferred_request_is_prefilled_on_the_draft_when_it_first_speculates()
 
 
 def test_smartspec_defers_before_its_own_rule_bars():
-    """A lone request that stopped speculating: too few decisions for §5's rule (16), enough to defer."""
+    """A lone request that stopped speculating: too few k = 0 decisions for §5's rule (70 % of the window),
+    enough to defer (half of the last 16)."""
     from scheduler.policies.smartspec import SmartSpec
     from tests.scheduler.sim_reports import EXPENSIVE_VERIFY, requests, run_steps
 
     policy = SmartSpec()
-    chosen = run_steps(policy, requests(1, prompt=50), [0.02], EXPENSIVE_VERIFY, steps=12)
+    chosen = run_steps(policy, requests(1, prompt=50), [0.02], EXPENSIVE_VERIFY, steps=20)
     assert sum(ks == [0] for ks in chosen) > len(chosen) / 2  # it learned that little is accepted
+    assert policy._zero_share() < policy.config.prefill_disable_threshold
     late = Request("late", [1] * 5)
     assert not policy.wants_draft(late) and "late" not in policy._no_draft  # deferred, not barred
