@@ -30,7 +30,7 @@ import typer
 from bench import adaptive_goals
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ADAPTIVE_POLICIES = ("policy:smartspec", "policy:faser", "policy:nightjar", "policy:nightjar-global")
+ADAPTIVE_POLICIES = ("policy:smartspec", "policy:smartspec-request", "policy:faser", "policy:nightjar", "policy:nightjar-global")
 SLO_BASELINES = ("target-only", "tandem-k3", "policy:specinfer", "policy:equal_greedy", "policy:global_greedy",
                  "policy:global_greedy:marginal")  # fmt: skip
 ADASERVE = ("policy:adaserve", "policy:adaserve:marginal")

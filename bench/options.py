@@ -31,7 +31,7 @@ SLO_SWEEP = ("target-only", "tandem-k3", "policy:specinfer", "policy:equal_greed
 SLO_STRINGENT_SHARES = (0.2, 0.4, 0.6, 0.8, 1.0)
 # Adaptive speculation length (issues 6, 20): fixed k in {0, 1, 2, 3, 5, 7} against the learning policies.
 ADAPTIVE_SWEEP = ("target-only", "tandem-k1", "tandem-k2", "tandem-k3", "tandem-k5", "tandem-k7", "policy:smartspec",
-                  "policy:faser")  # fmt: skip
+                  "policy:smartspec-request", "policy:faser")  # fmt: skip
 
 
 @dataclass

@@ -45,6 +45,23 @@ beyond cached KV). The cost model is the profiled one (`tandem profile` of
 the draft, ``SpecContext.draft_cost_model``) or a generic CPU-sized prior;
 lookups round L and B up to the next grid point (the table errs high).
 
+Chain estimate (``estimate="chain"``, ``nightjar-chain``; an extension):
+the observed goodput of one step is noisy (a chain of 4 at acceptance 0.45
+yields 1 to 5 tokens), so with tens of plays per arm the means of k = 2..4
+differ by less than their noise (bench/results/adaptive-eagle: the bandit
+settled on k = 4 at batch 1 where k = 2-3 is best). But a step that played
+γ also shows what every shorter chain would have accepted: a chain of 4
+that accepted 2 is a chain of 2 that accepted 2. So the estimate is split
+into its two factors, each learned from every play that reveals it::
+
+    g̃_{B,γ} = (1 + Σ_{d ≤ γ} Π_{j ≤ d} q_j) / t̃_γ        q_j: acceptance at depth j given depth j-1 was
+                                                         accepted, counted over all plays that reached j
+                                                         t̃_γ: mean seconds per request of the plays of γ
+
+Still per bucket, cumulative, and an arm never played has no estimate;
+only the variance of the acceptance factor changes (time per arm is what
+each arm's own plays say, and it varies little from step to step).
+
 Batch-size buckets: 1, 2, 3, 4, then powers of two (5-8 -> 8, 9-16 -> 16,
 ...): exact where the optimum moves fastest, shared where it barely does.
 
@@ -66,6 +83,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from scheduler.policies.depth_acceptance import add_counts, chain_depth_counts
 from scheduler.policies.draft_admission import DraftAdmission
 from scheduler.policies.shared_state import SharedState
 from scheduler.policies.speculation import SpecContext, SpecShape, SpeculationPolicy
@@ -73,7 +91,7 @@ from scheduler.report import StepReport
 from scheduler.request import Request, SpecMode
 from shared.profiling.cost_model import CostModel
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: per-arm seconds per request and per-depth acceptance counts (the chain estimate)
 
 DEFAULT_DRAFT_COST = CostModel(alpha_s=2e-7, gamma_s=2e-4, delta_s=4e-3)  # per draft forward, CPU-sized
 LAG_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -89,6 +107,9 @@ class NightjarConfig(BaseModel):
     exploration: Literal["block", "global"] = Field(
         "block", description="Bin index b of the 1/√b coin: per block as Alg. 1 prints it, or over the bucket's "
         "whole life as Lemma 2 (eq. 6) counts it.")
+    estimate: Literal["observed", "chain"] = Field(
+        "observed", description="g̃ per arm: the mean observed goodput of its plays (§4.2), or the chain estimate "
+        "(acceptance per depth pooled over every play that reached it, over the arm's mean time per request).")
 
 
 def bucket(batch_size: int) -> int:
@@ -141,7 +162,22 @@ def exploit(means: Sequence[float], counts: Sequence[int], prev_k: int, c_prefil
 def _new_bucket(num_arms: int) -> dict[str, Any]:
     # Alg. 1 line 3: j = 1, H = 1, b = 1, τ = 1
     # "bins": bins begun over the bucket's life (Lemma 2's b), kept alongside the per-block b
-    return {"j": 1, "H": 1, "b": 1, "bins": 1, "tau": 1, "explore": True, "n": [0] * num_arms, "g": [0.0] * num_arms}
+    return {"j": 1, "H": 1, "b": 1, "bins": 1, "tau": 1, "explore": True, "n": [0] * num_arms, "g": [0.0] * num_arms,
+            "t": [0.0] * num_arms, "depth": []}
+
+
+def chain_goodputs(st: dict[str, Any], num_arms: int) -> list[float]:
+    """The chain estimate of g̃ per arm (module docstring): 0 for an arm never played."""
+    n, t = _fit(list(st["n"]), num_arms, 0), _fit(list(st.get("t") or []), num_arms, 0.0)
+    tokens, path, out = 1.0, 1.0, []
+    depth = st.get("depth") or []
+    for k in range(num_arms):
+        if k > 0:
+            acc, trials = depth[k - 1] if k - 1 < len(depth) else (0.0, 0.0)
+            path *= acc / trials if trials > 0 else 0.0
+            tokens += path
+        out.append(tokens / t[k] if n[k] > 0 and t[k] > 0 else 0.0)
+    return out
 
 
 class Nightjar(SpeculationPolicy):
@@ -152,6 +188,8 @@ class Nightjar(SpeculationPolicy):
         self.num_arms = cfg.max_k + 1
         if cfg.exploration == "global":
             self.name = "nightjar-global"  # its own learned state: the two schedules do not pool
+        if cfg.estimate == "chain":
+            self.name += "-chain"
         self.state = SharedState(f"policy:{self.name}", STATE_VERSION, self._empty, self._apply)
         self._rng = random.Random(cfg.seed)
         self._switch = SwitchCostTable()
@@ -184,6 +222,11 @@ class Nightjar(SpeculationPolicy):
         if 0 <= k < self.num_arms:
             n[k] += 1
             g[k] += (float(event["reward"]) - g[k]) / n[k]  # cumulative moving average (§4.2)
+            if event.get("seconds_per_request") is not None:  # the chain estimate's factors
+                t = _fit(list(st.get("t") or []), self.num_arms, 0.0)
+                t[k] += (float(event["seconds_per_request"]) - t[k]) / n[k]
+                st["t"] = t
+                st["depth"] = add_counts(list(st.get("depth") or []), event.get("depth") or [])
         st["n"], st["g"] = n, g
         st["tau"] += 1  # line 16
         root = math.sqrt(st["H"])
@@ -227,12 +270,17 @@ class Nightjar(SpeculationPolicy):
             if self.config.switch_cost and self._prev_k == 0:
                 c_prefill = self.switch_cost(ctx)(max(draft_lag(r) for r in auto), len(auto))
             self.last_c_prefill = c_prefill
-            k = exploit(_fit(list(st["g"]), self.num_arms, 0.0), _fit(list(st["n"]), self.num_arms, 0), self._prev_k,
-                        c_prefill)  # fmt: skip
+            k = exploit(self.goodputs(st), _fit(list(st["n"]), self.num_arms, 0), self._prev_k, c_prefill)
         self._last = (ctx.step, b, k, explore)
         self._admission.record([k] * len(auto))
         shape = SpecShape.chain(k)
         return [shape if r.speculation.mode is SpecMode.AUTO else SpecShape.none() for r in batch]
+
+    def goodputs(self, st: dict[str, Any]) -> list[float]:
+        """g̃_{B,γ} per arm of bucket state ``st``: observed means (§4.2) or the chain estimate."""
+        if self.config.estimate == "chain":
+            return chain_goodputs(st, self.num_arms)
+        return _fit(list(st["g"]), self.num_arms, 0.0)
 
     def explain(self) -> dict[str, float]:
         """The last round's bucket, bin type, arm and switching cost, and the bucket's mean goodput per arm."""
@@ -241,7 +289,7 @@ class Nightjar(SpeculationPolicy):
         _, b, k, explore = self._last
         st = self.state.state["buckets"].get(str(b)) or _new_bucket(self.num_arms)
         out = {"bucket": float(b), "k": float(k), "explore": float(explore), "c_prefill_ms": self.last_c_prefill * 1e3}
-        for arm, (g, n) in enumerate(zip(_fit(list(st["g"]), self.num_arms, 0.0), _fit(list(st["n"]), self.num_arms, 0))):
+        for arm, (g, n) in enumerate(zip(self.goodputs(st), _fit(list(st["n"]), self.num_arms, 0))):
             out[f"goodput_k{arm}"], out[f"plays_k{arm}"] = float(g), float(n)
         return out
 
@@ -261,7 +309,14 @@ class Nightjar(SpeculationPolicy):
         _, b, k, explore = last
         if k > 0 and not report.num_speculating:
             k = 0  # the draft failed this step: it was plain decoding after all
-        self.state.record({"bucket": b, "k": k, "reward": tokens / seconds, "explore": explore})
+        event = {"bucket": b, "k": k, "reward": tokens / seconds, "explore": explore}
+        if self.config.estimate == "chain":
+            depth: list = []
+            for o in report.outcomes:
+                if o.num_drafted:
+                    depth = add_counts(depth, chain_depth_counts(o.num_drafted, o.num_accepted))
+            event.update(seconds_per_request=seconds / len(report.outcomes), depth=depth)
+        self.state.record(event)
 
 
 def _fit(values: list, size: int, fill: Any) -> list:

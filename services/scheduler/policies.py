@@ -23,6 +23,9 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                   nightjar-global[:K]  the same, exploration coin 1/√b with b   Nightjar (exploration global)
                                    counted over all bins (Lemma 2), not reset
                                    each block as Alg. 1 prints it
+                  nightjar-chain[:K]   the same as nightjar, each arm's goodput     Nightjar (estimate chain)
+                                   estimated as expected chain length (acceptance
+                                   per depth pooled over all plays) over its time
     queue         fcfs             first come first served, priority first      FCFS
                   las[:Q]          least attained service, preemptive, quantum   LAS(Q s, 0.5)
                   lp-sjf           shortest predicted output first, no preemption LPSJF
@@ -70,6 +73,7 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     "faser": lambda arg: Faser(FaserConfig(max_k=_max_k(arg))),
     "nightjar": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg, default=5))),
     "nightjar-global": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg, default=5), exploration="global")),
+    "nightjar-chain": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg, default=5), estimate="chain")),
 }
 # name -> factory(argument after the colon or None, eq. 6's costs)
 QUEUE_POLICIES: dict[str, Callable[[str | None, SDCosts], QueuePolicy]] = {
