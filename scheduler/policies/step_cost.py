@@ -13,9 +13,9 @@ For a step where request i (context c_i tokens) drafts a chain of k_i tokens:
 
 (c_d: the speculate call's own overhead, an RPC here; c_t: what a verify pass
 costs beyond a plain decode of as many tokens, the tree mask and acceptance:
-on this project's CPU a verify of 5 tokens takes 1.28x a decode step where
-the per-token slope predicts 1.13x, engine_cpu.json, so c_t is about 10 ms and
-decides whether k = 1 pays). Regrouped, the step is separable except for the max::
+with the float32 demo pair a verify of 5 tokens took 1.28x a decode step where
+the per-token slope predicts 1.13x, engine_cpu.json, c_t about 10 ms; with the
+bf16 feature-draft pair a batch-1 verify costs what a decode does, c_t ~0). Regrouped, the step is separable except for the max::
 
     T(k) = T0 + sum_i k_i * u_i + max_k * delta_d + [max_k > 0] * (c_d + c_t)
     T0   = delta_t + gamma_t * n + alpha_t * sum(c_i)        u_i = gamma_t + gamma_d + alpha_d * c_i
