@@ -203,28 +203,34 @@ def best_request_ks(
     base = cost.base(contexts) + sunk_s
     j = np.arange(1, max_k + 1)
 
-    def goodput(ks: np.ndarray) -> float:
-        k_max = int(ks.max()) if n else 0
-        t = base + float((ks * u).sum())
-        if k_max > 0:
-            t += cost.call_t + (cost.call_d + k_max * cost.delta_d if draft_terms else 0.0)
-        return float((1.0 + cum[np.arange(n), ks]).sum()) / t
+    rows = np.arange(n)
+
+    def goodputs(ks: np.ndarray) -> np.ndarray:  # [M, n] -> [M]: eq. 3 for each row of chain lengths
+        k_max = ks.max(axis=1) if n else np.zeros(len(ks), dtype=int)
+        t = base + ks @ u
+        spec = cost.call_t + (cost.call_d + k_max * cost.delta_d if draft_terms else 0.0)
+        t = t + np.where(k_max > 0, spec, 0.0)
+        return (1.0 + cum[rows, ks]).sum(axis=1) / t
 
     fixed_max = int(fixed[~free].max()) if (~free).any() else 0
-    best_ks, best_g = fixed.copy(), goodput(fixed)
-    for m in range(fixed_max, max_k + 1) if draft_terms else (max_k,):
-        limit = np.where(free, np.minimum(caps, m), fixed)
-        ks = limit.copy()
-        lam = goodput(ks)
-        for _ in range(20):
-            take = (gains > lam * u[:, None]) & (j[None, :] <= limit[:, None])  # gain beats its cost at rate lam
-            ks = np.where(free, take.sum(axis=1), fixed)
-            g = goodput(ks)
-            if abs(g - lam) <= 1e-9 * max(g, 1e-12):
-                break
-            lam = g
-        if g > best_g + 1e-12:
-            best_ks, best_g = ks, g
+    depths = np.arange(fixed_max, max_k + 1) if draft_terms else np.array([max_k])  # one Dinkelbach run per m
+    limit = np.where(free[None, :], np.minimum(caps[None, :], depths[:, None]), fixed[None, :])  # [M, n]
+    ks, g = limit.copy(), goodputs(limit)
+    lam, done = g.copy(), np.zeros(len(depths), dtype=bool)
+    allowed = j[None, None, :] <= limit[:, :, None]  # [M, n, max_k]
+    for _ in range(20):  # all depths' runs at once; a run that has converged keeps its ks
+        take = (gains[None] > lam[:, None, None] * u[None, :, None]) & allowed  # gain beats its cost at rate lam
+        new_ks = np.where(free[None, :], take.sum(axis=2), fixed[None, :])
+        new_g = goodputs(new_ks)
+        ks, g = np.where(done[:, None], ks, new_ks), np.where(done, g, new_g)
+        done |= np.abs(g - lam) <= 1e-9 * np.maximum(g, 1e-12)
+        if done.all():
+            break
+        lam = np.where(done, lam, g)
+    best_ks, best_g = fixed.copy(), float(goodputs(fixed[None, :])[0])
+    for m in range(len(depths)):
+        if g[m] > best_g + 1e-12:
+            best_ks, best_g = ks[m], float(g[m])
     return best_ks, best_g
 
 

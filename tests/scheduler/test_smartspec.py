@@ -59,6 +59,30 @@ def test_request_ks_give_more_to_the_predictable_request():
                 assert goodput(other) <= g + 1e-12
 
 
+def test_request_ks_are_the_exhaustive_optimum():
+    """Dinkelbach per max depth (all depths solved at once) against every assignment of k in 0..K, with caps,
+    a request held at a fixed k, and the verify-mode and draft-call costs that make k = 0 a corner."""
+    import dataclasses
+    import itertools
+
+    rng = np.random.default_rng(1)
+    for _ in range(40):
+        n, max_k = int(rng.integers(1, 4)), int(rng.integers(1, 5))
+        alphas = rng.uniform(0.1, 0.95, n)
+        gains = alphas[:, None] ** np.arange(1, max_k + 1)[None, :]
+        free = np.array([True] * (n - 1) + [bool(rng.random() < 0.7)])
+        caps = rng.integers(0, max_k + 1, n)
+        fixed = np.where(free, 0, rng.integers(0, max_k + 1, n))
+        contexts = rng.integers(10, 500, n).astype(float)
+        cost = dataclasses.replace(CHEAP_DRAFT, call_t=float(rng.uniform(0, 0.01)), call_d=float(rng.uniform(0, 0.01)))
+        ks, g = best_request_ks(gains, free, caps, fixed, contexts, cost, max_k)
+        choices = [range(int(c) + 1) if f else (int(k),) for f, c, k in zip(free, caps, fixed)]
+        best = max(float(expected_length(alphas, np.array(k)).sum()) / cost.step(k, contexts)
+                   for k in itertools.product(*choices))  # fmt: skip
+        assert g == pytest.approx(best, rel=1e-9)
+        assert float(expected_length(alphas, ks).sum()) / cost.step(ks, contexts) == pytest.approx(g, rel=1e-9)
+
+
 def test_learns_alpha_and_costs_then_speculates_long_when_acceptance_is_high():
     policy = SmartSpec()
     chosen = run_steps(policy, requests(2), [0.95, 0.95], CHEAP_DRAFT, steps=60)
