@@ -60,6 +60,11 @@ lift reads the last ``prefill_lift_steps`` steps, not the whole window: a
 burst's many-request steps would otherwise outweigh the lull after it until
 they left the window, and every request of the lull decoded plainly meanwhile.
 
+Cost probes (``cost_probe_steps``; an extension): after 32 speculating steps
+in a row, one step decodes plainly, so the step-cost fit keeps seeing both
+modes and can tell a verify pass's own cost c_t from the per-step constant
+(step_cost.py); the probe is not a decision the §5 rule or the deferral read.
+
 Confidence variant (App. A, Algorithm 3): the draft drafts up to K_max and
 stops a chain once its confidence (draft probability) drops below the
 threshold T; then the verify length of each chain is chosen by goodput
