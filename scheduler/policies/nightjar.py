@@ -61,7 +61,7 @@ into its two factors, each learned from every play that reveals it::
 Still per bucket, cumulative, and an arm never played has no estimate;
 only the variance of the acceptance factor changes (time per arm is what
 each arm's own plays say, and it varies little from step to step).
-Off by default: in simulation it halves a third of the estimate's error,
+Off by default: in simulation it cuts the estimate's error by a third,
 but on the stack it was no better than the observed means (feature draft,
 open chat: +14 / +9 / +20 / +29 % behind the best fixed k against +11 / +7 /
 +15 / +21 %, bench/results/adaptive-eagle-nightjar); at high load what Nightjar
