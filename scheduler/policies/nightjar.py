@@ -86,9 +86,10 @@ import random
 from collections.abc import Sequence
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, Field
 
-from scheduler.policies.depth_acceptance import add_counts, chain_depth_counts
+from scheduler.policies.depth_acceptance import add_counts, chain_depth_counts, depth_gains
 from scheduler.policies.draft_admission import DraftAdmission
 from scheduler.policies.shared_state import SharedState
 from scheduler.policies.speculation import SpecContext, SpecShape, SpeculationPolicy
@@ -174,15 +175,10 @@ def _new_bucket(num_arms: int) -> dict[str, Any]:
 def chain_goodputs(st: dict[str, Any], num_arms: int) -> list[float]:
     """The chain estimate of g̃ per arm (module docstring): 0 for an arm never played."""
     n, t = _fit(list(st["n"]), num_arms, 0), _fit(list(st.get("t") or []), num_arms, 0.0)
-    tokens, path, out = 1.0, 1.0, []
-    depth = st.get("depth") or []
-    for k in range(num_arms):
-        if k > 0:
-            acc, trials = depth[k - 1] if k - 1 < len(depth) else (0.0, 0.0)
-            path *= acc / trials if trials > 0 else 0.0
-            tokens += path
-        out.append(tokens / t[k] if n[k] > 0 and t[k] > 0 else 0.0)
-    return out
+    counts = _fit(list(st.get("depth") or []), num_arms - 1, (0.0, 0.0))
+    rates = np.array([acc / trials if trials > 0 else 0.0 for acc, trials in counts])
+    tokens = 1.0 + np.concatenate([[0.0], np.cumsum(depth_gains(rates))])  # l(γ) for γ = 0 .. Γ_max
+    return [float(tokens[k] / t[k]) if n[k] > 0 and t[k] > 0 else 0.0 for k in range(num_arms)]
 
 
 class Nightjar(SpeculationPolicy):
