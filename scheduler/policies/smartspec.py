@@ -50,8 +50,14 @@ little either way, and the paper's eq. 8 stays the default until repeated
 runs show the extension helps.
 
 Prefill disabling (§5): at admission, when more than
-``prefill_disable_threshold`` of the recent per-request decisions were k = 0,
-the request is not prefilled on the draft and does not speculate. Requests
+``prefill_disable_threshold`` of the recent decisions were k = 0, the
+request is not prefilled on the draft and does not speculate. A decision is
+one request's k in batch granularity (all alike); in request granularity it
+is the step's (its longest chain, as the paper records "the proposed length"
+per step): requests given k = 0 for their own low alpha while others draft
+are not a sign of load, and counting them one by one barred every new
+request from the draft at 4x the lone-request rate (54 % of request-steps
+at k = 0, bench/results/adaptive-eagle-smartspec). Requests
 kept off the draft still count in the decisions with the k they would get,
 so the rule lifts when the load drops, for new requests and (an extension:
 ``prefill_lift_threshold``; None is the paper's "for good") for the ones it
@@ -101,8 +107,9 @@ from scheduler.report import StepReport
 from scheduler.request import Request, SpecMode
 from shared.engine.types import TokenTree
 
-STATE_VERSION = 5  # 2: the target fit has a verify-mode term (step_cost.py c_t); 3: the draft fit a fed-tokens term;
-# 4: acceptance counts per draft depth; 5: the fits' feature scales (how firmly the prior holds each coefficient)
+STATE_VERSION = 6  # 2: the target fit has a verify-mode term (step_cost.py c_t); 3: the draft fit a fed-tokens term;
+# 4: acceptance counts per draft depth; 5: the fits' feature scales (how firmly the prior holds each coefficient);
+# 6: request granularity records one §5 decision per step
 
 
 class SmartSpecConfig(BaseModel):
@@ -359,7 +366,10 @@ class SmartSpec(SpeculationPolicy):
         ks, probe = self._cost_probe(ks, fixed)
         self._explain_inputs = (alpha, contexts, cost, int(free.sum()), int(ks.max()) if n else 0, probe)
         self._last = (ctx.step, {r.id: (int(k), int(c), bool(f)) for r, k, c, f in zip(batch, ks, contexts, free)})
-        self._last_decisions = [int(k) for k, counted in zip(would, free | off) if counted]
+        counted = [int(k) for k, c in zip(would, free | off) if c]
+        # §5 records "the proposed length" of each step: with a k per request, a step that drafts for any of
+        # them proposed tokens, and its low-acceptance requests at k = 0 say nothing about the load
+        self._last_decisions = [max(counted)] if cfg.granularity == "request" and counted else counted
         self._admission.record(self._last_decisions)  # would-be k too: the deferral lifts with the load
         return [self._shape(int(k), r, caps[i]) if free[i] else SpecShape.none() for i, (r, k) in enumerate(zip(batch, ks))]
 

@@ -131,6 +131,24 @@ def test_prefill_disabling_rule():
     assert not shapes[0].speculates  # classified non-speculative for good, even alone in the batch
 
 
+def test_request_granularity_counts_steps_not_requests_for_the_prefill_rule():
+    """§5 records the proposed length per step: one predictable request drafting beside three that are
+    not worth a token is a speculating step, and new requests still go onto the draft."""
+    policy = SmartSpec(SmartSpecConfig(granularity="request", prefill_min_decisions=8, prefill_disable_threshold=0.6))
+    good, bad = requests(1, prefix="g"), requests(3, prefix="b")
+    run_steps(policy, good, [0.95], EXPENSIVE_VERIFY, steps=40)
+    chosen = run_steps(policy, good + bad, [0.95, 0.0, 0.0, 0.0], EXPENSIVE_VERIFY, steps=100, start_step=40)
+    window = chosen[-policy.config.prefill_window :]
+    per_request = sum(k == 0 for ks in window for k in ks) / sum(len(ks) for ks in window)
+    assert per_request > policy.config.prefill_disable_threshold  # counted one by one, the rule would bar
+    assert sum(ks[0] > 0 for ks in window) > 0.9 * len(window)  # while the predictable request drafts
+    assert policy._zero_share() < policy.config.prefill_disable_threshold
+    assert policy.wants_draft(Request("late", [1] * 5))
+    # a step where no request drafts is a k = 0 decision: under load the rule fires as in batch granularity
+    run_steps(policy, requests(48, prefix="c"), [0.6] * 48, EXPENSIVE_VERIFY, steps=70, start_step=140)
+    assert not policy.wants_draft(Request("later", [1] * 5))
+
+
 def test_prefill_rule_lifts_when_the_load_drops():
     policy = SmartSpec(SmartSpecConfig(prefill_min_decisions=8))
     run_steps(policy, requests(48), [0.6] * 48, EXPENSIVE_VERIFY, steps=5)  # high load: the rule fires
