@@ -126,6 +126,10 @@ def test_a_restarted_suffix_draft_loses_nothing_and_drafts_again(suffix_stack, r
     prompts = [COPY_HEAVY, [5, 6, 7, 5, 6, 7, 5], [11, 12, 13, 14]]
     lengths = [700, 700, 700]  # long enough that the draft comes back (1 s backoff) while they run
     sched = suffix_stack.scheduler.scheduler
+    # a short retry backoff: with the default (1 s, doubling) the requests could finish before the loop retried
+    # the restarted draft on a fast machine, and then nothing is re-prefilled (a race, not the behaviour under test)
+    backoff = sched.link.retry_initial_s, sched.link.retry_max_s
+    sched.link.retry_initial_s = sched.link.retry_max_s = 0.05
     with Client(suffix_stack.address, timeout=180) as client, ThreadPoolExecutor(3) as pool:
         streams = [client.stream(p, max_new_tokens=n, speculation=3) for p, n in zip(prompts, lengths)]
         iterators = [iter(s) for s in streams]
@@ -138,6 +142,7 @@ def test_a_restarted_suffix_draft_loses_nothing_and_drafts_again(suffix_stack, r
         suffix_stack.restart_draft()
         for f in futures:
             f.result(timeout=180)
+    sched.link.retry_initial_s, sched.link.retry_max_s = backoff
     for s, p, n in zip(streams, prompts, lengths):
         assert s.result.finish_reason == FinishReason.LENGTH
         assert s.result.token_ids == reference.greedy(p, n)
