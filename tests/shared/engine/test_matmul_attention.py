@@ -47,3 +47,33 @@ def test_a_padded_masked_batch_is_attention(dtype, tol):
     got = attend_padded(q, k, v, mask, 0.125)
     assert got.dtype == dtype and got.shape == q.shape
     assert torch.allclose(got.float(), _sdpa(q, k, v, mask, 0.125), atol=tol, rtol=tol)
+
+
+def _rows_reference(query, keys, values, row_slots, scaling):
+    """attend_rows as first written: matmul, then the scaling, softmax, matmul, a copy per row."""
+    _, heads, rows, dim = query.shape
+    kv = keys.shape[1]
+    kf, vf = keys.float(), values.float()
+    q = query[0].float().view(kv, heads // kv, rows, dim).permute(2, 0, 1, 3).contiguous()
+    out = torch.empty(rows, kv, heads // kv, dim)
+    for t, seen in enumerate(row_slots):
+        kt, vt = (kf[:seen], vf[:seen]) if isinstance(seen, int) else (kf.index_select(0, seen), vf.index_select(0, seen))
+        scores = torch.matmul(q[t], kt.permute(1, 2, 0)) * scaling
+        out[t] = torch.matmul(torch.softmax(scores, dim=-1), vt.transpose(0, 1))
+    return out.view(rows, heads, dim).to(query.dtype)[None]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rows_are_bit_for_bit_the_reference_formula(dtype):
+    """Row exactness rests on every row running the same ops as a one-row decode; the fused scaling
+    (baddbmm's alpha) and the in-place output must not move a single bit against the plain formula."""
+    g = torch.Generator().manual_seed(2)
+    for trial in range(60):
+        rows, prefix = 1 + trial % 6, 1 + (37 * trial) % 600
+        q = torch.randn(1, 9, rows, 64, generator=g).to(dtype)
+        keys, values = (torch.randn(prefix + rows, 3, 64, generator=g).to(dtype) for _ in range(2))
+        row_slots = [prefix + t + 1 if trial % 3 or t == 0 else torch.tensor([*range(prefix), prefix + t])
+                     for t in range(rows)]  # fmt: skip
+        scaling = 0.0917 + trial / 100  # not a power of two: the product's rounding matters
+        assert torch.equal(attend_rows(q, keys, values, row_slots, scaling),
+                           _rows_reference(q, keys, values, row_slots, scaling))  # fmt: skip
