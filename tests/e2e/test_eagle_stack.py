@@ -52,7 +52,12 @@ def test_feature_draft_is_lossless_over_grpc_and_features_travel(eagle_stack, re
 
 
 def test_a_restarted_feature_draft_is_rebuilt_and_loses_nothing(eagle_stack, reference):
-    lengths = [700, 700, 700]  # long enough that the draft comes back (1 s backoff) while they run
+    lengths = [700, 700, 700]  # long enough that the draft comes back while they run
+    sched = eagle_stack.scheduler.scheduler
+    # a short retry backoff, as in test_suffix_stack: with the default (1 s, doubling) the requests can finish
+    # before the loop retries the restarted draft, and then no running request is rebuilt (a race)
+    backoff = sched.link.retry_initial_s, sched.link.retry_max_s
+    sched.link.retry_initial_s = sched.link.retry_max_s = 0.05
     with Client(eagle_stack.address, timeout=180) as client, ThreadPoolExecutor(3) as pool:
         streams = [client.stream(p, max_new_tokens=n, speculation=3) for p, n in zip(PROMPTS, lengths)]
         iterators = [iter(s) for s in streams]
@@ -64,9 +69,9 @@ def test_a_restarted_feature_draft_is_rebuilt_and_loses_nothing(eagle_stack, ref
         eagle_stack.restart_draft()
         for f in futures:
             f.result(timeout=180)
+    sched.link.retry_initial_s, sched.link.retry_max_s = backoff
     for s, p, n in zip(streams, PROMPTS, lengths):
         assert s.result.token_ids == reference.greedy(p, n)
-    sched = eagle_stack.scheduler.scheduler
     deadline = time.time() + 60
     while time.time() < deadline:  # the loop retries the draft after its backoff
         with Client(eagle_stack.address, timeout=60) as client:
