@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from shared.engine.attention.padded_matmul import attend_padded
+from bench.attention_rows import reference_rows
 from shared.engine.attention.row_exact import attend_rows
 
 
@@ -49,20 +50,6 @@ def test_a_padded_masked_batch_is_attention(dtype, tol):
     assert torch.allclose(got.float(), _sdpa(q, k, v, mask, 0.125), atol=tol, rtol=tol)
 
 
-def _rows_reference(query, keys, values, row_slots, scaling):
-    """attend_rows as first written: matmul, then the scaling, softmax, matmul, a copy per row."""
-    _, heads, rows, dim = query.shape
-    kv = keys.shape[1]
-    kf, vf = keys.float(), values.float()
-    q = query[0].float().view(kv, heads // kv, rows, dim).permute(2, 0, 1, 3).contiguous()
-    out = torch.empty(rows, kv, heads // kv, dim)
-    for t, seen in enumerate(row_slots):
-        kt, vt = (kf[:seen], vf[:seen]) if isinstance(seen, int) else (kf.index_select(0, seen), vf.index_select(0, seen))
-        scores = torch.matmul(q[t], kt.permute(1, 2, 0)) * scaling
-        out[t] = torch.matmul(torch.softmax(scores, dim=-1), vt.transpose(0, 1))
-    return out.view(rows, heads, dim).to(query.dtype)[None]
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_rows_are_bit_for_bit_the_reference_formula(dtype):
     """Row exactness rests on every row running the same ops as a one-row decode; the fused scaling
@@ -76,4 +63,4 @@ def test_rows_are_bit_for_bit_the_reference_formula(dtype):
                      for t in range(rows)]  # fmt: skip
         scaling = 0.0917 + trial / 100  # not a power of two: the product's rounding matters
         assert torch.equal(attend_rows(q, keys, values, row_slots, scaling),
-                           _rows_reference(q, keys, values, row_slots, scaling))  # fmt: skip
+                           reference_rows(q, keys, values, row_slots, scaling))  # fmt: skip
