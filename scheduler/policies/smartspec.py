@@ -186,8 +186,9 @@ def uniform_goodputs(
              else np.pad(alphas[:, :depth], ((0, 0), (0, max(0, depth - alphas.shape[1])))))  # fmt: skip
     cum = np.concatenate([np.zeros((n, 1)), np.cumsum(gains, axis=1)], axis=1)  # [n, depth + 1]
     candidates = np.where(free[None, :], np.minimum(np.arange(max_k + 1)[:, None], caps[None, :]), fixed[None, :])
-    tokens = (1.0 + cum[np.arange(n)[None, :], candidates]).sum(axis=1)  # [max_k + 1]
-    return candidates, tokens / cost.steps(candidates, contexts)  # eq. 3, 8-9: one row per k
+    per_request = 1.0 + cum[np.arange(n)[None, :], candidates]  # [max_k + 1, n]
+    t = cost.steps(candidates, contexts) + cost.feed(candidates, per_request)  # the feed: step_cost.py
+    return candidates, per_request.sum(axis=1) / t  # eq. 3, 8-9: one row per k
 
 
 def best_uniform_k(
@@ -209,11 +210,16 @@ def best_request_ks(
     ``gains[i, j-1]`` is what request i's j-th token adds to its expected length (alpha_i^j for a
     chain of acceptance alpha_i, a path probability for a drafted chain); non-increasing in j.
     ``sunk_s`` is time already spent (the confidence variant's drafting); ``draft_terms`` False
-    leaves the draft's per-depth costs out (drafting is over).
+    leaves the draft's per-depth costs and its feed out (drafting is over).
+
+    The feed (step_cost.py): a speculating request also costs c_f per token it generates, so at rate lam
+    its k tokens are worth cum_k (1 - lam c_f) - lam (k u_i + c_f) against k = 0: token j is taken while
+    gain_j (1 - lam c_f) > lam u_i, and the chain is kept only if that total is positive.
     """
     n = len(free)
     cum = np.concatenate([np.zeros((n, 1)), np.cumsum(gains, axis=1)], axis=1)  # [n, max_k + 1]
     u = cost.per_token(contexts) if draft_terms else np.full(n, cost.gamma_t)
+    f = cost.feed_d if draft_terms else 0.0
     base = cost.base(contexts) + sunk_s
     j = np.arange(1, max_k + 1)
 
@@ -221,10 +227,18 @@ def best_request_ks(
 
     def goodputs(ks: np.ndarray) -> np.ndarray:  # [M, n] -> [M]: eq. 3 for each row of chain lengths
         k_max = ks.max(axis=1) if n else np.zeros(len(ks), dtype=int)
-        t = base + ks @ u
+        per_request = 1.0 + cum[rows, ks]
+        t = base + ks @ u + f * np.where(ks > 0, per_request, 0.0).sum(axis=1)
         spec = cost.call_t + (cost.call_d + k_max * cost.delta_d if draft_terms else 0.0)
         t = t + np.where(k_max > 0, spec, 0.0)
-        return (1.0 + cum[rows, ks]).sum(axis=1) / t
+        return per_request.sum(axis=1) / t
+
+    def lengths(lam: np.ndarray, allowed: np.ndarray) -> np.ndarray:  # [M] rates -> [M, n] free requests' k
+        keep = np.maximum(1.0 - lam * f, 0.0)  # [M]: what a token is worth net of its feed
+        take = (gains[None] * keep[:, None, None] > (lam[:, None] * u[None, :])[:, :, None]) & allowed
+        ks = take.sum(axis=2)
+        net = cum[rows, ks] * keep[:, None] - lam[:, None] * (ks * u[None, :] + f)  # against k = 0
+        return np.where(net > 0, ks, 0)
 
     fixed_max = int(fixed[~free].max()) if (~free).any() else 0
     depths = np.arange(fixed_max, max_k + 1) if draft_terms else np.array([max_k])  # one Dinkelbach run per m
@@ -233,8 +247,7 @@ def best_request_ks(
     lam, done = g.copy(), np.zeros(len(depths), dtype=bool)
     allowed = j[None, None, :] <= limit[:, :, None]  # [M, n, max_k]
     for _ in range(20):  # all depths' runs at once; a run that has converged keeps its ks
-        take = (gains[None] > lam[:, None, None] * u[None, :, None]) & allowed  # gain beats its cost at rate lam
-        new_ks = np.where(free[None, :], take.sum(axis=2), fixed[None, :])
+        new_ks = np.where(free[None, :], lengths(lam, allowed), fixed[None, :])  # gain beats its cost at rate lam
         new_g = goodputs(new_ks)
         ks, g = np.where(done[:, None], ks, new_ks), np.where(done, g, new_g)
         done |= np.abs(g - lam) <= 1e-9 * np.maximum(g, 1e-12)
@@ -387,7 +400,7 @@ class SmartSpec(SpeculationPolicy):
         out = {"alpha": alpha, "k": float(k), "num_free": float(num_free), "goodput": self.last_goodput or 0.0,
                "cost_probe": float(probe)}
         out.update({f"goodput_k{j}": float(g) for j, g in enumerate(goodput)})
-        for name in ("delta_t", "gamma_t", "alpha_t", "call_t", "call_d", "delta_d", "gamma_d", "alpha_d"):
+        for name in ("delta_t", "gamma_t", "alpha_t", "call_t", "call_d", "delta_d", "gamma_d", "alpha_d", "feed_d"):
             out[f"{name}_ms"] = getattr(cost, name) * 1e3
         return out
 

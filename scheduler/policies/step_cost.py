@@ -22,6 +22,21 @@ bf16 feature-draft pair a batch-1 verify costs what a decode does, c_t ~0). Regr
 
 which is what lets the policies optimise goodput exactly (smartspec.py).
 
+The feed (c_f per token fed): a speculate call first runs the tokens the
+target committed since the request's last draft call through the draft (a
+feature draft's catch-up on the target's features, a model draft's KV), so a
+request that speculates every step pays c_f x the tokens it generated last
+step, l_i(k_i) in steady state. SmartSpec charges that to the k > 0 choice
+(``feed``; smartspec.py): the stationary comparison is "speculate every step"
+against "decode plainly", and plain decoding feeds nothing. Measured on the
+feature draft through the stack it is the batch-size slope of a speculate
+call that the depth terms miss: replaying the adaptive-eagle traces, the
+call at k = 1 took 10.3-12.4 ms at batch 8-11 where T(k) without the feed
+predicted 5.0-5.8 and with it 9.7-10.1 (5.5 ms measured at batch 1, 4.3-4.7
+predicted either way): k = 1 looked as cheap at batch 5-8 as at batch 1,
+and SmartSpec drafted there although a plain step generated 8-18 % more
+tokens per second (docs/bench/policies-grounded.md).
+
 Where the coefficients come from: the profiler's fit of the target
 (``SpecContext.cost_model``) and of the draft where one was profiled
 (``SpecContext.draft_cost_model``) are the prior (c_t too: the profiler times
@@ -112,7 +127,7 @@ class StepCost:
     gamma_d: float
     alpha_d: float
     call_t: float = 0.0  # c_t: a verify pass's cost beyond a plain decode step
-    feed_d: float = 0.0  # c_f: per token the speculate call feeds the draft before drafting (not in T(k))
+    feed_d: float = 0.0  # c_f: per token the speculate call feeds the draft before drafting (``feed``)
 
     def spec_overhead(self) -> float:
         """What speculating at all adds to a step, whatever k: the draft call and the verify mode."""
@@ -137,6 +152,12 @@ class StepCost:
         k_max = ks.max(axis=1) if ks.shape[1] else np.zeros(len(ks))
         draft = np.where(k_max > 0, self.spec_overhead() + k_max * self.delta_d, 0.0)
         return self.base(ctx) + ks @ self.per_token(ctx) + draft
+
+    def feed(self, ks: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """[M]: c_f x the tokens the speculating requests of each row of ``ks`` [M, n] generate, ``tokens``
+        [M, n] (bonus included): what the next speculate call feeds the draft for them, the steady-state feed
+        of speculating every step (above)."""
+        return self.feed_d * np.where(np.asarray(ks) > 0, tokens, 0.0).sum(axis=1)
 
     def uniform(self, k: float, batch_size: int, context_sum: float) -> float:
         """T_batch when all ``batch_size`` requests draft ``k`` (a mean is fine: FASER's GP prior mean)."""
