@@ -59,44 +59,24 @@ def test_request_ks_give_more_to_the_predictable_request():
                 assert goodput(other) <= g + 1e-12
 
 
-def test_request_ks_are_the_exhaustive_optimum():
-    """Dinkelbach per max depth (all depths solved at once) against every assignment of k in 0..K, with caps,
-    a request held at a fixed k, and the verify-mode and draft-call costs that make k = 0 a corner."""
-    import dataclasses
-    import itertools
-
-    rng = np.random.default_rng(1)
-    for _ in range(40):
-        n, max_k = int(rng.integers(1, 4)), int(rng.integers(1, 5))
-        alphas = rng.uniform(0.1, 0.95, n)
-        gains = alphas[:, None] ** np.arange(1, max_k + 1)[None, :]
-        free = np.array([True] * (n - 1) + [bool(rng.random() < 0.7)])
-        caps = rng.integers(0, max_k + 1, n)
-        fixed = np.where(free, 0, rng.integers(0, max_k + 1, n))
-        contexts = rng.integers(10, 500, n).astype(float)
-        cost = dataclasses.replace(CHEAP_DRAFT, call_t=float(rng.uniform(0, 0.01)), call_d=float(rng.uniform(0, 0.01)))
-        ks, g = best_request_ks(gains, free, caps, fixed, contexts, cost, max_k)
-        choices = [range(int(c) + 1) if f else (int(k),) for f, c, k in zip(free, caps, fixed)]
-        best = max(float(expected_length(alphas, np.array(k)).sum()) / cost.step(k, contexts)
-                   for k in itertools.product(*choices))  # fmt: skip
-        assert g == pytest.approx(best, rel=1e-9)
-        assert float(expected_length(alphas, ks).sum()) / cost.step(ks, contexts) == pytest.approx(g, rel=1e-9)
-
-
-def _goodput_with_feed(alphas, ks, contexts, cost):
-    """Eq. 3 with the steady-state feed: speculating requests also cost c_f per token they generate."""
+def _goodput(alphas, ks, contexts, cost):
+    """Eq. 3 as the policies model it: T(k) plus the steady-state feed, c_f per token a speculating request
+    generates (step_cost.py; 0 unless the cost has a feed)."""
     ks = np.asarray(ks)
     lengths = expected_length(alphas, ks)
     return float(lengths.sum()) / (cost.step(ks, contexts) + cost.feed_d * float(lengths[ks > 0].sum()))
 
 
-def test_with_a_feed_cost_request_ks_are_still_the_exhaustive_optimum():
-    """The feed makes a request's first drafted token dearer (its bonus token is fed too) and every token a
-    little dearer in proportion to its gain; Dinkelbach's per-request choice stays exact."""
+@pytest.mark.parametrize("feed", [False, True])
+def test_request_ks_are_the_exhaustive_optimum(feed):
+    """Dinkelbach per max depth (all depths solved at once) against every assignment of k in 0..K, with caps,
+    a request held at a fixed k, and the verify-mode and draft-call costs that make k = 0 a corner; with a
+    feed, which makes a request's first drafted token dearer (its bonus token is fed too) and every token a
+    little dearer in proportion to its gain. Algorithm 2's one k is checked against the same goodput."""
     import dataclasses
     import itertools
 
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(7 if feed else 1)
     for _ in range(60):
         n, max_k = int(rng.integers(1, 4)), int(rng.integers(1, 5))
         alphas = rng.uniform(0.1, 0.95, n)
@@ -105,14 +85,15 @@ def test_with_a_feed_cost_request_ks_are_still_the_exhaustive_optimum():
         caps = rng.integers(0, max_k + 1, n)
         fixed = np.where(free, 0, rng.integers(0, max_k + 1, n))
         contexts = rng.integers(10, 500, n).astype(float)
-        cost = dataclasses.replace(CHEAP_DRAFT, call_d=float(rng.uniform(0, 0.01)), feed_d=float(rng.uniform(0, 0.02)))
+        cost = dataclasses.replace(CHEAP_DRAFT, call_t=float(rng.uniform(0, 0.01)), call_d=float(rng.uniform(0, 0.01)),
+                                   feed_d=float(rng.uniform(0, 0.02)) if feed else 0.0)  # fmt: skip
         ks, g = best_request_ks(gains, free, caps, fixed, contexts, cost, max_k)
         choices = [range(int(c) + 1) if f else (int(k),) for f, c, k in zip(free, caps, fixed)]
-        best = max(_goodput_with_feed(alphas, k, contexts, cost) for k in itertools.product(*choices))
+        best = max(_goodput(alphas, k, contexts, cost) for k in itertools.product(*choices))
         assert g == pytest.approx(best, rel=1e-9)
-        assert _goodput_with_feed(alphas, ks, contexts, cost) == pytest.approx(g, rel=1e-9)
+        assert _goodput(alphas, ks, contexts, cost) == pytest.approx(g, rel=1e-9)
         uniform, gu = best_uniform_k(alphas, free, caps, fixed, contexts, cost, max_k)
-        assert gu == pytest.approx(_goodput_with_feed(alphas, uniform, contexts, cost), rel=1e-9)
+        assert gu == pytest.approx(_goodput(alphas, uniform, contexts, cost), rel=1e-9)
 
 
 def test_the_feed_is_what_makes_drafting_dear_at_large_batches():
