@@ -87,6 +87,7 @@ live with the requests on their replica.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -127,6 +128,10 @@ class SmartSpecConfig(BaseModel):
         description="Weight an observation keeps per step in that average (0.98: about the last 50 steps count).",
     )  # fmt: skip
     prior_alpha: float = Field(0.6, gt=0.0, lt=1.0, description="Alpha before anything was observed.")
+    charge_feed: bool = Field(
+        True, description="T(k) charges a speculating request c_f per token it generates (the draft feed, "
+        "step_cost.py); False: T(k) as before it did (the ablation `smartspec-nofeed`).",
+    )  # fmt: skip
     per_depth: bool = Field(
         False, description="Batch granularity: a conditional acceptance per draft depth in eq. 8 "
         "(depth_acceptance.py); False: one alpha for every depth, as in the paper (the default: one run "
@@ -270,6 +275,8 @@ class SmartSpec(SpeculationPolicy):
             self.name = "smartspec-request"
         elif cfg.per_depth and type(self) is SmartSpec:
             self.name = "smartspec-depth"  # its own learned state: the two estimates do not pool
+        elif not cfg.charge_feed and type(self) is SmartSpec:
+            self.name = "smartspec-nofeed"
         self._costs = StepCostModel(config=cfg.cost)
         self._cost_priors: tuple[Any, Any] = (None, None)
         self.state = SharedState(f"policy:{self.name}", STATE_VERSION, self._empty, self._apply)
@@ -325,7 +332,8 @@ class SmartSpec(SpeculationPolicy):
         if priors != self._cost_priors:
             self._costs = StepCostModel(ctx.cost_model, ctx.draft_cost_model, self.config.cost)
             self._cost_priors = priors
-        return self._costs.current(self.state.state["costs"])
+        cost = self._costs.current(self.state.state["costs"])
+        return cost if self.config.charge_feed else dataclasses.replace(cost, feed_d=0.0)
 
     # ------------------------------------------------------------------ decisions
     def _zero_share(self) -> float | None:

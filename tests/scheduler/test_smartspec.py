@@ -114,6 +114,9 @@ def test_the_feed_is_what_makes_drafting_dear_at_large_batches():
     assert k_for(no_feed, 8) >= 1
     assert k_for(cost, 8) == 0
 
+    ablation = SmartSpec(SmartSpecConfig(charge_feed=False))  # the policy's own switch: c_f stays fitted, unused
+    assert ablation.name == "smartspec-nofeed" and ablation.step_cost(SpecContext(0.0, 0, True)).feed_d == 0.0
+
 
 def test_learns_alpha_and_costs_then_speculates_long_when_acceptance_is_high():
     policy = SmartSpec()

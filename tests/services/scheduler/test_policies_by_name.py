@@ -21,6 +21,8 @@ def test_adaptive_length_names():
     assert speculation_policy("smartspec-request").config.granularity == "request"
     depth = speculation_policy("smartspec-depth")
     assert depth.config.per_depth and depth.name == "smartspec-depth"  # its own state key
+    nofeed = speculation_policy("smartspec-nofeed")
+    assert not nofeed.config.charge_feed and nofeed.name == "smartspec-nofeed"
     assert speculation_policy("smartspec-conf:0.3").config.confidence_threshold == 0.3
     assert speculation_policy("faser:6").config.max_k == 6
     for bad in ("smartspec:0", "smartspec-conf:2", "faser:x"):
