@@ -6,6 +6,8 @@ request i (token acceptance alpha_i) drafts a chain of k_i tokens::
     l(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha)        tokens it generates, bonus included   (eq. 8)
     goodput(k)  = sum_i l(alpha_i, k_i) / T_batch(k)                                           (eq. 3, 9)
     T_batch     = T_draft + T_target                     the step cost model (step_cost.py)    (eq. 4-7)
+                  + c_f * sum_{i: k_i > 0} l(alpha_i, k_i)  the draft's feed of what a speculating
+                                                         request generates (an extension; step_cost.py)
 
 and every k_i in {0 .. K_max}; k = 0 is plain decoding (l = 1, no draft call).
 
