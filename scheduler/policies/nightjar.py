@@ -67,6 +67,21 @@ open chat: +14 / +9 / +20 / +29 % behind the best fixed k against +11 / +7 /
 +15 / +21 %, bench/results/adaptive-eagle-nightjar); at high load what Nightjar
 loses is exploration, which the estimate does not change.
 
+Arm elimination (``eliminate``, ``nightjar-elim``; an extension): the
+exploration draws of line 11 go to every arm, however clearly it has lost,
+and a bench run gives a bucket a few hundred rounds, most of them in
+exploration bins (the early blocks): at batch 3-4, 137 of 145 rounds at 2x
+explored, γ = 4-5 at 50-127 ms a step (bench/results/adaptive-eagle). With
+it the draw is over the arms still in the running, successive elimination
+(Even-Dar et al., 2006) on each arm's mean and standard error::
+
+    arm γ out  ⇔  n_γ ≥ n_min  ∧  g̃_γ + z·s_γ/√n_γ  <  max_{γ': n_γ' ≥ n_min} (g̃_γ' − z·s_γ'/√n_γ')
+
+s_γ the sample deviation of its rewards (Welford's running sum of squares,
+kept per arm). An arm is out only while the bounds stay apart: the best
+arm's bound can fall back as it is played, and the arm is back in the draw.
+Exploitation (eq. 3) and the schedule of bins are unchanged.
+
 Batch-size buckets: 1, 2, 3, 4, then powers of two (5-8 -> 8, 9-16 -> 16,
 ...): exact where the optimum moves fastest, shared where it barely does.
 
@@ -97,7 +112,7 @@ from scheduler.report import StepReport
 from scheduler.request import Request, SpecMode
 from shared.profiling.cost_model import CostModel
 
-STATE_VERSION = 2  # 2: per-arm seconds per request and per-depth acceptance counts (the chain estimate)
+STATE_VERSION = 3  # 2: per-arm seconds per request and per-depth acceptance counts (the chain estimate); 3: M2
 
 DEFAULT_DRAFT_COST = CostModel(alpha_s=2e-7, gamma_s=2e-4, delta_s=4e-3)  # per draft forward, CPU-sized
 LAG_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -116,6 +131,10 @@ class NightjarConfig(BaseModel):
     estimate: Literal["observed", "chain"] = Field(
         "observed", description="g̃ per arm: the mean observed goodput of its plays (§4.2), or the chain estimate "
         "(acceptance per depth pooled over every play that reached it, over the arm's mean time per request).")
+    eliminate: float | None = Field(
+        None, gt=0, description="z of successive elimination: exploration draws only among arms whose upper bound "
+        "g̃ + z·s/√n reaches the best lower bound (None: every arm, as Alg. 1 prints it).")
+    min_plays: int = Field(5, ge=2, description="Plays an arm needs before its bounds count for elimination.")
 
 
 def bucket(batch_size: int) -> int:
@@ -165,11 +184,24 @@ def exploit(means: Sequence[float], counts: Sequence[int], prev_k: int, c_prefil
     return best
 
 
+def surviving_arms(means: Sequence[float], m2: Sequence[float], counts: Sequence[int], z: float,
+                   min_plays: int) -> list[int]:
+    """Successive elimination (module docstring): the arms whose upper bound reaches the best lower bound.
+
+    Bounds are g̃ ± z·s/√n, s² = M2/(n-1); arms with fewer than ``min_plays`` plays always stay in."""
+    bounds = []
+    for g, q, n in zip(means, m2, counts):
+        half = z * math.sqrt(max(q, 0.0) / (n - 1) / n) if n >= min_plays else math.inf
+        bounds.append((g - half, g + half))
+    best_lower = max((lo for lo, _ in bounds if lo > -math.inf), default=-math.inf)
+    return [k for k, (_, hi) in enumerate(bounds) if hi >= best_lower]
+
+
 def _new_bucket(num_arms: int) -> dict[str, Any]:
     # Alg. 1 line 3: j = 1, H = 1, b = 1, τ = 1
     # "bins": bins begun over the bucket's life (Lemma 2's b), kept alongside the per-block b
     return {"j": 1, "H": 1, "b": 1, "bins": 1, "tau": 1, "explore": True, "n": [0] * num_arms, "g": [0.0] * num_arms,
-            "t": [0.0] * num_arms, "depth": []}
+            "q": [0.0] * num_arms, "t": [0.0] * num_arms, "depth": []}
 
 
 def chain_goodputs(st: dict[str, Any], num_arms: int) -> list[float]:
@@ -191,6 +223,8 @@ class Nightjar(SpeculationPolicy):
             self.name = "nightjar-global"  # its own learned state: the two schedules do not pool
         if cfg.estimate == "chain":
             self.name += "-chain"
+        if cfg.eliminate is not None:
+            self.name += "-elim"
         self.state = SharedState(f"policy:{self.name}", STATE_VERSION, self._empty, self._apply)
         self._rng = random.Random(cfg.seed)
         self._switch = SwitchCostTable()
@@ -217,18 +251,21 @@ class Nightjar(SpeculationPolicy):
         key = str(event["bucket"])
         st = dict(buckets.get(key) or _new_bucket(self.num_arms))
         n, g = _fit(list(st["n"]), self.num_arms, 0), _fit(list(st["g"]), self.num_arms, 0.0)
+        q = _fit(list(st.get("q") or []), self.num_arms, 0.0)
         if st["tau"] == 1:
             st["explore"] = bool(event["explore"])  # the bin type drawn at its first round (line 8)
         k = int(event["k"])
         if 0 <= k < self.num_arms:
             n[k] += 1
-            g[k] += (float(event["reward"]) - g[k]) / n[k]  # cumulative moving average (§4.2)
+            reward, old = float(event["reward"]), g[k]
+            g[k] += (reward - old) / n[k]  # cumulative moving average (§4.2)
+            q[k] += (reward - old) * (reward - g[k])  # Welford: the sum of squared deviations (elimination)
             if event.get("seconds_per_request") is not None:  # the chain estimate's factors
                 t = _fit(list(st.get("t") or []), self.num_arms, 0.0)
                 t[k] += (float(event["seconds_per_request"]) - t[k]) / n[k]
                 st["t"] = t
                 st["depth"] = add_counts(list(st.get("depth") or []), event.get("depth") or [])
-        st["n"], st["g"] = n, g
+        st["n"], st["g"], st["q"] = n, g, q
         st["tau"] += 1  # line 16
         root = math.sqrt(st["H"])
         if st["tau"] > root:  # lines 17-19: bin completed
@@ -265,7 +302,8 @@ class Nightjar(SpeculationPolicy):
         if st["tau"] == 1:  # a new bin: explore with probability 1/√b (line 8; Lemma 2 with "global")
             explore = self._rng.random() < 1.0 / math.sqrt(self.bin_index(st))
         if explore:
-            k = self._rng.randrange(self.num_arms)  # line 11
+            arms = self.arms_in_play(st)
+            k = arms[self._rng.randrange(len(arms))]  # line 11 (over the surviving arms with ``eliminate``)
         else:
             c_prefill = 0.0
             if self.config.switch_cost and self._prev_k == 0:
@@ -276,6 +314,14 @@ class Nightjar(SpeculationPolicy):
         self._admission.record([k] * len(auto))
         shape = SpecShape.chain(k)
         return [shape if r.speculation.mode is SpecMode.AUTO else SpecShape.none() for r in batch]
+
+    def arms_in_play(self, st: dict[str, Any]) -> list[int]:
+        """The arms an exploration bin draws from: all of them, or those successive elimination keeps."""
+        z = self.config.eliminate
+        if z is None:
+            return list(range(self.num_arms))
+        n, q = _fit(list(st["n"]), self.num_arms, 0), _fit(list(st.get("q") or []), self.num_arms, 0.0)
+        return surviving_arms(_fit(list(st["g"]), self.num_arms, 0.0), q, n, z, self.config.min_plays)
 
     def goodputs(self, st: dict[str, Any]) -> list[float]:
         """g̃_{B,γ} per arm of bucket state ``st``: observed means (§4.2) or the chain estimate."""
@@ -289,7 +335,8 @@ class Nightjar(SpeculationPolicy):
             return {}
         _, b, k, explore = self._last
         st = self.state.state["buckets"].get(str(b)) or _new_bucket(self.num_arms)
-        out = {"bucket": float(b), "k": float(k), "explore": float(explore), "c_prefill_ms": self.last_c_prefill * 1e3}
+        out = {"bucket": float(b), "k": float(k), "explore": float(explore), "c_prefill_ms": self.last_c_prefill * 1e3,
+               "arms_in_play": float(len(self.arms_in_play(st)))}
         for arm, (g, n) in enumerate(zip(self.goodputs(st), _fit(list(st["n"]), self.num_arms, 0))):
             out[f"goodput_k{arm}"], out[f"plays_k{arm}"] = float(g), float(n)
         return out

@@ -27,6 +27,9 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                   nightjar-chain[:K]   the same as nightjar, each arm's goodput     Nightjar (estimate chain)
                                    estimated as expected chain length (acceptance
                                    per depth pooled over all plays) over its time
+                  nightjar-elim[:K]    the same as nightjar, exploration draws    Nightjar (eliminate 2.0)
+                                   only among arms not eliminated (successive
+                                   elimination, bounds mean ± 2 standard errors)
     queue         fcfs             first come first served, priority first      FCFS
                   las[:Q]          least attained service, preemptive, quantum   LAS(Q s, 0.5)
                   lp-sjf           shortest predicted output first, no preemption LPSJF
@@ -76,6 +79,7 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     "nightjar": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg, default=5))),
     "nightjar-global": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg, default=5), exploration="global")),
     "nightjar-chain": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg, default=5), estimate="chain")),
+    "nightjar-elim": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg, default=5), eliminate=2.0)),
 }
 # name -> factory(argument after the colon or None, eq. 6's costs)
 QUEUE_POLICIES: dict[str, Callable[[str | None, SDCosts], QueuePolicy]] = {

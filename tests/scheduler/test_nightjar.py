@@ -236,3 +236,38 @@ def test_chain_estimate_is_closer_to_the_truth_than_observed_means():
     mean = {e: sum(v) / len(v) for e, v in errors.items()}
     assert mean["chain"] < 0.8 * mean["observed"]
     assert Nightjar(NightjarConfig(estimate="chain")).name == "nightjar-chain"
+
+
+def test_surviving_arms_keeps_arms_whose_bounds_overlap_the_best():
+    from scheduler.policies.nightjar import surviving_arms
+
+    # arm 0: mean 50, sd 1 (n 10); arm 1: 80 +- 1 (n 10); arm 2: 79 +- 10 (n 10); arm 3: 10, too few plays
+    m2 = [1.0 * 9, 1.0 * 9, 100.0 * 9, 0.0]
+    assert surviving_arms([50.0, 80.0, 79.0, 10.0], m2, [10, 10, 10, 2], z=2.0, min_plays=5) == [1, 2, 3]
+    # no arm with enough plays: nobody is out
+    assert surviving_arms([50.0, 80.0], [0.0, 0.0], [3, 4], z=2.0, min_plays=5) == [0, 1]
+    # 78 against 80: out at sd 1 (bounds 78.6 < 79.4), in at sd 3 (79.9 > 78.1)
+    assert surviving_arms([78.0, 80.0], [9.0, 9.0], [10, 10], z=2.0, min_plays=5) == [1]
+    assert surviving_arms([78.0, 80.0], [81.0, 81.0], [10, 10], z=2.0, min_plays=5) == [0, 1]
+
+
+def test_elimination_spends_exploration_on_the_arms_still_in_the_running():
+    """Peak at k = 1, each step away 15 % worse: after its early blocks the eliminating bandit's exploration
+    bins play the losing arms far less; both end on the best arm. The default draws from every arm."""
+    best = 1
+    goodput = lambda b, k: 100.0 - 15.0 * abs(k - best)  # noqa: E731
+    played, policies = {}, {}
+    for z in (None, 2.0):
+        policy = policies[z] = Nightjar(NightjarConfig(max_k=5, switch_cost=False, eliminate=z))
+        played[z] = run(policy, goodput, [3], 400)
+        st = policy.bucket_state(3)
+        assert exploit(st["g"], st["n"], prev_k=best, c_prefill=0.0) == best
+    losers = {z: sum(k not in (0, 1, 2) for _, k in p[100:]) for z, p in played.items()}
+    assert losers[2.0] < 0.25 * losers[None]
+    assert policies[2.0].arms_in_play(policies[2.0].bucket_state(3)) == [best]
+    assert policies[None].arms_in_play(policies[None].bucket_state(3)) == list(range(6))
+    assert policies[2.0].name == "nightjar-elim" and policies[2.0].state.name == "policy:nightjar-elim"
+    policies[2.0].decide(requests(3, prefix="e-"), SpecContext(now=0.0, step=400, draft_available=True))
+    assert policies[2.0].explain()["arms_in_play"] == 1.0
+    named = speculation_policy("nightjar-elim:4")
+    assert isinstance(named, Nightjar) and named.config.eliminate == 2.0 and named.config.max_k == 4
