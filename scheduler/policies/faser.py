@@ -186,12 +186,12 @@ class Faser(SpeculationPolicy):
         cfg = self.config
         window = np.asarray(self.state.state["window"], dtype=float).reshape(-1, 4)  # [n, (s, b, ctx, T)]
         s_all = np.arange(cfg.max_k + 1, dtype=float)
-        prior_now = np.array([cost.uniform(s, batch_size, context_sum) for s in s_all])
+        prior_now = cost.uniforms(s_all, np.full_like(s_all, batch_size), np.full_like(s_all, context_sum))
         scale = float(window[:, 3].mean()) if len(window) else float(prior_now[0])
         scale = max(scale, 1e-6)
         gp = ExactGP((cfg.lengthscale_s, cfg.lengthscale_b), (cfg.signal_rel * scale) ** 2, (cfg.noise_rel * scale) ** 2)
         if len(window):
-            prior_obs = np.array([cost.uniform(s, int(b), c) for s, b, c, _ in window])
+            prior_obs = cost.uniforms(window[:, 0], window[:, 1].astype(int), window[:, 2])
             gp.fit(self._inputs(window[:, 0], window[:, 1]), window[:, 3] - prior_obs)
         mean, sd = gp.predict(self._inputs(s_all, np.full_like(s_all, batch_size)))
         return prior_now + mean, sd

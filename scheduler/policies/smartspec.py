@@ -290,6 +290,7 @@ class SmartSpec(SpeculationPolicy):
         self.last_goodput: float | None = None  # the estimate behind the last decision (traces, tests)
         self._explain_inputs: tuple | None = None  # alpha, contexts, step cost, free requests, k, a cost probe?
         self._speculating_steps = 0  # speculating steps in a row (cost probes)
+        self._alpha_of: tuple[list, float] | None = None  # the alpha window last read and its estimate
 
     # ------------------------------------------------------------------ learned state
     def shared_state(self) -> SharedState:
@@ -317,10 +318,14 @@ class SmartSpec(SpeculationPolicy):
         window = self.state.state["alpha"]
         if not window:
             return cfg.prior_alpha
+        if self._alpha_of is not None and self._alpha_of[0] is window:  # windows are replaced, not changed
+            return self._alpha_of[1]
         counts = np.asarray(window, dtype=float).reshape(-1, 2)  # [steps, (acceptances, trials)], oldest first
         weights = cfg.alpha_decay ** np.arange(len(counts) - 1, -1, -1, dtype=float)
         acc, trials = weights @ counts
-        return (acc + cfg.prior_alpha * cfg.prior_trials) / (trials + cfg.prior_trials) if trials else cfg.prior_alpha
+        alpha = (acc + cfg.prior_alpha * cfg.prior_trials) / (trials + cfg.prior_trials) if trials else cfg.prior_alpha
+        self._alpha_of = (window, float(alpha))
+        return float(alpha)
 
     def request_alpha(self, request_id: str, global_alpha: float) -> float:
         cfg = self.config

@@ -161,12 +161,14 @@ class StepCost:
 
     def uniform(self, k: float, batch_size: int, context_sum: float) -> float:
         """T_batch when all ``batch_size`` requests draft ``k`` (a mean is fine: FASER's GP prior mean)."""
-        if batch_size <= 0:
-            return 0.0
-        t = self.delta_t + self.gamma_t * batch_size * (k + 1) + self.alpha_t * context_sum
-        if k > 0:
-            t += self.spec_overhead() + k * self.delta_d + k * (self.gamma_d * batch_size + self.alpha_d * context_sum)
-        return t
+        return float(self.uniforms(np.array([k]), np.array([batch_size]), np.array([context_sum]))[0])
+
+    def uniforms(self, k: np.ndarray, batch_size: np.ndarray, context_sum: np.ndarray) -> np.ndarray:
+        """``uniform`` elementwise over arrays of one shape (FASER's prior at every window point at once)."""
+        k, b, c = (np.asarray(v, dtype=float) for v in (k, batch_size, context_sum))
+        t = self.delta_t + self.gamma_t * b * (k + 1) + self.alpha_t * c
+        draft = self.spec_overhead() + k * self.delta_d + k * (self.gamma_d * b + self.alpha_d * c)
+        return np.where(b > 0, t + np.where(k > 0, draft, 0.0), 0.0)
 
 
 class OnlineFit:
@@ -177,6 +179,8 @@ class OnlineFit:
         self.prior = np.asarray(prior, dtype=float) * self.scales  # in scaled units
         self.prior_steps = prior_steps
         self.forgetting = forgetting
+        self._solved: tuple[dict[str, Any], np.ndarray] | None = None  # the last state solved, its theta
+
 
     def empty(self) -> dict[str, Any]:
         d = len(self.scales)
@@ -203,12 +207,18 @@ class OnlineFit:
                 "n": rho * state["n"]}  # fmt: skip
 
     def solve(self, state: dict[str, Any]) -> np.ndarray:
-        """Coefficients in real units, clipped at 0 (no cost is negative)."""
+        """Coefficients in real units, clipped at 0 (no cost is negative). A state is never changed in place
+        (``update`` and ``fade`` return new ones), so the last state's solution is kept by identity: a step's
+        decision and the update after it solve the same state once, not three times."""
+        if self._solved is not None and self._solved[0] is state:
+            return self._solved[1]
         lam = self.prior_steps
         a = np.asarray(state["xtx"]) + lam * np.eye(len(self.scales))
         b = np.asarray(state["xty"]) + lam * self.prior
-        theta = np.linalg.solve(a, b)
-        return np.maximum(theta, 0.0) / self.scales
+        theta = np.maximum(np.linalg.solve(a, b), 0.0) / self.scales
+        theta.flags.writeable = False
+        self._solved = (state, theta)
+        return theta
 
 
 class StepCostModel:
