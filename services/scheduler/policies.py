@@ -17,6 +17,8 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                   smartspec-conf[:T]     draft until confidence < T (0.5),     SmartSpecConfidence
                                          verify the goodput-optimal prefix
                   faser[:K]        per-request k by GP-LCB, k <= K (8)          Faser
+                  faser-fixedgp[:K]  the same, the GP's signal sd fixed at 30 %  Faser (signal fixed)
+                                   of a step (the ablation of the empirical one)
                   nightjar[:K]     bandit k per batch size, k <= K (5),          Nightjar
                                    switching cost (ADA-BINGREEDY, eq. 3); with
                                    TANDEM_DRAFT_OFFLOAD the draft's memory is
@@ -79,6 +81,7 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     "nightjar": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg, default=5))),
     "nightjar-global": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg, default=5), exploration="global")),
     "nightjar-chain": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg, default=5), estimate="chain")),
+    "faser-fixedgp": lambda arg: Faser(FaserConfig(max_k=_max_k(arg, default=8), signal="fixed")),
     "nightjar-elim": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg, default=5), eliminate=2.0)),
 }
 # name -> factory(argument after the colon or None, eq. 6's costs)

@@ -114,3 +114,34 @@ def test_a_good_draft_at_batch_one_settles_on_a_moderate_chain():
     chosen = run_steps(policy, requests(1), [0.5], cheap, steps=200)
     late = [ks[0] for ks in chosen[100:]]
     assert np.mean([k >= 6 for k in late]) < 0.05
+
+
+def test_the_gp_amplitude_is_what_the_cost_model_misses():
+    """An exact cost model leaves residuals of noise only: the empirical signal sd falls to its floor (2 % of a
+    step), so at a batch size the window has not seen a long chain is not 30 % cheaper than the model says; the
+    fixed amplitude keeps that optimism. With a cost model that is off, the empirical amplitude grows to match."""
+    import dataclasses
+
+    from services.scheduler.policies import speculation_policy
+
+    cfgs = {"empirical": FaserConfig(), "fixed": FaserConfig(signal="fixed")}
+    lcb_gap = {}
+    for name, cfg in cfgs.items():
+        policy = Faser(cfg)
+        run_steps(policy, requests(1), [0.5], CHEAP_DRAFT, steps=80)
+        cost = policy.step_cost(SpecContext(0.0, 80, True))
+        ctx_sum = float(sum(r.num_tokens for r in requests(16)))
+        mu, sd = policy.latency_bounds(16, ctx_sum, cost)
+        scale = float(np.mean(np.asarray(policy.state.state["window"])[:, 3]))  # the mean observed step
+        lcb_gap[name] = float(sd[-1]) / scale  # optimism at s = K_max, batch 16 (never seen), in steps
+        assert policy.last_signal_sd is not None
+    assert lcb_gap["empirical"] < 0.03 and lcb_gap["fixed"] > 0.25
+    slow = dataclasses.replace(CHEAP_DRAFT, delta_t=0.060)  # the truth is twice the model's plain step
+    policy = Faser()
+    run_steps(policy, requests(1, prefix="slow"), [0.5], slow, steps=10)
+    policy.latency_bounds(1, 20.0, policy.step_cost(SpecContext(0.0, 10, True)))
+    empirical_sd = policy.last_signal_sd
+    assert empirical_sd > 0.02 * 0.030  # above its floor: the model is seen to be off
+    named = speculation_policy("faser-fixedgp")
+    assert named.config.signal == "fixed" and named.name == "faser-fixedgp" and named.state.name == "policy:faser-fixedgp"
+    assert speculation_policy("faser").state.name == "policy:faser"
