@@ -17,6 +17,15 @@ same differences are ~1e-7 and the batched call stays (tests compare its output 
 Several sequences of a few rows each in 16 bits on CPU (a batched decode or verify): the padded
 batch runs as matmul, softmax, matmul in float32 (padded_matmul.py), 1.5-5x faster than the
 CPU SDPA kernel there; float32 and prefills keep SDPA.
+
+Several sequences with a prefill among them (more than ``ROW_EXACT_MAX_Q`` rows): one SDPA call
+per sequence over exactly its own rows and slots, no padding. Padded to [B, max_q, max_kv], a
+call prefilling 3-4 prompts of 300-900 tokens cost 1.6-1.9 ms per prompt token against 1.0 for
+one prompt alone (the padding, and the explicit mask's slower kernel, grow with B x max_len^2):
+whoever arrived together paid for each other, and a slower step, which gathers more arrivals per
+prefill, made the next prefill slower still (bench/results/diag-prefill). A fresh prompt (plain
+causal, its KV all new) runs with ``is_causal`` and no mask, the fused kernel's fast path; the
+same for a single sequence.
 """
 
 from __future__ import annotations
@@ -63,6 +72,15 @@ class SdpaBackend:
             q_index[b, : s.q_len] = rows
             unpad[rows] = b * max_q + torch.arange(s.q_len)
         self.single = num_seqs == 1
+        # a fresh causal prompt: SDPA's is_causal (top-left aligned) is its mask exactly, with no mask to read
+        self.fresh = [s.causal and s.q_len == int(s.kv_slots.numel()) for s in layout.seqs]
+        packed = all(s.q_start == sum(p.q_len for p in layout.seqs[:i]) for i, s in enumerate(layout.seqs))
+        self.per_seq = None  # several sequences with a prefill among them: one call each (module docstring)
+        if not self.single and max_q > ROW_EXACT_MAX_Q and packed:
+            self.per_seq = [
+                (s.q_start, s.q_len, s.kv_slots.to(device), None if fresh else s.mask[None, None].to(device))
+                for s, fresh in zip(layout.seqs, self.fresh)
+            ]  # fmt: skip
         kv_dtype = self.cache.kv[0].dtype if len(self.cache.kv) else torch.float32
         self.row_slots = None  # row-exact mode: per query row, the gathered KV positions it sees
         small_cpu16 = max_q <= ROW_EXACT_MAX_Q and kv_dtype != torch.float32 and torch.device(device).type == "cpu"
@@ -87,6 +105,8 @@ class SdpaBackend:
             keys = kv[0].index_select(0, self.gather_flat)  # [kv_len, Hkv, D], position order
             values = kv[1].index_select(0, self.gather_flat)
             return attend_rows(query, keys, values, self.row_slots, scaling)  # [1, T, H, D]
+        if self.per_seq is not None:
+            return self._attend_each(kv, query, scaling)
         shape = (*self.gather.shape, *kv.shape[2:])  # index_select on the flat slots beats advanced indexing on CPU
         k = kv[0].index_select(0, self.gather_flat).view(shape).transpose(1, 2)  # [B, Hkv, max_kv, D]
         v = kv[1].index_select(0, self.gather_flat).view(shape).transpose(1, 2)  # [B, Hkv, max_kv, D]
@@ -98,9 +118,25 @@ class SdpaBackend:
         gqa = q.shape[1] != k.shape[1]
         if self.matmul:
             out = attend_padded(q, k, v, self.mask, scaling)  # [B, H, max_q, D]
+        elif self.single and self.fresh[0]:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=gqa)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, scale=scaling, enable_gqa=gqa)
         out = out.transpose(1, 2)  # [B, max_q, H, D]
         if self.single:
             return out
         return out.reshape(-1, out.shape[2], out.shape[3])[self.unpad].unsqueeze(0)  # [1, T, H, D]
+
+    def _attend_each(self, kv: torch.Tensor, query: torch.Tensor, scaling: float) -> torch.Tensor:
+        """One SDPA call per sequence over its own rows and slots (several sequences, a prefill among them)."""
+        outs = []
+        for q_start, q_len, slots, mask in self.per_seq:
+            q = query[:, :, q_start : q_start + q_len]  # [1, H, q_len, D]
+            k = kv[0].index_select(0, slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, kv_len, D]
+            v = kv[1].index_select(0, slots).transpose(0, 1).unsqueeze(0)
+            gqa = q.shape[1] != k.shape[1]
+            if mask is None:
+                outs.append(F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=gqa))
+            else:
+                outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=gqa))
+        return torch.cat(outs, dim=2).transpose(1, 2)  # [1, T, H, D]
