@@ -42,6 +42,16 @@ from shared.engine.kv_cache import PagedKVCache
 ROW_EXACT_MAX_Q = 16  # row-exact mode up to this many query rows (a decode step, a verify, not a prefill)
 
 
+def _packed_in_order(layout: BatchLayout) -> bool:
+    """Do the sequences' rows follow one another in batch order (so per-sequence outputs concatenate)?"""
+    start = 0
+    for s in layout.seqs:
+        if s.q_start != start:
+            return False
+        start += s.q_len
+    return True
+
+
 def _prefix_or_index(seen: torch.Tensor) -> int | torch.Tensor:
     """A row's visible positions: their count when they are the first ones (0 … n-1), else the positions."""
     n = int(seen.numel())
@@ -74,9 +84,8 @@ class SdpaBackend:
         self.single = num_seqs == 1
         # a fresh causal prompt: SDPA's is_causal (top-left aligned) is its mask exactly, with no mask to read
         self.fresh = [s.causal and s.q_len == int(s.kv_slots.numel()) for s in layout.seqs]
-        packed = all(s.q_start == sum(p.q_len for p in layout.seqs[:i]) for i, s in enumerate(layout.seqs))
         self.per_seq = None  # several sequences with a prefill among them: one call each (module docstring)
-        if not self.single and max_q > ROW_EXACT_MAX_Q and packed:
+        if not self.single and max_q > ROW_EXACT_MAX_Q and _packed_in_order(layout):
             self.per_seq = [
                 (s.q_start, s.q_len, s.kv_slots.to(device), None if fresh else s.mask[None, None].to(device))
                 for s, fresh in zip(layout.seqs, self.fresh)
