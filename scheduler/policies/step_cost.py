@@ -181,7 +181,6 @@ class OnlineFit:
         self.forgetting = forgetting
         self._solved: tuple[dict[str, Any], np.ndarray] | None = None  # the last state solved, its theta
 
-
     def empty(self) -> dict[str, Any]:
         d = len(self.scales)
         return {"xtx": [[0.0] * d for _ in range(d)], "xty": [0.0] * d, "n": 0.0}

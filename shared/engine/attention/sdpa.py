@@ -68,20 +68,11 @@ class SdpaBackend:
         device = layout.device
         num_seqs = len(layout.seqs)
         max_q = max(s.q_len for s in layout.seqs)
-        max_kv = max(int(s.kv_slots.numel()) for s in layout.seqs)
-        gather = torch.zeros(num_seqs, max_kv, dtype=torch.long)  # [B, max_kv] physical slots
-        mask = torch.zeros(num_seqs, 1, max_q, max_kv, dtype=torch.bool)  # [B, 1, max_q, max_kv]
-        mask[:, :, :, 0] = True  # padded rows look at one real slot, so softmax stays finite
-        q_index = torch.zeros(num_seqs, max_q, dtype=torch.long)  # [B, max_q] packed row of each query
-        unpad = torch.empty(layout.num_tokens, dtype=torch.long)  # [T] flat [B*max_q] row of each token
-        for b, s in enumerate(layout.seqs):
-            kv_len = int(s.kv_slots.numel())
-            gather[b, :kv_len] = s.kv_slots
-            mask[b, 0, : s.q_len, :kv_len] = s.mask
-            rows = torch.arange(s.q_start, s.q_start + s.q_len)
-            q_index[b, : s.q_len] = rows
-            unpad[rows] = b * max_q + torch.arange(s.q_len)
         self.single = num_seqs == 1
+        self.new_slots = layout.new_slots
+        self.max_q = max_q
+        self.row_slots = None  # row-exact mode: per query row, the gathered KV positions it sees
+        self.matmul = False
         # a fresh causal prompt: SDPA's is_causal (top-left aligned) is its mask exactly, with no mask to read
         self.fresh = [s.causal and s.q_len == int(s.kv_slots.numel()) for s in layout.seqs]
         self.per_seq = None  # several sequences with a prefill among them: one call each (module docstring)
@@ -90,21 +81,36 @@ class SdpaBackend:
                 (s.q_start, s.q_len, s.kv_slots.to(device), None if fresh else s.mask[None, None].to(device))
                 for s, fresh in zip(layout.seqs, self.fresh)
             ]  # fmt: skip
+            return  # none of the padded batch's metadata below is read
         kv_dtype = self.cache.kv[0].dtype if len(self.cache.kv) else torch.float32
-        self.row_slots = None  # row-exact mode: per query row, the gathered KV positions it sees
         small_cpu16 = max_q <= ROW_EXACT_MAX_Q and kv_dtype != torch.float32 and torch.device(device).type == "cpu"
         self.matmul = small_cpu16 and not self.single  # several sequences: padded_matmul.py, not SDPA
+        # a lone fresh prompt runs with is_causal: its [T, T] mask is not built
+        need_mask = not (self.single and self.fresh[0] and not small_cpu16)
+        max_kv = max(int(s.kv_slots.numel()) for s in layout.seqs)
+        gather = torch.zeros(num_seqs, max_kv, dtype=torch.long)  # [B, max_kv] physical slots
+        mask = torch.zeros(num_seqs, 1, max_q, max_kv, dtype=torch.bool) if need_mask else None  # [B, 1, max_q, max_kv]
+        if mask is not None:
+            mask[:, :, :, 0] = True  # padded rows look at one real slot, so softmax stays finite
+        q_index = torch.zeros(num_seqs, max_q, dtype=torch.long)  # [B, max_q] packed row of each query
+        unpad = torch.empty(layout.num_tokens, dtype=torch.long)  # [T] flat [B*max_q] row of each token
+        for b, s in enumerate(layout.seqs):
+            kv_len = int(s.kv_slots.numel())
+            gather[b, :kv_len] = s.kv_slots
+            if mask is not None:
+                mask[b, 0, : s.q_len, :kv_len] = s.mask
+            rows = torch.arange(s.q_start, s.q_start + s.q_len)
+            q_index[b, : s.q_len] = rows
+            unpad[rows] = b * max_q + torch.arange(s.q_len)
         if self.single and small_cpu16:
             s = layout.seqs[0]
             seen = [_prefix_or_index(s.mask[t].nonzero().squeeze(1)) for t in range(s.q_len)]
             self.row_slots = [x if isinstance(x, int) else x.to(device) for x in seen]
-        self.new_slots = layout.new_slots
         self.gather = gather.to(device)
         self.gather_flat = self.gather.reshape(-1)
-        self.mask = mask.to(device)
+        self.mask = mask.to(device) if mask is not None else None
         self.q_index = q_index.to(device)
         self.unpad = unpad.to(device)
-        self.max_q = max_q
 
     def attend(self, layer_idx, query, key, value, scaling):
         kv = self.cache.kv[layer_idx]  # [2, num_slots, Hkv, D]
