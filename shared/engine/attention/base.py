@@ -40,10 +40,14 @@ def register() -> None:
 
 
 def select_backend(name: str, kv_cache, device: torch.device) -> AttentionBackend:
-    """``auto``: flashinfer when CUDA and flashinfer are present and the cache is fp16/bf16, else SDPA."""
+    """``auto``: flashinfer when CUDA and flashinfer are present, the cache is fp16/bf16 and the head dim
+    one flashinfer has kernels for (64, 128, 256), else SDPA."""
     if name == "auto":
+        from shared.engine.attention.flashinfer_backend import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
+
         name = "sdpa"
-        if device.type == "cuda" and kv_cache.kv.dtype in (torch.float16, torch.bfloat16):
+        head_dim = kv_cache.kv.shape[-1]  # [L, 2, slots, Hkv, D]
+        if device.type == "cuda" and kv_cache.kv.dtype in SUPPORTED_DTYPES and head_dim in SUPPORTED_HEAD_DIMS:
             try:
                 import flashinfer  # noqa: F401
 

@@ -6,12 +6,19 @@ cache of ``[num_blocks, block_size, Hkv, D]`` ("NHD" layout). A sequence's
 pages are its block table, read back from its slot list (``slot = block *
 block_size + offset``, see ``ModelRunner._slots``).
 
-One ``BatchPrefillWithPagedKVCacheWrapper.plan`` per forward, one ``run`` per
-layer. Mixed batches (prefill, decode, tree verification) go through the same
-prefill kernel: all-causal batches use ``causal=True``; a batch with any tree
-passes every sequence's ``[q_len, kv_len]`` mask, flattened, as ``custom_mask``
-(the kernel then ignores ``causal``). New k/v are written into the pages first,
-so each query sees its own token, as in the SDPA reference.
+One ``plan`` per forward, one ``run`` per layer. Mixed batches (prefill, decode,
+tree verification) go through flashinfer's paged prefill kernel: all-causal
+batches use ``causal=True``; a batch with any tree passes every sequence's
+``[q_len, kv_len]`` mask, flattened, as ``custom_mask``. New k/v are written into
+the pages first, so each query sees its own token, as in the SDPA reference.
+
+Two wrappers, one per mask kind, sharing one workspace: a wrapper built with
+``backend="auto"`` fixes its kernel family at its *first* ``plan`` and keeps it,
+so one wrapper that first planned a causal batch on Hopper (FA3) later ran a
+tree's custom mask through FA3, which has no custom-mask kernel ("operation not
+supported"; seen on an H100, bench/results/gpu-check-h100). Each wrapper is
+therefore built with an explicit family (``kernel_family``): FA3 for causal
+batches where the chip and head dim allow it, FA2 for custom masks always.
 
 flashinfer is imported lazily by ``select_backend``; a CPU machine never needs it.
 """
@@ -27,6 +34,15 @@ from shared.engine.kv_cache import PagedKVCache
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+SUPPORTED_HEAD_DIMS = (64, 128, 256)  # the head dims flashinfer's prefill kernels are instantiated for
+
+
+def kernel_family(causal: bool, head_dim: int, compute_capability: tuple[int, int]) -> str:
+    """flashinfer's prefill kernel family for a batch: "fa3" (Hopper's warp-specialised kernels) only
+    for causal batches on SM 9.x; "fa2" for custom (tree) masks, which FA3 cannot run, and elsewhere."""
+    if causal and compute_capability[0] == 9 and head_dim in SUPPORTED_HEAD_DIMS:
+        return "fa3"
+    return "fa2"
 
 
 class FlashinferBackend:
@@ -43,8 +59,17 @@ class FlashinferBackend:
         self.device = device
         self.block_size = kv_cache.block_size
         _, _, _, self.num_kv_heads, self.head_dim = kv_cache.kv.shape  # [L, 2, slots, Hkv, D]
-        workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, kv_layout="NHD")
+        if self.head_dim not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"flashinfer attention needs a head dim in {SUPPORTED_HEAD_DIMS}, not {self.head_dim}; "
+                             "use sdpa")  # fmt: skip
+        workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)  # shared: one wrapper runs at a time
+        capability = torch.cuda.get_device_capability(device)
+        self.families = {causal: kernel_family(causal, self.head_dim, capability) for causal in (True, False)}
+        self.wrappers = {
+            causal: flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, kv_layout="NHD", backend=family)
+            for causal, family in self.families.items()
+        }
+        self.wrapper = self.wrappers[True]  # the one planned for the current forward
         # flashinfer renamed head_dim -> head_dim_qk (0.2.3); accept both
         params = inspect.signature(self.wrapper.plan).parameters
         self._head_dim_arg = "head_dim_qk" if "head_dim_qk" in params else "head_dim"
@@ -74,6 +99,7 @@ class FlashinferBackend:
             last_page_len.append(kv_len - (len(seq_pages) - 1) * bs)
             masks.append(s.mask.reshape(-1))
         causal = all(s.causal for s in layout.seqs)
+        self.wrapper = self.wrappers[causal]
         dev = self.device
         kwargs = {
             self._head_dim_arg: self.head_dim,

@@ -53,7 +53,7 @@ def attend_rows(
             kt, vt = kt_all[:, :, :seen], vt_all[:, :seen]
         else:  # a tree row: the prefix and its ancestors, gathered into the same layout
             kt, vt = kf.index_select(0, seen).permute(1, 2, 0), vf.index_select(0, seen).transpose(0, 1)
-        # scaling inside the product and the result written in place: the same values bit for bit as
+        # scaling inside the product and the result written in place: the same values as
         # matmul(...) * scaling and a copy into out[t] (tests/shared/engine/test_matmul_attention.py), two ops fewer
         scores = torch.baddbmm(ignored, q[t], kt, beta=0.0, alpha=scaling)  # [Hkv, rep, n]
         torch.matmul(torch.softmax(scores, dim=-1), vt, out=out[t])  # [Hkv, rep, D]
