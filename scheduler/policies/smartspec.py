@@ -8,6 +8,8 @@ request i (token acceptance alpha_i) drafts a chain of k_i tokens::
     T_batch     = T_draft + T_target                     the step cost model (step_cost.py)    (eq. 4-7)
                   + c_f * sum_{i: k_i > 0} l(alpha_i, k_i)  the draft's feed of what a speculating
                                                          request generates (an extension; step_cost.py)
+                  + c_f * sum_{i: k_i > 0} s_i           the switch: the catch-up on tokens decoded
+                                                         plainly, spread over a few steps (an extension)
 
 and every k_i in {0 .. K_max}; k = 0 is plain decoding (l = 1, no draft call).
 
@@ -50,6 +52,21 @@ fixed k where the run after it, off, was within 3 % at every load; an
 unchanged policy moved as much between those two runs, so the run says
 little either way, and the paper's eq. 8 stays the default until repeated
 runs show the extension helps.
+
+The switch (``charge_switch``; an extension after Nightjar's eq. 3, which
+charges c_prefill to a 0 -> k > 0 transition): the feed term prices the
+steady state, speculating every step, where each call feeds what the last
+step generated. A request that decoded plainly for a while has a lag of
+tokens nobody charged, and the speculate call that resumes it feeds them all
+(a feature draft's catch-up on the target's features). So a request that did
+not speculate in the last step is charged c_f x s_i, s_i = its lag spread
+over ``switch_horizon`` steps (fewer when fewer tokens remain: the switch
+must pay for itself while the request lasts). Without it the model saw
+switching on and off as free, and at 4x the policies that mostly decoded
+plainly ran a TPOT 2.5-4.4 ms above target-only's: their occasional
+speculating steps paid every request's catch-up (bench/results/adaptive-eagle).
+Only requests the draft holds: one it does not hold is resynced by a draft
+prefill (``PhaseTimes.draft_sync``), which the draft fit does not see.
 
 Prefill disabling (§5): at admission, when more than
 ``prefill_disable_threshold`` of the recent decisions were k = 0, the
@@ -134,6 +151,14 @@ class SmartSpecConfig(BaseModel):
         True, description="T(k) charges a speculating request c_f per token it generates (the draft feed, "
         "step_cost.py); False: T(k) as before it did (the ablation `smartspec-nofeed`).",
     )  # fmt: skip
+    charge_switch: bool = Field(
+        True, description="T(k) charges a request that resumes speculating the draft's catch-up on the tokens it "
+        "decoded plainly (c_f x its lag / switch_horizon; an extension after Nightjar eq. 3); False: the ablation "
+        "`smartspec-noswitch` (`smartspec-request-noswitch`).",
+    )  # fmt: skip
+    switch_horizon: int = Field(
+        4, ge=1, description="Steps over which a resumed request's catch-up is spread (fewer if fewer tokens remain)."
+    )
     per_depth: bool = Field(
         False, description="Batch granularity: a conditional acceptance per draft depth in eq. 8 "
         "(depth_acceptance.py); False: one alpha for every depth, as in the paper (the default: one run "
@@ -181,12 +206,13 @@ def chain_alpha_counts(num_drafted: int, num_accepted: int) -> tuple[int, int]:
 
 def uniform_goodputs(
     alphas: np.ndarray, free: np.ndarray, caps: np.ndarray, fixed: np.ndarray, contexts: np.ndarray,
-    cost: StepCost, max_k: int,
+    cost: StepCost, max_k: int, switch: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Algorithm 2's candidates: for k = 0..max_k, every free request's length (row k) and the step's goodput.
 
     ``alphas`` [n] is each request's alpha (eq. 8), or [n, depth] the gain of each request's j-th token
-    (depth_acceptance.depth_gains: alpha per depth); depths past the last given gain nothing."""
+    (depth_acceptance.depth_gains: alpha per depth); depths past the last given gain nothing. ``switch`` [n]:
+    tokens each request's catch-up adds to the feed when it speculates (s_i above; None: none)."""
     n = len(free)
     depth = int(max(max_k, fixed.max() if n else 0))
     gains = (alphas[:, None] ** np.arange(1, depth + 1)[None, :] if alphas.ndim == 1
@@ -194,23 +220,24 @@ def uniform_goodputs(
     cum = np.concatenate([np.zeros((n, 1)), np.cumsum(gains, axis=1)], axis=1)  # [n, depth + 1]
     candidates = np.where(free[None, :], np.minimum(np.arange(max_k + 1)[:, None], caps[None, :]), fixed[None, :])
     per_request = 1.0 + cum[np.arange(n)[None, :], candidates]  # [max_k + 1, n]
-    t = cost.steps(candidates, contexts) + cost.feed(candidates, per_request)  # the feed: step_cost.py
+    fed = per_request if switch is None else per_request + switch[None, :]  # the feed (step_cost.py) + switch
+    t = cost.steps(candidates, contexts) + cost.feed(candidates, fed)
     return candidates, per_request.sum(axis=1) / t  # eq. 3, 8-9: one row per k
 
 
 def best_uniform_k(
     alphas: np.ndarray, free: np.ndarray, caps: np.ndarray, fixed: np.ndarray, contexts: np.ndarray,
-    cost: StepCost, max_k: int,
+    cost: StepCost, max_k: int, switch: np.ndarray | None = None,
 ) -> tuple[np.ndarray, float]:  # fmt: skip
     """Algorithm 2 with Algorithm 1's estimate: the one k for all free requests that maximises goodput."""
-    candidates, goodput = uniform_goodputs(alphas, free, caps, fixed, contexts, cost, max_k)
+    candidates, goodput = uniform_goodputs(alphas, free, caps, fixed, contexts, cost, max_k, switch)
     best = int(np.argmax(goodput > goodput.max() - 1e-12))  # ties: the shorter k
     return candidates[best], float(goodput[best])
 
 
 def best_request_ks(
     gains: np.ndarray, free: np.ndarray, caps: np.ndarray, fixed: np.ndarray, contexts: np.ndarray,
-    cost: StepCost, max_k: int, sunk_s: float = 0.0, draft_terms: bool = True,
+    cost: StepCost, max_k: int, sunk_s: float = 0.0, draft_terms: bool = True, switch: np.ndarray | None = None,
 ) -> tuple[np.ndarray, float]:  # fmt: skip
     """Per-request lengths maximising sum_i l_i(k_i) / T(k) exactly (Dinkelbach per max depth m).
 
@@ -221,12 +248,14 @@ def best_request_ks(
 
     The feed (step_cost.py): a speculating request also costs c_f per token it generates, so at rate lam
     its k tokens are worth cum_k (1 - lam c_f) - lam (k u_i + c_f) against k = 0: token j is taken while
-    gain_j (1 - lam c_f) > lam u_i, and the chain is kept only if that total is positive.
+    gain_j (1 - lam c_f) > lam u_i, and the chain is kept only if that total is positive. A switch s_i
+    (``switch``, tokens of catch-up) is one more fixed cost of speculating at all: lam c_f s_i.
     """
     n = len(free)
     cum = np.concatenate([np.zeros((n, 1)), np.cumsum(gains, axis=1)], axis=1)  # [n, max_k + 1]
     u = cost.per_token(contexts) if draft_terms else np.full(n, cost.gamma_t)
     f = cost.feed_d if draft_terms else 0.0
+    s = np.zeros(n) if switch is None or not draft_terms else switch  # [n] catch-up tokens when speculating
     base = cost.base(contexts) + sunk_s
     j = np.arange(1, max_k + 1)
 
@@ -235,7 +264,7 @@ def best_request_ks(
     def goodputs(ks: np.ndarray) -> np.ndarray:  # [M, n] -> [M]: eq. 3 for each row of chain lengths
         k_max = ks.max(axis=1) if n else np.zeros(len(ks), dtype=int)
         per_request = 1.0 + cum[rows, ks]
-        t = base + ks @ u + f * np.where(ks > 0, per_request, 0.0).sum(axis=1)
+        t = base + ks @ u + f * np.where(ks > 0, per_request + s, 0.0).sum(axis=1)
         spec = cost.call_t + (cost.call_d + k_max * cost.delta_d if draft_terms else 0.0)
         t = t + np.where(k_max > 0, spec, 0.0)
         return per_request.sum(axis=1) / t
@@ -244,7 +273,7 @@ def best_request_ks(
         keep = np.maximum(1.0 - lam * f, 0.0)  # [M]: what a token is worth net of its feed
         take = (gains[None] * keep[:, None, None] > (lam[:, None] * u[None, :])[:, :, None]) & allowed
         ks = take.sum(axis=2)
-        net = cum[rows, ks] * keep[:, None] - lam[:, None] * (ks * u[None, :] + f)  # against k = 0
+        net = cum[rows, ks] * keep[:, None] - lam[:, None] * (ks * u[None, :] + f * (1.0 + s[None, :]))  # vs k = 0
         return np.where(net > 0, ks, 0)
 
     fixed_max = int(fixed[~free].max()) if (~free).any() else 0
@@ -279,6 +308,8 @@ class SmartSpec(SpeculationPolicy):
             self.name = "smartspec-depth"  # its own learned state: the two estimates do not pool
         elif not cfg.charge_feed and type(self) is SmartSpec:
             self.name = "smartspec-nofeed"
+        if not cfg.charge_switch and type(self) is SmartSpec and self.name in ("smartspec", "smartspec-request"):
+            self.name += "-noswitch"  # the ablation: its own learned state
         self._costs = StepCostModel(config=cfg.cost)
         self._cost_priors: tuple[Any, Any] = (None, None)
         self.state = SharedState(f"policy:{self.name}", STATE_VERSION, self._empty, self._apply)
@@ -387,12 +418,13 @@ class SmartSpec(SpeculationPolicy):
         cost = self.step_cost(ctx)
         alpha = self.alpha()
         alphas = np.array([self.request_alpha(r.id, alpha) for r in batch]) if cfg.granularity == "request" else None
-        ks, g = self._optimise(alpha, alphas, free, caps, fixed, contexts, cost)
+        switch = self._switch(batch) if cfg.charge_switch else None
+        ks, g = self._optimise(alpha, alphas, free, caps, fixed, contexts, cost, switch)
         self.last_goodput = g
         # the prefill rule's decisions count requests kept off the draft too, by what they *would* get:
         # otherwise, once the rule fires, no decision is recorded again and it can never lift (§5)
         off = np.array([r.speculation.mode is SpecMode.AUTO and r.id in self._no_draft for r in batch])
-        would = self._optimise(alpha, alphas, free | off, caps, fixed, contexts, cost)[0] if off.any() else ks
+        would = self._optimise(alpha, alphas, free | off, caps, fixed, contexts, cost, switch)[0] if off.any() else ks
         ks, probe = self._cost_probe(ks, fixed)
         self._explain_inputs = (alpha, contexts, cost, int(free.sum()), int(ks.max()) if n else 0, probe)
         self._last = (ctx.step, {r.id: (int(k), int(c), bool(f)) for r, k, c, f in zip(batch, ks, contexts, free)})
@@ -445,18 +477,32 @@ class SmartSpec(SpeculationPolicy):
             for r in batch:
                 self._no_draft.pop(r.id, None)
 
+    def _switch(self, batch: Sequence[Request]) -> np.ndarray:
+        """s_i [n]: the catch-up tokens a request that did not speculate in the last step would add to this step's
+        feed, spread over ``switch_horizon`` steps or the tokens it has left, whichever is fewer (module docstring).
+        A request that speculated last step is in the steady state the feed term prices: 0."""
+        last = self._last[1] if self._last is not None else {}
+        horizon = self.config.switch_horizon
+        out = np.zeros(len(batch))
+        for i, r in enumerate(batch):
+            if r.on_draft and last.get(r.id, (0,))[0] == 0:
+                lag = max(0, r.num_tokens - r.draft_seen - 1)  # tokens the next speculate call feeds first
+                out[i] = lag / max(1, min(horizon, r.num_remaining))
+        return out
+
     def _optimise(self, alpha: float, alphas: np.ndarray | None, free: np.ndarray, caps: np.ndarray,
-                  fixed: np.ndarray, contexts: np.ndarray, cost: StepCost) -> tuple[np.ndarray, float]:  # fmt: skip
+                  fixed: np.ndarray, contexts: np.ndarray, cost: StepCost,
+                  switch: np.ndarray | None = None) -> tuple[np.ndarray, float]:  # fmt: skip
         """k per request maximising the step's goodput: Algorithm 2 (one k), or per request (§4.4)."""
         max_k = self.config.max_k
         if alphas is None:
             if self.config.per_depth:  # alpha per depth, shrunk toward the pooled one (depth_acceptance.py)
                 rates = conditional_rates(self.state.state.get("depth", []), alpha, self.config.prior_trials, max_k)
                 gains = np.tile(depth_gains(rates), (len(free), 1))  # [n, max_k]
-                return best_uniform_k(gains, free, caps, fixed, contexts, cost, max_k)
-            return best_uniform_k(np.full(len(free), alpha), free, caps, fixed, contexts, cost, max_k)
+                return best_uniform_k(gains, free, caps, fixed, contexts, cost, max_k, switch)
+            return best_uniform_k(np.full(len(free), alpha), free, caps, fixed, contexts, cost, max_k, switch)
         gains = alphas[:, None] ** np.arange(1, max_k + 1)[None, :]  # token j adds alpha^j (eq. 8)
-        return best_request_ks(gains, free, caps, fixed, contexts, cost, max_k)
+        return best_request_ks(gains, free, caps, fixed, contexts, cost, max_k, switch=switch)
 
     def _shape(self, k: int, req: Request, cap: int) -> SpecShape:
         return SpecShape.chain(k)

@@ -14,6 +14,8 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                   smartspec-request[:K]  ... a k per request (alpha per request) SmartSpec (granularity request)
                   smartspec-depth[:K]    ... one k, an alpha per draft depth        SmartSpec (per_depth)
                   smartspec-nofeed[:K]   ... T(k) without the draft feed (ablation) SmartSpec (charge_feed off)
+                  smartspec-noswitch[:K] ... without the switch's catch-up (ablation) SmartSpec (charge_switch off)
+                  smartspec-request-noswitch[:K]  the same, a k per request
                   smartspec-conf[:T]     draft until confidence < T (0.5),     SmartSpecConfidence
                                          verify the goodput-optimal prefix
                   faser[:K]        per-request k by GP-LCB, k <= K (8)          Faser
@@ -76,6 +78,10 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     "smartspec-request": lambda arg: SmartSpec(SmartSpecConfig(max_k=_max_k(arg), granularity="request")),
     "smartspec-depth": lambda arg: SmartSpec(SmartSpecConfig(max_k=_max_k(arg), per_depth=True)),
     "smartspec-nofeed": lambda arg: SmartSpec(SmartSpecConfig(max_k=_max_k(arg), charge_feed=False)),
+    "smartspec-noswitch": lambda arg: SmartSpec(SmartSpecConfig(max_k=_max_k(arg), charge_switch=False)),
+    "smartspec-request-noswitch": lambda arg: SmartSpec(
+        SmartSpecConfig(max_k=_max_k(arg), granularity="request", charge_switch=False)
+    ),
     "smartspec-conf": lambda arg: SmartSpecConfidence(SmartSpecConfig(confidence_threshold=_threshold(arg))),
     "faser": lambda arg: Faser(FaserConfig(max_k=_max_k(arg))),
     "nightjar": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg, default=5))),

@@ -59,24 +59,27 @@ def test_request_ks_give_more_to_the_predictable_request():
                 assert goodput(other) <= g + 1e-12
 
 
-def _goodput(alphas, ks, contexts, cost):
+def _goodput(alphas, ks, contexts, cost, switch=None):
     """Eq. 3 as the policies model it: T(k) plus the steady-state feed, c_f per token a speculating request
-    generates (step_cost.py; 0 unless the cost has a feed)."""
+    generates (step_cost.py; 0 unless the cost has a feed), plus c_f per catch-up token s_i of a request
+    that resumes speculating (``switch``)."""
     ks = np.asarray(ks)
     lengths = expected_length(alphas, ks)
-    return float(lengths.sum()) / (cost.step(ks, contexts) + cost.feed_d * float(lengths[ks > 0].sum()))
+    fed = lengths + (0.0 if switch is None else switch)
+    return float(lengths.sum()) / (cost.step(ks, contexts) + cost.feed_d * float(fed[ks > 0].sum()))
 
 
-@pytest.mark.parametrize("feed", [False, True])
-def test_request_ks_are_the_exhaustive_optimum(feed):
+@pytest.mark.parametrize("feed,switch", [(False, False), (True, False), (True, True)])
+def test_request_ks_are_the_exhaustive_optimum(feed, switch):
     """Dinkelbach per max depth (all depths solved at once) against every assignment of k in 0..K, with caps,
     a request held at a fixed k, and the verify-mode and draft-call costs that make k = 0 a corner; with a
     feed, which makes a request's first drafted token dearer (its bonus token is fed too) and every token a
-    little dearer in proportion to its gain. Algorithm 2's one k is checked against the same goodput."""
+    little dearer in proportion to its gain; with a switch, a catch-up that only a speculating request pays.
+    Algorithm 2's one k is checked against the same goodput."""
     import dataclasses
     import itertools
 
-    rng = np.random.default_rng(7 if feed else 1)
+    rng = np.random.default_rng(11 if switch else 7 if feed else 1)
     for _ in range(60):
         n, max_k = int(rng.integers(1, 4)), int(rng.integers(1, 5))
         alphas = rng.uniform(0.1, 0.95, n)
@@ -87,13 +90,14 @@ def test_request_ks_are_the_exhaustive_optimum(feed):
         contexts = rng.integers(10, 500, n).astype(float)
         cost = dataclasses.replace(CHEAP_DRAFT, call_t=float(rng.uniform(0, 0.01)), call_d=float(rng.uniform(0, 0.01)),
                                    feed_d=float(rng.uniform(0, 0.02)) if feed else 0.0)  # fmt: skip
-        ks, g = best_request_ks(gains, free, caps, fixed, contexts, cost, max_k)
+        lag = rng.uniform(0, 30, n) * (rng.random(n) < 0.6) if switch else None  # some requests resume
+        ks, g = best_request_ks(gains, free, caps, fixed, contexts, cost, max_k, switch=lag)
         choices = [range(int(c) + 1) if f else (int(k),) for f, c, k in zip(free, caps, fixed)]
-        best = max(_goodput(alphas, k, contexts, cost) for k in itertools.product(*choices))
+        best = max(_goodput(alphas, k, contexts, cost, lag) for k in itertools.product(*choices))
         assert g == pytest.approx(best, rel=1e-9)
-        assert _goodput(alphas, ks, contexts, cost) == pytest.approx(g, rel=1e-9)
-        uniform, gu = best_uniform_k(alphas, free, caps, fixed, contexts, cost, max_k)
-        assert gu == pytest.approx(_goodput(alphas, uniform, contexts, cost), rel=1e-9)
+        assert _goodput(alphas, ks, contexts, cost, lag) == pytest.approx(g, rel=1e-9)
+        uniform, gu = best_uniform_k(alphas, free, caps, fixed, contexts, cost, max_k, lag)
+        assert gu == pytest.approx(_goodput(alphas, uniform, contexts, cost, lag), rel=1e-9)
 
 
 def test_the_feed_is_what_makes_drafting_dear_at_large_batches():
@@ -116,6 +120,43 @@ def test_the_feed_is_what_makes_drafting_dear_at_large_batches():
 
     ablation = SmartSpec(SmartSpecConfig(charge_feed=False))  # the policy's own switch: c_f stays fitted, unused
     assert ablation.name == "smartspec-nofeed" and ablation.step_cost(SpecContext(0.0, 0, True)).feed_d == 0.0
+
+
+def test_a_resumed_request_pays_its_catch_up_spread_over_the_horizon():
+    """s_i (the switch): the lag of a request the draft holds that did not speculate in the last step, over
+    switch_horizon steps or the tokens it has left; 0 for one that speculated (the feed priced it) or that the
+    draft does not hold (a resync, out of the fit)."""
+    policy = SmartSpec(SmartSpecConfig(switch_horizon=4))
+    resumed, steady, short, off_draft = (Request(n, [1] * 10, max_new_tokens=100) for n in ("a", "b", "c", "d"))
+    for r in (resumed, steady, short, off_draft):
+        r.output_ids = [2] * 30  # 40 tokens; the draft was given 10 (a, c, d) or 38 (b)
+        r.on_draft, r.draft_seen = True, 10
+    steady.draft_seen = 38
+    short.max_new_tokens = 32  # 2 tokens left
+    off_draft.on_draft = False
+    policy._last = (7, {"a": (0, 40, True), "b": (3, 40, True), "c": (0, 40, True)})
+    assert policy._switch([resumed, steady, short, off_draft]).tolist() == [29 / 4, 0.0, 29 / 2, 0.0]
+    steady.draft_seen = 10  # a request new to the batch (not in the last step) is charged its lag too
+    policy._last = (7, {})
+    assert policy._switch([steady]).tolist() == [29 / 4]
+
+
+def test_the_switch_keeps_a_lagging_batch_plain_where_a_caught_up_one_drafts():
+    """The feature draft's shape (as above): at batch 4 and alpha 0.7, k > 0 pays for requests the draft is caught
+    up with, but not when each would first feed 60 tokens of catch-up spread over 4 steps (c_f x 15 each)."""
+    import dataclasses
+
+    cost = dataclasses.replace(CHEAP_DRAFT, delta_t=0.022, gamma_t=0.0007, alpha_t=0.0, call_t=0.0, call_d=0.0025,
+                               delta_d=0.0016, gamma_d=0.0003, alpha_d=0.0, feed_d=0.0003)  # fmt: skip
+    n, ctx = 4, np.full(4, 200.0)
+    args = (np.full(n, 0.7), np.ones(n, bool), np.full(n, 8), np.zeros(n, int), ctx, cost, 8)
+    assert best_uniform_k(*args)[0][0] >= 1
+    assert best_uniform_k(*args, np.full(n, 15.0))[0][0] == 0
+    gains = np.full(n, 0.7)[:, None] ** np.arange(1, 9)[None, :]
+    assert best_request_ks(gains, *args[1:])[0].max() >= 1
+    assert best_request_ks(gains, *args[1:], switch=np.full(n, 15.0))[0].max() == 0
+    assert SmartSpec(SmartSpecConfig(charge_switch=False)).name == "smartspec-noswitch"
+    assert SmartSpec(SmartSpecConfig(charge_switch=False, granularity="request")).name == "smartspec-request-noswitch"
 
 
 def test_learns_alpha_and_costs_then_speculates_long_when_acceptance_is_high():

@@ -23,6 +23,10 @@ def test_adaptive_length_names():
     assert depth.config.per_depth and depth.name == "smartspec-depth"  # its own state key
     nofeed = speculation_policy("smartspec-nofeed")
     assert not nofeed.config.charge_feed and nofeed.name == "smartspec-nofeed"
+    for name in ("smartspec-noswitch", "smartspec-request-noswitch"):  # the switch's ablations, their own state
+        ablation = speculation_policy(name)
+        assert not ablation.config.charge_switch and ablation.name == name
+    assert speculation_policy("smartspec-request-noswitch").config.granularity == "request"
     assert speculation_policy("smartspec-conf:0.3").config.confidence_threshold == 0.3
     assert speculation_policy("faser:6").config.max_k == 6
     for bad in ("smartspec:0", "smartspec-conf:2", "faser:x"):
