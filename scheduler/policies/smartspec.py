@@ -319,7 +319,7 @@ class SmartSpec(SpeculationPolicy):
         self._admission = DraftAdmission()
         self._last_decisions: list[int] = []  # the last step's k per AUTO request (kept off the draft: would-be k)
         self.last_goodput: float | None = None  # the estimate behind the last decision (traces, tests)
-        self._explain_inputs: tuple | None = None  # alpha, contexts, step cost, free requests, k, a cost probe?
+        self._explain_inputs: tuple | None = None  # alpha, contexts, step cost, free requests, k, a cost probe?, switch
         self._speculating_steps = 0  # speculating steps in a row (cost probes)
         self._alpha_of: tuple[list, float] | None = None  # the alpha window last read and its estimate
 
@@ -426,7 +426,8 @@ class SmartSpec(SpeculationPolicy):
         off = np.array([r.speculation.mode is SpecMode.AUTO and r.id in self._no_draft for r in batch])
         would = self._optimise(alpha, alphas, free | off, caps, fixed, contexts, cost, switch)[0] if off.any() else ks
         ks, probe = self._cost_probe(ks, fixed)
-        self._explain_inputs = (alpha, contexts, cost, int(free.sum()), int(ks.max()) if n else 0, probe)
+        self._explain_inputs = (alpha, contexts, cost, int(free.sum()), int(ks.max()) if n else 0, probe,
+                                np.zeros(n) if switch is None else switch * free)  # fmt: skip
         self._last = (ctx.step, {r.id: (int(k), int(c), bool(f)) for r, k, c, f in zip(batch, ks, contexts, free)})
         counted = [int(k) for k, c in zip(would, free | off) if c]
         # §5 records "the proposed length" of each step: with a k per request, a step that drafts for any of
@@ -440,12 +441,13 @@ class SmartSpec(SpeculationPolicy):
         of the whole batch drafting k = 0..3 (eq. 3, 8-9): where the model and the measured steps part."""
         if self._explain_inputs is None:
             return {}
-        alpha, contexts, cost, num_free, k, probe = self._explain_inputs
+        alpha, contexts, cost, num_free, k, probe, switch = self._explain_inputs
         n = len(contexts)
         _, goodput = uniform_goodputs(np.full(n, alpha), np.ones(n, bool), np.full(n, 3), np.zeros(n, int),
                                       contexts, cost, 3)  # fmt: skip
         out = {"alpha": alpha, "k": float(k), "num_free": float(num_free), "goodput": self.last_goodput or 0.0,
-               "cost_probe": float(probe)}
+               "cost_probe": float(probe), "switch_tokens": float(switch.sum()),
+               "switch_requests": float((switch > 0).sum())}
         out.update({f"goodput_k{j}": float(g) for j, g in enumerate(goodput)})
         for name in ("delta_t", "gamma_t", "alpha_t", "call_t", "call_d", "delta_d", "gamma_d", "alpha_d", "feed_d"):
             out[f"{name}_ms"] = getattr(cost, name) * 1e3
