@@ -65,6 +65,9 @@ must pay for itself while the request lasts). Without it the model saw
 switching on and off as free, and at 4x the policies that mostly decoded
 plainly ran a TPOT 2.5-4.4 ms above target-only's: their occasional
 speculating steps paid every request's catch-up (bench/results/adaptive-eagle).
+Measured beside its ablation (adaptive-eagle-switch, -switch2: 2x, 4x, burst):
+ahead in 8 of 12 pairs by 0.8 points on average, within a 10-30 point
+per-repeat spread; a lean, kept on as the accounting of a cost steps pay.
 Only requests the draft holds: one it does not hold is resynced by a draft
 prefill (``PhaseTimes.draft_sync``), which the draft fit does not see.
 
