@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bench.spans import Span
 
@@ -46,6 +46,7 @@ class Step:
     phases_ms: dict[str, float]
     batch_size: int = 0
     k_max: int = 0  # the longest chain (tree depth) any request of the step drafted
+    policy: dict[str, float] = field(default_factory=dict)  # the length policy's explain() (tandem.policy.*)
 
     @property
     def total_s(self) -> float:
@@ -63,8 +64,11 @@ def steps_of(spans: Iterable[Span], trace_ids: set[str]) -> list[Step]:
             continue
         phases = {k.removeprefix("tandem.step_").removesuffix("_ms"): float(v) for k, v in s.attributes.items()
                   if k.startswith("tandem.step_") and k.endswith("_ms")}  # fmt: skip
+        policy = {k.removeprefix("tandem.policy."): float(v) for k, v in s.attributes.items()
+                  if k.startswith("tandem.policy.")}  # fmt: skip
         found[number] = Step(number, s.end_ns - round(phases["total"] * 1e6), s.end_ns, phases,
-                             int(s.attributes.get("tandem.batch_size", 0)), int(s.attributes.get("tandem.step_k_max", 0)))
+                             int(s.attributes.get("tandem.batch_size", 0)), int(s.attributes.get("tandem.step_k_max", 0)),
+                             policy)  # fmt: skip
     return [found[n] for n in sorted(found)]
 
 
@@ -116,9 +120,14 @@ def breakdown(spans: list[Span], trace_ids: set[str]) -> dict[str, float | int] 
     return out
 
 
+POLICY_KEYS = ("alpha", "goodput_k0", "goodput_k1", "goodput_k2", "switch_tokens", "switch_requests")
+
+
 def by_batch_k(steps: list[Step]) -> dict[str, dict[str, float]]:
     """Median phase times (ms) of the steps at each (batch size, longest chain): what a policy's cost model
-    should predict, measured through the whole stack (key "b=8,k=1"; n = steps)."""
+    should predict, measured through the whole stack (key "b=8,k=1"; n = steps). Where the length policy
+    explained its decisions, also the medians of what they rested on (``policy_<key>``: its alpha, its modelled
+    goodput of the batch at k = 0..2 in tokens/s, the catch-up it charged the switch), to set beside them."""
     groups: dict[tuple[int, int], list[Step]] = {}
     for step in steps:
         groups.setdefault((step.batch_size, step.k_max), []).append(step)
@@ -127,6 +136,10 @@ def by_batch_k(steps: list[Step]) -> dict[str, dict[str, float]]:
         row: dict[str, float] = {"n": len(group)}
         for phase in ("total", "verify", "speculate"):
             row[phase] = statistics.median(g.phases_ms.get(phase, 0.0) for g in group)
+        for key in POLICY_KEYS:
+            values = [g.policy[key] for g in group if key in g.policy]
+            if values:
+                row[f"policy_{key}"] = statistics.median(values)
         out[f"b={b},k={k}"] = row
     return out
 

@@ -82,3 +82,16 @@ def test_step_costs_by_batch_size_and_chain_length():
     got = pooled(results)["k1"]
     assert got[(2, 1)]["n"] == 4 and got[(2, 1)]["verify"] == pytest.approx((3 * 24 + 40) / 4)
     assert pooled(results, config="nope") == {}
+
+
+def test_what_the_length_policy_rested_on_beside_the_measured_steps():
+    """The policy's explain() on the commit spans (tandem.policy.*): medians per (batch size, longest chain)."""
+    spans = []
+    for step, (k, g0, g1, switch) in enumerate([(0, 30.0, 28.0, 12.0), (0, 32.0, 27.0, 8.0), (1, 30.0, 31.0, 0.0)]):
+        span = commit("t1", step, 10 + 30 * step, total=25, speculate=3 * k, verify=20)
+        span.attributes.update({"tandem.batch_size": 4, "tandem.step_k_max": k, "tandem.policy.goodput_k0": g0,
+                                "tandem.policy.goodput_k1": g1, "tandem.policy.switch_tokens": switch})  # fmt: skip
+        spans.append(span)
+    cells = breakdown(spans, {"t1"})["step_ms_by_batch_k"]
+    assert cells["b=4,k=0"]["policy_goodput_k0"] == 31.0 and cells["b=4,k=0"]["policy_switch_tokens"] == 10.0
+    assert cells["b=4,k=1"]["policy_goodput_k1"] == 31.0 and "policy_alpha" not in cells["b=4,k=1"]
