@@ -121,7 +121,7 @@ def breakdown(spans: list[Span], trace_ids: set[str]) -> dict[str, float | int] 
 
 
 POLICY_KEYS = ("alpha", "goodput_k0", "goodput_k1", "goodput_k2", "switch_tokens", "switch_requests", "delta_t_ms",
-               "gamma_t_ms", "call_t_ms", "call_d_ms", "delta_d_ms", "gamma_d_ms", "feed_d_ms")
+               "gamma_t_ms", "gamma_r_ms", "call_t_ms", "call_d_ms", "delta_d_ms", "gamma_d_ms", "feed_d_ms")
 
 
 def by_batch_k(steps: list[Step]) -> dict[str, dict[str, float]]:

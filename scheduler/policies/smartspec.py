@@ -132,7 +132,7 @@ from scheduler.report import StepReport
 from scheduler.request import Request, SpecMode
 from shared.engine.types import TokenTree
 
-STATE_VERSION = 6  # 2: the target fit has a verify-mode term (step_cost.py c_t); 3: the draft fit a fed-tokens term;
+STATE_VERSION = 7  # 7: the target fit's per-request term (step_cost.py gamma_r); 2: the target fit has a verify-mode term (step_cost.py c_t); 3: the draft fit a fed-tokens term;
 # 4: acceptance counts per draft depth; 5: the fits' feature scales (how firmly the prior holds each coefficient);
 # 6: request granularity records one §5 decision per step
 
@@ -311,6 +311,8 @@ class SmartSpec(SpeculationPolicy):
             self.name = "smartspec-depth"  # its own learned state: the two estimates do not pool
         elif not cfg.charge_feed and type(self) is SmartSpec:
             self.name = "smartspec-nofeed"
+        if not cfg.cost.per_request and type(self) is SmartSpec and self.name == "smartspec":
+            self.name = "smartspec-tokens"  # the ablation of the per-request cost: its own learned state
         if not cfg.charge_switch and type(self) is SmartSpec and self.name in ("smartspec", "smartspec-request"):
             self.name += "-noswitch"  # the ablation: its own learned state
         self._costs = StepCostModel(config=cfg.cost)
@@ -452,7 +454,8 @@ class SmartSpec(SpeculationPolicy):
                "cost_probe": float(probe), "switch_tokens": float(switch.sum()),
                "switch_requests": float((switch > 0).sum())}
         out.update({f"goodput_k{j}": float(g) for j, g in enumerate(goodput)})
-        for name in ("delta_t", "gamma_t", "alpha_t", "call_t", "call_d", "delta_d", "gamma_d", "alpha_d", "feed_d"):
+        for name in ("delta_t", "gamma_t", "gamma_r", "alpha_t", "call_t", "call_d", "delta_d", "gamma_d", "alpha_d",
+                     "feed_d"):  # fmt: skip
             out[f"{name}_ms"] = getattr(cost, name) * 1e3
         return out
 

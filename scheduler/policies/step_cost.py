@@ -95,7 +95,13 @@ from shared.profiling.cost_model import CostModel
 # a call between c_d and the per-depth delta_d to the prior, which (4 ms per depth against the feature draft's
 # 1.6) made k = 2-3 look dear and kept the policy at k = 1. Scaled small, the data decides both once a few
 # deeper chains have been drafted (modelled k = 2: 7.4 -> 6.8 ms; measured mean 8.2, median 6.3).
-TARGET_SCALES = (0.25, 4.0, 4096.0, 1.0)  # 1, N_batched, N_context, [verifying drafted tokens]
+TARGET_SCALES = (0.25, 4.0, 4096.0, 1.0, 4.0)  # 1, N_batched, N_context, [verifying drafted tokens], requests
+# The last (gamma_r, an extension of eq. 4-7's T = alpha N_context + gamma N_batched + delta): what a request
+# costs beyond its tokens (sampling, acceptance, a sequence's share of the per-row attention and of the batch's
+# bookkeeping). Plain steps cannot tell it from gamma_t (one token per request); verify steps can. Without it,
+# gamma_t fitted the plain decode's per-request slope (1.0-1.2 ms on the feature-draft stack) where a verified
+# extra token cost ~0.8: a k = 1 step at batch 8 was modelled 81 ms, measured 72, and SmartSpec decoded plainly
+# at batch 7-10 where k = 1 served 15-20 % more tokens per second (bench/results/diag-smartspec-4x-costs).
 DRAFT_SCALES = (0.5, 0.5, 2.0, 16384.0, 16.0)  # [speculating], max k, sum k, sum k * context, tokens fed
 
 DEFAULT_TARGET = CostModel(alpha_s=0.0, gamma_s=1e-3, delta_s=20e-3)
@@ -109,6 +115,10 @@ class StepCostConfig(BaseModel):
     prior_steps: float = Field(2.0, gt=0.0, description="Weight of the generic prior, in steps.")
     profiled_prior_steps: float = Field(8.0, gt=0.0, description="Weight of a profiled prior, in steps.")
     draft_call_s: float = Field(2e-3, ge=0.0, description="Prior of c_d, the speculate call's own cost.")
+    per_request: bool = Field(
+        True, description="The target fit's per-request term gamma_r (an extension; TARGET_SCALES); False: eq. 4-7's "
+        "per-token cost alone, as before (the ablation `smartspec-tokens`).",
+    )  # fmt: skip
     outlier_clip: float | None = Field(
         0.5, gt=0.0, description="A measured time enters the fit held within (1 +- this) x the fit's prediction: "
         "a stalled call (a 258 ms verify among 25 ms ones, seen) cannot lift every coefficient; None: as measured.",
@@ -128,6 +138,7 @@ class StepCost:
     alpha_d: float
     call_t: float = 0.0  # c_t: a verify pass's cost beyond a plain decode step
     feed_d: float = 0.0  # c_f: per token the speculate call feeds the draft before drafting (``feed``)
+    gamma_r: float = 0.0  # per request in the batch, beyond its tokens' gamma_t (TARGET_SCALES above)
 
     def spec_overhead(self) -> float:
         """What speculating at all adds to a step, whatever k: the draft call and the verify mode."""
@@ -135,7 +146,7 @@ class StepCost:
 
     def base(self, contexts: np.ndarray) -> float:
         """T0: the step without speculation (plain decoding of the batch)."""
-        return self.delta_t + self.gamma_t * len(contexts) + self.alpha_t * float(contexts.sum())
+        return self.delta_t + (self.gamma_t + self.gamma_r) * len(contexts) + self.alpha_t * float(contexts.sum())
 
     def per_token(self, contexts: np.ndarray) -> np.ndarray:
         """u_i: what one more drafted token of request i costs, beyond the draft's per-depth term."""
@@ -166,7 +177,7 @@ class StepCost:
     def uniforms(self, k: np.ndarray, batch_size: np.ndarray, context_sum: np.ndarray) -> np.ndarray:
         """``uniform`` elementwise over arrays of one shape (FASER's prior at every window point at once)."""
         k, b, c = (np.asarray(v, dtype=float) for v in (k, batch_size, context_sum))
-        t = self.delta_t + self.gamma_t * b * (k + 1) + self.alpha_t * c
+        t = self.delta_t + self.gamma_t * b * (k + 1) + self.gamma_r * b + self.alpha_t * c
         draft = self.spec_overhead() + k * self.delta_d + k * (self.gamma_d * b + self.alpha_d * c)
         return np.where(b > 0, t + np.where(k > 0, draft, 0.0), 0.0)
 
@@ -232,7 +243,7 @@ class StepCostModel:
         cfg = self.config = config or StepCostConfig()
         t, d = target or DEFAULT_TARGET, draft or DEFAULT_DRAFT
         self.target = OnlineFit(
-            TARGET_SCALES, (t.delta_s, t.gamma_s, t.alpha_s, t.verify_s),  # c_t: the profile's, else 0
+            TARGET_SCALES, (t.delta_s, t.gamma_s, t.alpha_s, t.verify_s, 0.0),  # c_t: the profile's, else 0
             cfg.profiled_prior_steps if target else cfg.prior_steps, cfg.forgetting,
         )  # fmt: skip
         self.draft = OnlineFit(
@@ -248,7 +259,8 @@ class StepCostModel:
         state = dict(state)
         clip = self.config.outlier_clip
         if event.get("verify_s") is not None:
-            state["target"] = self.target.update(state["target"], event["x_target"], event["verify_s"], clip)
+            x = event["x_target"] if self.config.per_request else [*event["x_target"][:4], 0.0]  # gamma_r stays 0
+            state["target"] = self.target.update(state["target"], x, event["verify_s"], clip)
         if event.get("speculate_s") is not None:
             state["draft"] = self.draft.update(state["draft"], event["x_draft"], event["speculate_s"], clip)
         elif event.get("verify_s") is not None:  # a step without drafting: what the draft fit saw fades
@@ -256,9 +268,9 @@ class StepCostModel:
         return state
 
     def current(self, state: dict[str, Any]) -> StepCost:
-        dt, gt, at, ct = self.target.solve(state["target"])
+        dt, gt, at, ct, gr = self.target.solve(state["target"])
         cd, dd, gd, ad, fd = self.draft.solve(state["draft"])
-        return StepCost(dt, gt, at, cd, dd, gd, ad, ct, fd)
+        return StepCost(dt, gt, at, cd, dd, gd, ad, ct, fd, gr)
 
     @classmethod
     def observed(cls, ks: Sequence[int], contexts: Sequence[int], report: StepReport) -> dict[str, Any]:
@@ -275,7 +287,7 @@ class StepCostModel:
         without the draft's resync), and the tokens the speculate call fed the draft before drafting."""
         ks = [int(k) for k in ks]
         n_batched = sum(k + 1 for k in ks)
-        x_target = [1.0, n_batched, float(sum(contexts)), 1.0 if any(ks) else 0.0]
+        x_target = [1.0, n_batched, float(sum(contexts)), 1.0 if any(ks) else 0.0, float(len(ks))]
         event: dict[str, Any] = {"verify_s": verify_s, "x_target": x_target}
         if speculate_s is not None and any(ks):
             event["speculate_s"] = speculate_s

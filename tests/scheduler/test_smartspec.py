@@ -329,8 +329,39 @@ def test_online_fit_recovers_a_linear_cost():
         state = fit.update(state, x, 0.01 + 0.002 * x[1] + 1e-6 * x[2])
     assert fit.solve(state) == pytest.approx([0.01, 0.002, 1e-6], rel=0.05)
     assert StepCostModel.measurement([0, 0], [10, 20], 0.05, None) == {"verify_s": 0.05,
-                                                                       "x_target": [1.0, 2, 30.0, 0.0]}  # fmt: skip
-    assert StepCostModel.measurement([1, 0], [10, 20], 0.06, 0.01)["x_target"] == [1.0, 3, 30.0, 1.0]
+                                                                       "x_target": [1.0, 2, 30.0, 0.0, 2.0]}  # fmt: skip
+    assert StepCostModel.measurement([1, 0], [10, 20], 0.06, 0.01)["x_target"] == [1.0, 3, 30.0, 1.0, 2.0]
+
+
+def test_the_fit_tells_a_request_from_a_token():
+    """gamma_r: what a request costs beyond its token (the feature-draft stack: ~1.1 ms per request in a plain
+    step, ~0.8 per extra verified token). Plain steps alone cannot split the two; verify steps of several chain
+    lengths beside them do, and a k = 1 step at batch 8 is then modelled as it is measured."""
+    import dataclasses
+
+    truth = dataclasses.replace(CHEAP_DRAFT, delta_t=0.045, gamma_t=0.0008, gamma_r=0.0003, alpha_t=0.0)
+    model = StepCostModel()
+    state = model.empty()
+    rng = np.random.default_rng(3)
+    events = []
+    for _ in range(200):
+        n = int(rng.integers(1, 11))
+        ks = [int(rng.integers(0, 3)) if rng.random() < 0.7 else 0 for _ in range(n)]
+        contexts = [200] * n
+        verify = truth.step([0] * n, contexts) + sum(ks) * truth.gamma_t  # the target's share of the step
+        events.append(StepCostModel.measurement(ks, contexts, verify, None))
+        state = model.apply(state, events[-1])
+    cost = model.current(state)
+    assert cost.gamma_t == pytest.approx(0.0008, rel=0.1) and cost.gamma_r > 0.00015  # the ridge prior holds it at 0
+    ablation = StepCostModel(config=StepCostConfig(per_request=False))  # smartspec-tokens: eq. 4-7 alone
+    ablated = ablation.empty()
+    for event in events:
+        ablated = ablation.apply(ablated, event)
+    assert ablation.current(ablated).gamma_r == 0.0
+    ctx = np.full(8, 200.0)
+    assert cost.base(ctx) == pytest.approx(truth.base(ctx), rel=0.02)  # a plain step at batch 8
+    assert cost.step([1] * 8, ctx) - cost.spec_overhead() - 8 * cost.gamma_d - cost.delta_d == pytest.approx(
+        truth.base(ctx) + 8 * truth.gamma_t, rel=0.02)  # its target side at k = 1  # fmt: skip
 
 
 def test_learns_the_verify_mode_overhead_and_stops_speculating_where_it_eats_the_gain():
