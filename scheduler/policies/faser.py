@@ -67,7 +67,8 @@ from scheduler.policies.step_cost import StepCost, StepCostConfig, StepCostModel
 from scheduler.report import StepReport
 from scheduler.request import Request, SpecMode
 
-STATE_VERSION = 5  # 5: the target fit's per-request term (step_cost.py gamma_r); 2: the target fit has a verify-mode term (step_cost.py c_t); 3: the draft fit a fed-tokens term
+STATE_VERSION = 5  # 5: the target fit's per-request term (step_cost.py gamma_r)
+# 2: the target fit has a verify-mode term (step_cost.py c_t); 3: the draft fit a fed-tokens term
 # 4: the fits' feature scales (step_cost.py)
 
 

@@ -132,7 +132,8 @@ from scheduler.report import StepReport
 from scheduler.request import Request, SpecMode
 from shared.engine.types import TokenTree
 
-STATE_VERSION = 7  # 7: the target fit's per-request term (step_cost.py gamma_r); 2: the target fit has a verify-mode term (step_cost.py c_t); 3: the draft fit a fed-tokens term;
+STATE_VERSION = 7  # 7: the target fit's per-request term (step_cost.py gamma_r)
+# 2: the target fit has a verify-mode term (step_cost.py c_t); 3: the draft fit a fed-tokens term;
 # 4: acceptance counts per draft depth; 5: the fits' feature scales (how firmly the prior holds each coefficient);
 # 6: request granularity records one §5 decision per step
 

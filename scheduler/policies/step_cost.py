@@ -7,7 +7,7 @@ Every forward costs (eq. 7)::
 For a step where request i (context c_i tokens) drafts a chain of k_i tokens:
 
     T_target = alpha_t * sum(c_i) + gamma_t * sum(k_i + 1) + delta_t              (eq. 6)
-               + [max k > 0] * c_t
+               + [max k > 0] * c_t + gamma_r * n        (gamma_r: per request, an extension)
     T_draft  = sum_{j=1..max k} T_fwd(draft; requests still drafting at j)      (eq. 5)
              = [max k > 0] * c_d + max_k * delta_d + sum_i k_i * (gamma_d + alpha_d * c_i)
 
@@ -18,7 +18,7 @@ the per-token slope predicts 1.13x, engine_cpu.json, c_t about 10 ms; with the
 bf16 feature-draft pair a batch-1 verify costs what a decode does, c_t ~0). Regrouped, the step is separable except for the max::
 
     T(k) = T0 + sum_i k_i * u_i + max_k * delta_d + [max_k > 0] * (c_d + c_t)
-    T0   = delta_t + gamma_t * n + alpha_t * sum(c_i)        u_i = gamma_t + gamma_d + alpha_d * c_i
+    T0   = delta_t + (gamma_t + gamma_r) * n + alpha_t * sum(c_i)    u_i = gamma_t + gamma_d + alpha_d * c_i
 
 which is what lets the policies optimise goodput exactly (smartspec.py).
 
