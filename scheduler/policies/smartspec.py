@@ -312,8 +312,8 @@ class SmartSpec(SpeculationPolicy):
             self.name = "smartspec-depth"  # its own learned state: the two estimates do not pool
         elif not cfg.charge_feed and type(self) is SmartSpec:
             self.name = "smartspec-nofeed"
-        if not cfg.cost.per_request and type(self) is SmartSpec and self.name == "smartspec":
-            self.name = "smartspec-tokens"  # the ablation of the per-request cost: its own learned state
+        if cfg.cost.per_request and type(self) is SmartSpec and self.name == "smartspec":
+            self.name = "smartspec-reqcost"  # the per-request step cost (an extension): its own learned state
         if not cfg.charge_switch and type(self) is SmartSpec and self.name in ("smartspec", "smartspec-request"):
             self.name += "-noswitch"  # the ablation: its own learned state
         self._costs = StepCostModel(config=cfg.cost)

@@ -102,6 +102,7 @@ TARGET_SCALES = (0.25, 4.0, 4096.0, 1.0, 4.0)  # 1, N_batched, N_context, [verif
 # gamma_t fitted the plain decode's per-request slope (1.0-1.2 ms on the feature-draft stack) where a verified
 # extra token cost ~0.8: a k = 1 step at batch 8 was modelled 81 ms, measured 72, and SmartSpec decoded plainly
 # at batch 7-10 where k = 1 served 15-20 % more tokens per second (bench/results/diag-smartspec-4x-costs).
+# Off by default (StepCostConfig.per_request): beside the per-token model it measured no better.
 DRAFT_SCALES = (0.5, 0.5, 2.0, 16384.0, 16.0)  # [speculating], max k, sum k, sum k * context, tokens fed
 
 DEFAULT_TARGET = CostModel(alpha_s=0.0, gamma_s=1e-3, delta_s=20e-3)
@@ -116,8 +117,9 @@ class StepCostConfig(BaseModel):
     profiled_prior_steps: float = Field(8.0, gt=0.0, description="Weight of a profiled prior, in steps.")
     draft_call_s: float = Field(2e-3, ge=0.0, description="Prior of c_d, the speculate call's own cost.")
     per_request: bool = Field(
-        True, description="The target fit's per-request term gamma_r (an extension; TARGET_SCALES); False: eq. 4-7's "
-        "per-token cost alone, as before (the ablation `smartspec-tokens`).",
+        False, description="The target fit's per-request term gamma_r (an extension; TARGET_SCALES; "
+        "`smartspec-reqcost`); False: eq. 4-7's per-token cost alone (the default: measured no better, "
+        "docs/policies/adaptive-length.md).",
     )  # fmt: skip
     outlier_clip: float | None = Field(
         0.5, gt=0.0, description="A measured time enters the fit held within (1 +- this) x the fit's prediction: "

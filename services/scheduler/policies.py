@@ -15,7 +15,7 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                   smartspec-depth[:K]    ... one k, an alpha per draft depth        SmartSpec (per_depth)
                   smartspec-nofeed[:K]   ... T(k) without the draft feed (ablation) SmartSpec (charge_feed off)
                   smartspec-noswitch[:K] ... without the switch's catch-up (ablation) SmartSpec (charge_switch off)
-                  smartspec-tokens[:K]   ... cost per token alone, no per-request term (ablation)
+                  smartspec-reqcost[:K]  ... the step cost with a per-request term (extension)
                   smartspec-request-noswitch[:K]  the same, a k per request
                   smartspec-conf[:T]     draft until confidence < T (0.5),     SmartSpecConfidence
                                          verify the goodput-optimal prefix
@@ -80,8 +80,8 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     "smartspec-request": lambda arg: SmartSpec(SmartSpecConfig(max_k=_max_k(arg), granularity="request")),
     "smartspec-depth": lambda arg: SmartSpec(SmartSpecConfig(max_k=_max_k(arg), per_depth=True)),
     "smartspec-nofeed": lambda arg: SmartSpec(SmartSpecConfig(max_k=_max_k(arg), charge_feed=False)),
-    "smartspec-tokens": lambda arg: SmartSpec(
-        SmartSpecConfig(max_k=_max_k(arg), cost=StepCostConfig(per_request=False))
+    "smartspec-reqcost": lambda arg: SmartSpec(
+        SmartSpecConfig(max_k=_max_k(arg), cost=StepCostConfig(per_request=True))
     ),
     "smartspec-noswitch": lambda arg: SmartSpec(SmartSpecConfig(max_k=_max_k(arg), charge_switch=False)),
     "smartspec-request-noswitch": lambda arg: SmartSpec(

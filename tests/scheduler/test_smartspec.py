@@ -340,7 +340,7 @@ def test_the_fit_tells_a_request_from_a_token():
     import dataclasses
 
     truth = dataclasses.replace(CHEAP_DRAFT, delta_t=0.045, gamma_t=0.0008, gamma_r=0.0003, alpha_t=0.0)
-    model = StepCostModel()
+    model = StepCostModel(config=StepCostConfig(per_request=True))  # smartspec-reqcost
     state = model.empty()
     rng = np.random.default_rng(3)
     events = []
@@ -353,7 +353,7 @@ def test_the_fit_tells_a_request_from_a_token():
         state = model.apply(state, events[-1])
     cost = model.current(state)
     assert cost.gamma_t == pytest.approx(0.0008, rel=0.1) and cost.gamma_r > 0.00015  # the ridge prior holds it at 0
-    ablation = StepCostModel(config=StepCostConfig(per_request=False))  # smartspec-tokens: eq. 4-7 alone
+    ablation = StepCostModel()  # the default: eq. 4-7's per-token cost alone
     ablated = ablation.empty()
     for event in events:
         ablated = ablation.apply(ablated, event)

@@ -27,8 +27,9 @@ def test_adaptive_length_names():
         ablation = speculation_policy(name)
         assert not ablation.config.charge_switch and ablation.name == name
     assert speculation_policy("smartspec-request-noswitch").config.granularity == "request"
-    tokens = speculation_policy("smartspec-tokens")  # the per-request cost's ablation
-    assert not tokens.config.cost.per_request and tokens.name == "smartspec-tokens"
+    reqcost = speculation_policy("smartspec-reqcost")  # the per-request step cost, an extension (off by default)
+    assert reqcost.config.cost.per_request and reqcost.name == "smartspec-reqcost"
+    assert not speculation_policy("smartspec").config.cost.per_request
     assert speculation_policy("smartspec-conf:0.3").config.confidence_threshold == 0.3
     assert speculation_policy("faser:6").config.max_k == 6
     for bad in ("smartspec:0", "smartspec-conf:2", "faser:x"):
