@@ -120,6 +120,15 @@ class Request:
         return self.prompt_ids + self.output_ids
 
     @property
+    def draft_lag(self) -> int:
+        """Tokens the draft must be fed before it can speculate for this request (Nightjar's L_i, §4.2): all but the
+        last when it does not hold the sequence (a re-prefill), else those since its last speculate call; the last
+        token always goes in with the speculate call itself."""
+        if not self.on_draft:
+            return max(0, self.num_tokens - 1)
+        return max(0, self.num_tokens - self.draft_seen - 1)
+
+    @property
     def ttft(self) -> float | None:
         """Seconds from arrival to the first token."""
         if self.first_token_time is None or self.arrival_time is None:

@@ -166,10 +166,8 @@ class SwitchCostTable:
 
 
 def draft_lag(req: Request) -> int:
-    """Tokens the draft must catch up on before it can speculate for ``req`` (L_i of §4.2)."""
-    if not req.on_draft:
-        return max(0, req.num_tokens - 1)  # a full re-prefill (the last token goes in with the speculate)
-    return max(0, req.num_tokens - req.draft_seen - 1)  # one new token per step is the normal case
+    """Tokens the draft must catch up on before it can speculate for ``req`` (L_i of §4.2; ``Request.draft_lag``)."""
+    return req.draft_lag
 
 
 def exploit(means: Sequence[float], counts: Sequence[int], prev_k: int, c_prefill: float) -> int:

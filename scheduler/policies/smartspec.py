@@ -494,9 +494,8 @@ class SmartSpec(SpeculationPolicy):
         horizon = self.config.switch_horizon
         out = np.zeros(len(batch))
         for i, r in enumerate(batch):
-            if r.on_draft and last.get(r.id, (0,))[0] == 0:
-                lag = max(0, r.num_tokens - r.draft_seen - 1)  # tokens the next speculate call feeds first
-                out[i] = lag / max(1, min(horizon, r.num_remaining))
+            if r.on_draft and last.get(r.id, (0,))[0] == 0:  # the next speculate call feeds its lag first
+                out[i] = r.draft_lag / max(1, min(horizon, r.num_remaining))
         return out
 
     def _optimise(self, alpha: float, alphas: np.ndarray | None, free: np.ndarray, caps: np.ndarray,
