@@ -449,6 +449,8 @@ class Harness:
                     run_wall = self.walls[(phase, load, name)]
                     row = {"summary": report.summarize_records(recs, run_wall), "by_run": report.by_run(recs)}
                     row.update(self._extras(phase, load, name))
+                    if phase == "closed":  # what an order policy moves: who waited, for how long, how long it ran
+                        row["requests"] = report.request_rows(recs)
                     out[phase][load][name] = row
         return out
 

@@ -1,6 +1,7 @@
 """`make bench-order`'s summary: mean and p99 latency per queue policy vs concurrent requests.
 
-    order_summary(results)   {"concurrency=10": {"order:fcfs": {"mean_s", "p99_s", "mean_vs_fcfs"}, ...}, ...}
+    order_summary(results)   {"concurrency=10": {"order:fcfs": {"mean_s", "p99_s", "mean_vs_fcfs"}, ...,
+                              "replay": {"sjf_bound", "sjf_tokens", "sjf_steps"}}, ...}
     write(results, out_dir)  order_summary.json + order_latency.png; the table on the console
 
 ``mean_vs_fcfs`` is the mean latency relative to FCFS at the same load
@@ -12,15 +13,21 @@ length) tell how much a length predictor could know.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from bench.order_replay import order_bounds
+
 FCFS = "order:fcfs"
 
 
-def order_summary(results: dict) -> dict:
+def order_summary(results: dict, slots: int | None = None) -> dict:
+    """Per load: each policy's latency vs FCFS, and (``replay``) what orders could reach on ``slots`` batch slots
+    (default TANDEM_MAX_BATCH_SIZE, else 4: bench-order's)."""
+    slots = slots or int(os.environ.get("TANDEM_MAX_BATCH_SIZE", "4"))
     out: dict = {}
     for load, per_config in results.get("closed", {}).items():
         rows = {name: row["summary"]["latency_s"] for name, row in per_config.items()}
@@ -33,6 +40,8 @@ def order_summary(results: dict) -> dict:
                    "bound_length_rank_corr": lengths[name].get("rank_corr")}
             for name, lat in rows.items()
         }  # fmt: skip
+        if FCFS in per_config and (bounds := order_bounds(per_config[FCFS].get("requests") or [], slots)):
+            out[load]["replay"] = bounds
     return out
 
 
@@ -44,10 +53,16 @@ def write(results: dict, out_dir: Path, console: Console | None = None) -> dict:
         table.add_column(c, justify="left" if c in ("load", "policy") else "right")
     for load, rows in summary.items():
         for name, r in rows.items():
+            if name == "replay":
+                continue
             fmt = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
             table.add_row(load, name, fmt(r["mean_s"], ".2f"), fmt(r["p99_s"], ".2f"), fmt(r["mean_vs_fcfs"], ".2f"),
                           fmt(r.get("mean_tokens"), ".1f"), fmt(r.get("bound_length_rank_corr"), ".2f"))
     (console or Console()).print(table)
+    for load, rows in summary.items():
+        if bounds := rows.get("replay"):
+            (console or Console()).print(f"{load}: FCFS's requests replayed shortest-first, vs FCFS: " + ", ".join(
+                f"{k} {v:.2f}" for k, v in bounds.items()))
     _plot(summary, out_dir / "order_latency.png")
     return summary
 
@@ -59,7 +74,7 @@ def _plot(summary: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     loads = sorted(summary, key=lambda s: int(s.split("=")[1]))
-    names = list(dict.fromkeys(n for load in loads for n in summary[load]))
+    names = list(dict.fromkeys(n for load in loads for n in summary[load] if n != "replay"))
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for name in names:
         xs = [int(load.split("=")[1]) for load in loads if name in summary[load]]

@@ -62,6 +62,20 @@ def output_lengths(records: Sequence[Record]) -> dict:
     }
 
 
+def request_rows(records: Sequence[Record]) -> list[dict]:
+    """One row per request: its bound, prompt and output length, when it was sent, its TTFT and latency (s).
+
+    What an order policy moves is who waits and for how long; these rows let a reader replay the order
+    (e.g. against shortest-job-first on the actual lengths) without rerunning the stack.
+    """
+    return [{"id": r.job.request_id, "max_new_tokens": r.job.encoded.item.max_new_tokens,
+             "prompt_tokens": len(r.job.encoded.prompt_ids), "tokens": r.trace.num_tokens,
+             "steps": r.trace.num_steps, "sent_s": round(r.trace.sent_s, 4),
+             "ttft_s": None if r.trace.ttft_s is None else round(r.trace.ttft_s, 4),
+             "latency_s": None if r.trace.latency_s is None else round(r.trace.latency_s, 4),
+             "finish": r.trace.finish_reason} for r in records]  # fmt: skip
+
+
 def _spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     def ranks(v: Sequence[float]) -> list[float]:
         order = sorted(range(len(v)), key=lambda i: v[i])

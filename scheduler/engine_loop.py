@@ -314,6 +314,7 @@ class Scheduler:
         times.overhead = times.total - (times.prefill + times.speculate + times.select + times.verify + times.commit)
         for req in batch:  # LAPS-SD §4.2: E_i is speculation + verification time, not the step's prefills
             req.attained_service_s += times.total - times.prefill
+            req.attained_rounds += 1
         report.batch_size = len(batch)
         report.draft_available = self.link.up
         report.draft_error = self.link.error

@@ -93,6 +93,7 @@ class Request:
     num_drafted_tokens: int = 0  # tree nodes sent to verification
     num_accepted_tokens: int = 0  # of which accepted
     attained_service_s: float = 0.0  # its steps' time less their prefill phase (LAPS-SD's E_i, §4.2)
+    attained_rounds: int = 0  # the rounds (loop steps) it ran in: E_i counted in rounds (priority_queues.py)
     num_preemptions: int = 0
     num_recomputes: int = 0  # preemptions that released its KV, so it was prefilled again
 

@@ -1,7 +1,7 @@
 """LAPS-SD: least-attained/perceived-service order for speculative decoding (LAPS-SD §4, Algorithm 1).
 
     arrival ─▶ Q1, non-perceptible                      (Alg. 1 lines 1-3)
-    each round: E_i += round time, demote to Q_level(E_i)   (§4.2, priority_queues.py)
+    each round: E_i += 1 round (or its time), demote to Q_level(E_i)   (§4.2, priority_queues.py)
                 acceptance stable over γ rounds ─▶ perceptible (lines 11-13, acceptance_stability.py)
                   T̃_i by eq. 6 from A_i, predicted remaining length and profiled costs
     order:  inter-queue   Q1 before Q2 ... before QK                 (InterQueueSchedule, lines 5-9)
@@ -90,7 +90,8 @@ class LapsSD(QueuePolicy):
 
     def rank(self, req: Request) -> tuple:
         """(priority, queue, 0 perceptible | 1 not, T̃ | arrival, arrival): lower runs first."""
-        level = self.config.levels.level(req.attained_service_s)
+        levels = self.config.levels
+        level = levels.level(levels.attained(req))
         arrival = req.arrival_time if req.arrival_time is not None else float("inf")
         a = self.perceived_acceptance(req)
         if a is not None:

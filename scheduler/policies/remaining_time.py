@@ -43,7 +43,6 @@ class SDCosts:
     target: CostModel | None = None  # the target's fitted T_fwd (profiler)
     draft: CostModel | None = None  # the draft's, when profiled
     draft_cost_ratio: float = 0.1  # T_SSM / (target decode) when the draft has no profile
-    batch: int | None = None  # the scheduler's batch cap (TANDEM_MAX_BATCH_SIZE), for S_1's round
 
     def verify_s(self, context: int, depth: float) -> float:
         """T_LLM: one verification forward of ``depth`` drafted tokens + the bonus position."""
@@ -64,18 +63,6 @@ class SDCosts:
             return max(self.draft.predict(context, 1), 1e-9)
         base = 1.0 if self.target is None else max(self.target.predict(context, 1), 1e-9)
         return self.draft_cost_ratio * base
-
-    def batch_round_s(self, batch: int, context: int, depth: float) -> float | None:
-        """One speculative round of ``batch`` requests of ``context`` tokens drafting ``depth`` each (the
-        batch's draft forwards + one verification), from the profiles; None without a target profile."""
-        if self.target is None:
-            return None
-        verify = self.target.predict(batch * context, batch * (depth + 1), verify=depth > 0)
-        if self.draft is not None:
-            draft = self.draft.predict(batch * context, batch)
-        else:
-            draft = self.draft_cost_ratio * self.target.predict(batch * context, batch)
-        return max(verify + depth * draft, 1e-9)
 
 
 def remaining_time(remaining_tokens: float, acceptance: float, depth: float, t_ssm: float, t_llm: float,

@@ -185,14 +185,13 @@ async def _start(
         ),
         clock=clock,
         spec_policy=spec_policy,
-        queue_policy=queue_policy(settings.queue_policy, cost_model=budget.cost_model, draft_cost_model=draft_cost,
-                                  max_batch_size=settings.max_batch_size),
+        queue_policy=queue_policy(settings.queue_policy, cost_model=budget.cost_model, draft_cost_model=draft_cost),
         detokenize=codec.decode if codec else None,
     )
     levels = getattr(getattr(scheduler.queue_policy, "config", None), "levels", None)
-    if levels is not None:  # LAPS-SD: S_1 may come from the profile (services/scheduler/policies.py)
-        log.info("queue policy %s: %d queues, S_1 = %.2f s, M = %g", scheduler.queue_policy.name,
-                 levels.num_queues, levels.first_threshold_s, levels.growth)  # fmt: skip
+    if levels is not None:  # LAPS-SD's queues (services/scheduler/policies.py)
+        log.info("queue policy %s: %d queues, %s, M = %g", scheduler.queue_policy.name,
+                 levels.num_queues, levels.describe(), levels.growth)  # fmt: skip
     instance = new_instance_id()
     heartbeat = Heartbeat(store, instance)
     await heartbeat.start()

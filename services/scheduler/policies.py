@@ -38,8 +38,9 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
     queue         fcfs             first come first served, priority first      FCFS
                   las[:Q]          least attained service, preemptive, quantum   LAS(Q s, 0.5)
                   lp-sjf           shortest predicted output first, no preemption LPSJF
-                  laps-sd[:OPTS]   LAPS-SD (also laps_sd); OPTS k=4,m=2,s1=auto,  LapsSD
-                                   gamma=4,delta=0.05 (K queues, M, S_1 s, γ, δ),
+                  laps-sd[:OPTS]   LAPS-SD (also laps_sd); OPTS k=4,m=2,s1=48r,   LapsSD
+                                   gamma=4,delta=0.05 (K queues, M, S_1 in
+                                   rounds, or s without the r, γ, δ),
                                    est=0|1 (1: non-perceptible requests ranked
                                    by eq. 6 too, not FCFS; laps_sd.py)
 
@@ -60,7 +61,7 @@ from scheduler.policies.step_cost import StepCostConfig
 from scheduler.policies.acceptance_stability import Stability
 from scheduler.policies.laps_sd import LapsConfig, LapsSD
 from scheduler.policies.order_baselines import LAS, LPSJF
-from scheduler.policies.priority_queues import QueueLevels, q1_threshold
+from scheduler.policies.priority_queues import QueueLevels
 from scheduler.policies.queue import FCFS, QueuePolicy
 from scheduler.policies.remaining_time import SDCosts
 from scheduler.policies.speculation import FixedChain, NoSpeculation, SpeculationPolicy
@@ -155,14 +156,13 @@ def _expansion(arg: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
-def queue_policy(spec: str, *, cost_model=None, draft_cost_model=None, max_batch_size: int | None = None) -> QueuePolicy:
-    """The queue policy ``spec`` names (``NAME`` or ``NAME:ARG``); the cost models feed LAPS-SD's eq. 6, and,
-    with the batch cap, its S_1 when not given (``Q1_ROUNDS`` rounds of a full batch, priority_queues.py)."""
+def queue_policy(spec: str, *, cost_model=None, draft_cost_model=None) -> QueuePolicy:
+    """The queue policy ``spec`` names (``NAME`` or ``NAME:ARG``); the cost models feed LAPS-SD's eq. 6."""
     name, _, arg = spec.strip().lower().partition(":")
     factory = QUEUE_POLICIES.get(name)
     if factory is None:
         raise ValueError(f"unknown queue policy {spec!r}; available: {', '.join(QUEUE_POLICIES)}")
-    return factory(arg or None, SDCosts(target=cost_model, draft=draft_cost_model, batch=max_batch_size))
+    return factory(arg or None, SDCosts(target=cost_model, draft=draft_cost_model))
 
 
 def _positive(text: str, what: str) -> float:
@@ -175,15 +175,17 @@ def _positive(text: str, what: str) -> float:
     return value
 
 
-ROUND_BATCH, ROUND_CONTEXT, ROUND_DEPTH = 16, 256, 3  # the "full batch" round S_1 is counted in (at most 16 requests)
-_LAPS_OPTIONS = {"k": "num_queues", "m": "growth", "s1": "first_threshold_s", "gamma": "rounds", "delta": "tolerance",
+_LAPS_OPTIONS = {"k": "num_queues", "m": "growth", "s1": "first_threshold", "gamma": "rounds", "delta": "tolerance",
                  "est": "unstable"}
 
 
 def _laps_config(arg: str | None, costs: SDCosts) -> LapsConfig:
-    """``k=4,m=2,s1=0.5,gamma=4,delta=0.05,est=0`` (any subset; ``+`` may join them too) -> LapsConfig."""
+    """``k=4,m=2,s1=48r,gamma=4,delta=0.05,est=0`` (any subset; ``+`` may join them too) -> LapsConfig.
+
+    S_1: ``48r`` counts attained service in rounds (the default, Q1_ROUNDS: follows any machine), a plain
+    number in seconds (the paper's E_i; priority_queues.py)."""
     values: dict[str, float] = {}
-    unstable = "fcfs"
+    unstable, unit = "fcfs", "rounds"
     for part in (arg or "").replace("+", ",").split(","):
         if not part.strip():
             continue
@@ -196,17 +198,19 @@ def _laps_config(arg: str | None, costs: SDCosts) -> LapsConfig:
                                  f"(rank them by eq. 6 too); got {text!r}")  # fmt: skip
             unstable = "estimate" if text.strip() == "1" else "fcfs"
             continue
+        if key.strip() == "s1":
+            text = text.strip()
+            unit = "rounds" if text.endswith("r") else "s"
+            text = text.removesuffix("r")
         values[_LAPS_OPTIONS[key.strip()]] = _positive(text, f"laps-sd {key.strip()}")
     for field in ("num_queues", "rounds"):
         if field in values:
             if values[field] != int(values[field]):
                 raise ValueError(f"laps-sd {field} must be an integer")
             values[field] = int(values[field])
-    if "first_threshold_s" not in values:  # S_1 from the profiled round of a full batch, else 0.5 s
-        batch = min(costs.batch or ROUND_BATCH, ROUND_BATCH)
-        values["first_threshold_s"] = q1_threshold(costs.batch_round_s(batch, ROUND_CONTEXT, ROUND_DEPTH))
     try:
-        levels = QueueLevels(**{k: v for k, v in values.items() if k in ("num_queues", "growth", "first_threshold_s")})
+        levels = QueueLevels(**{k: v for k, v in values.items() if k in ("num_queues", "growth", "first_threshold")},
+                             unit=unit)
         stability = Stability(**{k: v for k, v in values.items() if k in ("rounds", "tolerance")})
     except ValueError as exc:
         raise ValueError(f"laps-sd: {exc}") from None

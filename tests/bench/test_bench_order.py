@@ -64,6 +64,8 @@ def test_tiny_bench_order_runs_policies_side_by_side(tmp_path, monkeypatch):
         s = row["summary"]
         assert s["num_ok"] == s["num_requests"] == 4, (name, s["errors"])
         assert 2 <= s["output_lengths"]["mean_tokens"] <= 16
+        rows = row["requests"]  # per request: enough to replay the order
+        assert len(rows) == 4 and all(r["tokens"] <= r["max_new_tokens"] and r["ttft_s"] <= r["latency_s"] for r in rows)
     summary = write(res, out)
     assert summary[load]["order:fcfs"]["mean_vs_fcfs"] == pytest.approx(1.0)
     assert json.loads((out / "order_summary.json").read_text()) == summary

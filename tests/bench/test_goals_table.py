@@ -76,3 +76,19 @@ def test_order_goal_reads_the_feature_draft_run_beside_the_suffix_one(tmp_path):
     rows = collect(tmp_path, "grounded")
     assert [(r["folder"], r["met"]) for r in rows] == [("order-grounded", False), ("order-eagle", True)]
     assert rows[1]["goal"].endswith("(feature draft, open chat)") and rows[1]["value"] == "30: -30%; 50: -30%"
+
+
+def test_order_goal_names_what_a_clairvoyant_order_reaches_on_the_sample(tmp_path):
+    from bench.goals_table import laps
+
+    def rows(order):  # 8 requests, FCFS ran them longest first; 4 slots
+        return [{"id": f"order:fcfs/closed0-r0-i{i}", "max_new_tokens": s, "tokens": s, "steps": s,
+                 "ttft_s": 0.1 * i, "latency_s": 1.0} for i, s in enumerate(order)]  # fmt: skip
+
+    fcfs = {"summary": {"latency_s": {"mean": 10.0}}, "latency_mean_by_run_s": [10.0],
+            "requests": rows([80, 70, 60, 50, 4, 3, 2, 1])}  # fmt: skip
+    est = {"summary": {"latency_s": {"mean": 8.0}}, "latency_mean_by_run_s": [8.0]}
+    results = {"command": "order", "closed": {"concurrency=30": {"order:fcfs": fcfs, "order:laps-sd:est=1": est}}}
+    (row,) = laps(results, tmp_path)
+    # FCFS replay: ends 80 70 60 50 54 57 59 60 -> 61.25; SJF: 1 2 3 4 51 62 73 84 -> 35 (0.57)
+    assert row["value"] == "30: -20% (a clairvoyant order on this sample: -43%)"

@@ -54,6 +54,14 @@ def test_output_lengths_tell_how_well_the_bound_predicts_the_length():
     assert output_lengths([])["rank_corr"] is None
 
 
+def test_request_rows_carry_what_an_order_moves():
+    from bench.report import request_rows
+
+    (row,) = request_rows([rec("c", 3, 2.0, [1, 2, 3, 4])])
+    assert row == {"id": "c/b1-r0-i3", "max_new_tokens": 4, "prompt_tokens": 2, "tokens": 4, "steps": 0,
+                   "sent_s": 0.0, "ttft_s": 0.5, "latency_s": 2.0, "finish": "length"}  # fmt: skip
+
+
 def test_by_run_splits_the_repeats():
     records = [rec("spec", 0, 1.0, [1] * 4, rep=0), rec("spec", 1, 3.0, [1] * 4, rep=0), rec("spec", 0, 2.0, [1] * 4, rep=1)]
     runs = by_run(records, batch1=True)

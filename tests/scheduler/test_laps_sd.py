@@ -37,12 +37,12 @@ STABLE = [2, 2, 2, 2, 2, 2]  # rate 0.5 every round: stable after γ=4 rounds
 
 
 def test_thresholds_grow_geometrically():
-    q = QueueLevels(num_queues=4, first_threshold_s=0.5, growth=2.0)
+    q = QueueLevels(num_queues=4, first_threshold=0.5, growth=2.0, unit="s")
     assert [q.threshold(j) for j in (1, 2, 3)] == [0.5, 1.0, 2.0]  # S_j = M^(j-1) S_1
 
 
 def test_new_request_enters_q1_and_is_demoted_after_rounds():
-    q = QueueLevels(num_queues=4, first_threshold_s=0.5, growth=2.0)
+    q = QueueLevels(num_queues=4, first_threshold=0.5, growth=2.0, unit="s")
     trace = [0.0, 0.3, 0.49, 0.5, 0.9, 1.0, 1.9, 2.0, 50.0]  # attained service after each round
     assert [q.level(e) for e in trace] == [1, 1, 1, 2, 2, 3, 3, 4, 4]  # Q_K is unbounded
 
@@ -50,6 +50,19 @@ def test_new_request_enters_q1_and_is_demoted_after_rounds():
 def test_bad_queue_config():
     with pytest.raises(ValueError):
         QueueLevels(growth=1.0)
+    with pytest.raises(ValueError):
+        QueueLevels(unit="minutes")
+
+
+def test_attained_service_is_counted_in_rounds_by_default():
+    q = QueueLevels()  # S_1 = 48 rounds, whatever a round costs on this machine
+    r = req("r")
+    r.attained_service_s, r.attained_rounds = 100.0, 47  # a slow machine: many seconds, few rounds
+    assert (q.attained(r), q.level(q.attained(r))) == (47, 1)
+    r.attained_rounds = 48
+    assert q.level(q.attained(r)) == 2
+    seconds = QueueLevels(4, 0.5, 2.0, "s")
+    assert seconds.attained(r) == 100.0 and seconds.level(seconds.attained(r)) == 4
 
 
 # ----------------------------------------------------------------------------- §4.3 stability
@@ -111,7 +124,7 @@ def test_costs_from_profiled_cost_models():
 
 
 def laps(**kw):
-    cfg = LapsConfig(levels=QueueLevels(4, 0.5, 2.0), stability=Stability(4, 0.05))
+    cfg = LapsConfig(levels=QueueLevels(4, 0.5, 2.0, "s"), stability=Stability(4, 0.05))
     return LapsSD(cfg, predictor=MaxTokensPredictor(), **kw)
 
 
@@ -144,7 +157,7 @@ def test_eq6_ranks_by_acceptance_not_only_length():
 
 
 def estimating(predictor=None):
-    cfg = LapsConfig(levels=QueueLevels(4, 0.5, 2.0), stability=Stability(4, 0.05), unstable="estimate")
+    cfg = LapsConfig(levels=QueueLevels(4, 0.5, 2.0, "s"), stability=Stability(4, 0.05), unstable="estimate")
     return LapsSD(cfg, predictor=predictor or MaxTokensPredictor())
 
 
@@ -206,7 +219,7 @@ def test_preempts_only_non_perceptible_running_requests():
 def test_estimate_preempts_only_where_the_order_pays_for_the_switch():
     # decode 10 ms a token, prefill 1 ms a token: a 1,000-token request's re-prefill is worth 100 decode rounds
     costs = SDCosts(target=CostModel(gamma_s=1e-3, delta_s=0.009), draft=CostModel(delta_s=1e-9))
-    cfg = LapsConfig(levels=QueueLevels(4, 100.0, 2.0), stability=Stability(4, 0.05), unstable="estimate", costs=costs)
+    cfg = LapsConfig(levels=QueueLevels(4, 100.0, 2.0, "s"), stability=Stability(4, 0.05), unstable="estimate", costs=costs)
     p = LapsSD(cfg, predictor=MaxTokensPredictor())
     cap = Capacity(max_batch_size=1, max_tokens_in_flight=1 << 20)
     running = req("running", arrival=0.0, prompt=1000, max_new=200, generated=50, running=True)  # 150 rounds left

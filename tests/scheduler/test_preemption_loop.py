@@ -61,7 +61,7 @@ async def drive(sched, arrivals, abort_at=None):
 
 
 def laps():
-    return LapsSD(LapsConfig(levels=QueueLevels(4, 0.15, 2.0), stability=Stability(3, 0.1)))
+    return LapsSD(LapsConfig(levels=QueueLevels(4, 0.15, 2.0, "s"), stability=Stability(3, 0.1)))
 
 
 POLICIES = {"laps-sd": laps, "las": lambda: LAS(quantum_s=0.15), "lp-sjf": LPSJF}

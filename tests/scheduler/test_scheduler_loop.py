@@ -497,6 +497,7 @@ def test_timestamps_ttft_tpot_and_phase_times_on_fake_clock():
     assert first.prefill == pytest.approx(0.25) and first.verify == pytest.approx(0.05)
     assert first.total == pytest.approx(0.30) and first.overhead == pytest.approx(0.0, abs=1e-9)
     assert req.attained_service_s == pytest.approx(4 * 0.05)  # E_i: the four verifies, not the prefill
+    assert req.attained_rounds == 4
 
 
 def test_parallel_prefill_on_both_workers_overlaps_in_virtual_time():

@@ -22,28 +22,25 @@ def test_laps_sd_options_and_costs():
     target = CostModel(gamma_s=1e-3, delta_s=0.05)
     p = queue_policy("laps-sd:k=3,m=4,s1=0.1,gamma=6,delta=0.02", cost_model=target)
     levels, stability = p.config.levels, p.config.stability
-    assert (levels.num_queues, levels.growth, levels.first_threshold_s) == (3, 4.0, 0.1)
+    assert (levels.num_queues, levels.growth, levels.first_threshold, levels.unit) == (3, 4.0, 0.1, "s")
     assert (stability.rounds, stability.tolerance) == (6, 0.02)
     assert p.config.costs.target is target and p.config.costs.draft is None
     assert p.config.unstable == "fcfs" and queue_policy("laps-sd:est=1").config.unstable == "estimate"
     joined = queue_policy("laps-sd:est=1+s1=2").config  # "+" joins options where "," separates list items
-    assert joined.unstable == "estimate" and joined.levels.first_threshold_s == 2.0
+    assert joined.unstable == "estimate" and joined.levels.first_threshold == 2.0
 
 
-def test_laps_sd_first_threshold_from_the_profiled_round():
+def test_laps_sd_first_threshold_is_counted_in_rounds_unless_given_in_seconds():
     from scheduler.policies.priority_queues import Q1_ROUNDS
 
     target = CostModel(alpha_s=1e-5, gamma_s=2e-3, delta_s=0.06)
-    draft = CostModel(alpha_s=1e-6, gamma_s=1e-4, delta_s=0.005)
-    p = queue_policy("laps-sd", cost_model=target, draft_cost_model=draft, max_batch_size=4)
-    round_s = target.predict(4 * 256, 4 * 4) + 3 * draft.predict(4 * 256, 4)  # 4 requests, 256 context, depth 3
-    assert p.config.levels.first_threshold_s == pytest.approx(Q1_ROUNDS * round_s)
-    big = queue_policy("laps-sd", cost_model=target, draft_cost_model=draft, max_batch_size=256)  # capped at 16
-    assert big.config.levels.first_threshold_s == pytest.approx(
-        Q1_ROUNDS * (target.predict(16 * 256, 16 * 4) + 3 * draft.predict(16 * 256, 16)))
-    assert queue_policy("laps-sd").config.levels.first_threshold_s == 0.5  # no profile: the fixed default
-    given = queue_policy("laps-sd:s1=2", cost_model=target, max_batch_size=4)
-    assert given.config.levels.first_threshold_s == 2.0  # a configured S_1 wins
+    for p in (queue_policy("laps-sd"), queue_policy("laps-sd", cost_model=target)):  # a profile changes nothing
+        levels = p.config.levels
+        assert (levels.first_threshold, levels.unit) == (Q1_ROUNDS, "rounds")
+    rounds = queue_policy("laps-sd:s1=20r").config.levels
+    assert (rounds.first_threshold, rounds.unit, rounds.describe()) == (20, "rounds", "S_1 = 20 rounds")
+    given = queue_policy("laps-sd:s1=2", cost_model=target).config.levels
+    assert (given.first_threshold, given.unit, given.describe()) == (2.0, "s", "S_1 = 2 s")
 
 
 @pytest.mark.parametrize(
