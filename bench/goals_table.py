@@ -145,7 +145,7 @@ def laps(results: dict, folder: Path, draft: str = "") -> list[dict]:
             r = [a / b for a, b in zip(per[name].get("latency_mean_by_run_s") or [],
                                          per["order:fcfs"].get("latency_mean_by_run_s") or [])]  # fmt: skip
             bound = order_bounds(per["order:fcfs"].get("requests") or [], ORDER_SLOTS)
-            clairvoyant = f" (a clairvoyant order on this sample: {bound['sjf_steps'] - 1:+.0%})" if bound else ""
+            clairvoyant = f" (a clairvoyant order on this sample: {bound['sjf_steps'] - 1:+.1%})" if bound else ""
             cells.append(f"{n}: {ratio - 1:+.0%}{clairvoyant}")
             runs += r
             ok = ok and _met(ratio <= 0.75, [x <= 0.75 for x in r])

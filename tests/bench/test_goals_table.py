@@ -91,4 +91,4 @@ def test_order_goal_names_what_a_clairvoyant_order_reaches_on_the_sample(tmp_pat
     results = {"command": "order", "closed": {"concurrency=30": {"order:fcfs": fcfs, "order:laps-sd:est=1": est}}}
     (row,) = laps(results, tmp_path)
     # FCFS replay: ends 80 70 60 50 54 57 59 60 -> 61.25; SJF: 1 2 3 4 51 62 73 84 -> 35 (0.57)
-    assert row["value"] == "30: -20% (a clairvoyant order on this sample: -43%)"
+    assert row["value"] == "30: -20% (a clairvoyant order on this sample: -42.9%)"
