@@ -185,8 +185,8 @@ class SimBackend:
         scheduler = Scheduler(
             target, draft, config=cfg, clock=clock,
             spec_policy=speculation_policy(key.speculation_policy) if key else None,
-            queue_policy=queue_policy(key.queue_policy, cost_model=cfg.cost_model, draft_cost_model=cfg.draft_cost_model,
-                                      max_batch_size=cfg.max_batch_size) if key else None,
+            queue_policy=queue_policy(key.queue_policy, cost_model=cfg.cost_model,
+                                      draft_cost_model=cfg.draft_cost_model) if key else None,
             observers=self.observers() if self.observers else (),
         )  # fmt: skip
         run = await drive(scheduler, config, jobs, VirtualTimer(clock), mode, concurrency, [STOP_TOKEN])
