@@ -2,6 +2,7 @@
 
     python -m bench.goals_table            # reads bench/results/{adaptive,slo,order,faser}-grounded/results.json
     python -m bench.goals_table --suffix demo --out bench/results/goals-demo
+    python -m bench.goals_table --readme README.md   # also rewrites the README's goals section (between markers)
 
 Every goal is a ratio between configurations measured side by side in one run (interleaved), pooled over the
 repeats, with the per-repeat ratios as the spread. A goal counts as met only when the pooled value meets it
@@ -233,6 +234,34 @@ def markdown(rows: list[dict], link_prefix: str = "") -> str:
     return "\n".join(lines)
 
 
+README_BEGIN, README_END = "<!-- goals:begin (python -m bench.goals_table --readme README.md) -->", "<!-- goals:end -->"
+
+
+def readme_section(rows: list[dict], out: Path, readme: Path) -> str:
+    """The README's compact goals table: goal, value, spread, met, commit, and the run (its README has the command)."""
+    rel = out.relative_to(readme.parent) if out.is_relative_to(readme.parent) else out
+    met = sum(r["met"] for r in rows)
+    lines = [README_BEGIN, "", f"{met} of {len(rows)} goals met ([full table with commands]({rel}/README.md); "
+             "a goal is met when the pooled value meets it and so does a majority of the repeats).", "",
+             "| paper | goal | measured (pooled) | spread over repeats | met | commit | run (command inside) |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        run = f"[{r['folder']}]({rel.parent}/{r['folder']}/README.md)"
+        lines.append(f"| {r['paper']} | {r['goal']} | {r['value']} | {r['spread']} | {'**yes**' if r['met'] else 'no'} "
+                     f"| {r['commit']} | {run} |")
+    lines += ["", f"![issue 20's goals, one panel per paper]({rel}/summary.png)", "", README_END]
+    return "\n".join(lines)
+
+
+def rewrite_readme(readme: Path, section: str) -> None:
+    """Replace what lies between the goals markers (both must be there: the README decides where the table goes)."""
+    text = readme.read_text()
+    begin, end = text.find(README_BEGIN), text.find(README_END)
+    if begin < 0 or end < begin:
+        raise typer.BadParameter(f"{readme} has no goals markers ({README_BEGIN} ... {README_END})")
+    readme.write_text(text[:begin] + section + text[end + len(README_END):])
+
+
 def _finish(ax, goal: float, title: str) -> None:
     """The goal as a dashed line, the title, the legend."""
     ax.axhline(goal, ls="--", c="grey")
@@ -296,6 +325,7 @@ def main(
     suffix: str = typer.Option("grounded", help="Results folders <bench>-<suffix> under bench/results/."),
     out: Path = typer.Option(RESULTS / "goals", help="Where goals.json, README.md and summary.png go."),
     root: Path = typer.Option(RESULTS, help="The results root."),
+    readme: Path | None = typer.Option(None, help="Also rewrite this README's goals section (between its markers)."),
 ) -> None:
     rows = collect(root, suffix)
     out.mkdir(parents=True, exist_ok=True)
@@ -308,7 +338,9 @@ def main(
             "a majority of the repeats.", "", markdown(rows, "../"), "", "![summary](summary.png)", ""]  # fmt: skip
     (out / "README.md").write_text("\n".join(text))
     print(markdown(rows, "bench/results/"))
-    print(f"{met}/{len(rows)} met; written to {out}")
+    if readme is not None:
+        rewrite_readme(readme, readme_section(rows, out.resolve(), readme.resolve()))
+    print(f"{met}/{len(rows)} met; written to {out}" + (f" and {readme}" if readme else ""))
 
 
 if __name__ == "__main__":

@@ -485,6 +485,17 @@ async def token_budget(models: Models, target_dir: Path) -> dict:
     return {"value": budget.token_budget, "source": budget.source}
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name (/proc/cpuinfo): absolute figures move between machines of the same kind."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def machine(threads: int) -> dict:
     import torch
     import transformers
@@ -492,6 +503,7 @@ def machine(threads: int) -> dict:
     return {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "load_average_at_end": os.getloadavg(),
         "python": platform.python_version(),

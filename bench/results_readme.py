@@ -39,8 +39,9 @@ def render(results: dict) -> str:
     date = datetime.fromtimestamp(started, timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if started else "unknown"
     m = results.get("machine") or {}
     machine = ", ".join(str(m[k]) for k in ("platform", "cpu_count", "torch") if k in m) if isinstance(m, dict) else m
+    cpu = f"; {m['cpu_model']}" if isinstance(m, dict) and m.get("cpu_model") else ""
     lines = [f"# {results.get('name', 'results')}", "", f"Command: `{results.get('command', '?')}`  ",
-             f"Machine: {machine} (CPUs, torch)  ", f"Date: {date}; duration {_f(results.get('duration_s'), '.0f')} s  ",
+             f"Machine: {machine} (CPUs, torch){cpu}  ", f"Date: {date}; duration {_f(results.get('duration_s'), '.0f')} s  ",
              f"Models: {(results.get('models') or {}).get('target')} / {(results.get('models') or {}).get('draft')}", ""]
     for note in results.get("notes") or []:
         lines.append(f"Note: {note}  ")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bench.goals_table import _met, merged_adaptive, results_of
 
 
@@ -92,3 +94,26 @@ def test_order_goal_names_what_a_clairvoyant_order_reaches_on_the_sample(tmp_pat
     (row,) = laps(results, tmp_path)
     # FCFS replay: ends 80 70 60 50 54 57 59 60 -> 61.25; SJF: 1 2 3 4 51 62 73 84 -> 35 (0.57)
     assert row["value"] == "30: -20% (a clairvoyant order on this sample: -42.9%)"
+
+
+def test_the_readme_section_is_rewritten_between_its_markers(tmp_path):
+    import typer
+
+    from bench.goals_table import README_BEGIN, README_END, readme_section, rewrite_readme
+
+    rows = [{"paper": "LAPS-SD", "goal": "g", "value": "30: -20%", "spread": "-21% .. -19%", "met": False,
+             "commit": "abc1234", "folder": "order-eagle", "command": "python -m bench.harness --order"}]  # fmt: skip
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# T\n\nbefore\n{README_BEGIN}\nold table\n{README_END}\nafter\n")
+    section = readme_section(rows, tmp_path / "bench" / "results" / "goals", readme)
+    rewrite_readme(readme, section)
+    text = readme.read_text()
+    assert text.startswith("# T\n\nbefore\n" + README_BEGIN) and text.endswith(README_END + "\nafter\n")
+    assert "old table" not in text and "0 of 1 goals met" in text
+    assert "| LAPS-SD | g | 30: -20% | -21% .. -19% | no | abc1234 | [order-eagle](bench/results/order-eagle/README.md) |" in text
+    assert "(bench/results/goals/summary.png)" in text
+    rewrite_readme(readme, section)
+    assert readme.read_text() == text  # idempotent
+    readme.write_text("# no markers\n")
+    with pytest.raises(typer.BadParameter):
+        rewrite_readme(readme, section)
