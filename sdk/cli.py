@@ -16,6 +16,10 @@ Heavy imports (torch, the services) happen inside the commands, so
 
 from __future__ import annotations
 
+from shared.omp_wait import apply_defaults
+
+apply_defaults()  # before any command loads torch: profile, simulate and the models run as the services do
+
 import signal
 import sys
 import time

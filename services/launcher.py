@@ -54,6 +54,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
+from shared.omp_wait import apply_defaults
 from shared.rpc.health_probe import check
 from shared.rpc.server import DRAFT_SERVICE, TANDEM_SERVICE, TARGET_SERVICE
 from shared.state.redis_server import RedisServer, start_redis
@@ -371,9 +372,6 @@ def _vocab_size(target_path: Path) -> str:
         return ""
 
 
-OMP_SPINCOUNT = "10000"  # libgomp spins before a waiting thread sleeps: ~0.1 ms (see _env)
-
-
 def _env(config: LaunchConfig, address: str, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
@@ -393,8 +391,7 @@ def _env(config: LaunchConfig, address: str, **extra: str) -> dict[str, str]:
     # made SmolLM2-135M's decode 59 ms against 34 ms (2 cores). A short spin (~0.1 ms, what
     # GOMP_SPINCOUNT=10000 is) keeps a forward's threads awake between its regions and gives
     # the cores back as soon as it ends; an explicit GOMP_SPINCOUNT overrides the policy.
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    env.setdefault("GOMP_SPINCOUNT", OMP_SPINCOUNT)
+    apply_defaults(env)
     env.update(extra)
     return env
 

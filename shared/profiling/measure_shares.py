@@ -37,6 +37,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from shared.omp_wait import apply_defaults
 from shared.profiling.sm_share import (
     Role,
     ShareProfile,
@@ -152,7 +153,7 @@ def _run_worker(spec: WorkerSpec, share_env: dict[str, str], tmp: Path) -> Worke
     spec_path.write_text(spec.model_dump_json())
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the launcher runs the services
+    apply_defaults(env)  # as the launcher runs the services
     env.update(share_env)
     proc = subprocess.run(
         [sys.executable, "-m", "shared.profiling.measure_shares", str(spec_path)],
