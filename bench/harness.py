@@ -467,6 +467,8 @@ class Harness:
                 extra["early_exit"] = ee
             if events := prom.memory_events(delta):
                 extra["memory_events"] = events
+            if events := prom.admission_events(delta):
+                extra["admission_events"] = events  # what a queue policy's preemptions cost
         if timeline := self.timelines.get((phase, load, name)):
             extra["timeline"] = timeline
         return extra

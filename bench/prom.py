@@ -56,6 +56,12 @@ def memory_events(delta: Scrape, namespace: str = "tandem") -> dict[str, int]:
     return {k: int(v) for k, v in events.items() if v > 0}
 
 
+def admission_events(delta: Scrape, namespace: str = "tandem") -> dict[str, int]:
+    """Preemptions, resumptions (KV kept) and evictions (KV released, re-prefilled) in the delta; nonzero only."""
+    events = delta.by_label(f"{namespace}_admission_events_total", "event")
+    return {k: int(v) for k, v in events.items() if v > 0}
+
+
 def per_position_acceptance(delta: Scrape, namespace: str = "tandem") -> list[dict]:
     """Per draft position: how often it was proposed and accepted (shared.metrics position_* counters)."""
     proposed = delta.by_label(f"{namespace}_position_proposed_total", "position")

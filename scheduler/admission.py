@@ -58,6 +58,8 @@ class AdmissionControl:
             if req.id in running:
                 self.preempt(req, waiting, running)
                 report.preempted_ids.append(req.id)
+                if not req.resident:
+                    report.evicted_ids.append(req.id)
         # the policy proposes, the loop enforces the caps (its own reservations only: resident
         # requests' blocks are reclaimable, below)
         num = len(running)
@@ -86,6 +88,7 @@ class AdmissionControl:
                 if excess <= 0:
                     break
                 self.evict(req)
+                report.evicted_ids.append(req.id)
                 excess -= reserved_tokens(req)
         return new
 

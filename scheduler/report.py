@@ -51,6 +51,7 @@ class StepReport:
     # tokens of its last step, and everything since it last drafted for it (the catch-up of Nightjar §4.2)
     num_catchup_tokens: int = 0
     resumed_ids: list[str] = field(default_factory=list)  # preempted requests readmitted with their KV kept
+    evicted_ids: list[str] = field(default_factory=list)  # waiting requests whose KV was released (re-prefilled later)
     failed_ids: list[str] = field(default_factory=list)
     draft_available: bool = False  # at the end of the step
     draft_error: str | None = None  # the draft failure this step, if any

@@ -116,6 +116,10 @@ class TandemMetrics:
             "kv_pool_events_total", "Target KV pool resizes around draft offloads: grow, shrink, grow-failed, "
             "shrink-refused (Nightjar elastic memory).", ["event"], namespace=ns, registry=reg,
         )  # fmt: skip
+        self.admission_events_total = Counter(
+            "admission_events_total", "Queue-policy preemptions, resumptions with the KV kept, and evictions (the KV "
+            "released: the request is prefilled again when readmitted).", ["event"], namespace=ns, registry=reg,
+        )  # fmt: skip
         self.kv_token_budget = Gauge(
             "kv_token_budget", "The scheduler's KV token budget (max_tokens_in_flight), grown while the draft is "
             "offloaded.", namespace=ns, registry=reg,
@@ -205,6 +209,12 @@ class TandemMetrics:
         self.draft_offloaded.set(1.0 if offloaded else 0.0)
         if kv_token_budget:
             self.kv_token_budget.set(kv_token_budget)
+
+    def observe_admission(self, *, preempted: int = 0, resumed: int = 0, evicted: int = 0) -> None:
+        """One step's preemptions, resumptions and evictions (scheduler/admission.py)."""
+        for event, n in (("preempt", preempted), ("resume", resumed), ("evict", evicted)):
+            if n:
+                self.admission_events_total.labels(event).inc(n)
 
     def set_load(self, *, waiting: int, running: int, queue: str = "all") -> None:
         self.queue_depth.labels(queue).set(waiting)

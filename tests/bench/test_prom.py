@@ -50,3 +50,14 @@ def test_speculation_lengths_per_k_from_the_histogram():
     before = parse(m.render())
     m.observe_speculation([1, 2, 2, 0, 7])
     assert speculation_lengths(parse(m.render()) - before) == {0: 1, 1: 1, 2: 2, 7: 1}
+
+
+def test_admission_events_from_the_schedulers_counters():
+    from bench.prom import admission_events
+    from shared.metrics import TandemMetrics
+
+    m = TandemMetrics()
+    before = parse(m.render())
+    m.observe_admission(preempted=3, resumed=2)
+    m.observe_admission(preempted=1, evicted=1)
+    assert admission_events(parse(m.render()) - before) == {"preempt": 4, "resume": 2, "evict": 1}

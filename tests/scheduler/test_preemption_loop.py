@@ -24,14 +24,30 @@ from scheduler.testing import FakeDraft, FakeTarget, ToyDraftLM, ToyLM
 from scheduler.workers import FakeClock
 
 
-def make(queue_policy, **cfg):
+class AdmissionEvents:
+    """Counts the step reports' preemptions, resumptions and evictions (what the metrics observer exports)."""
+
+    def __init__(self) -> None:
+        self.preempted = self.resumed = self.evicted = 0
+
+    def on_step(self, report) -> None:
+        self.preempted += len(report.preempted_ids)
+        self.resumed += len(report.resumed_ids)
+        self.evicted += len(report.evicted_ids)
+
+    def on_finish(self, request) -> None:
+        pass
+
+
+def make(queue_policy, events: AdmissionEvents | None = None, **cfg):
     lm = ToyLM(vocab_size=50, seed=3)
     clock = FakeClock()
     target = FakeTarget(lm, clock, prefill_s=0.02, verify_s=0.05)
     draft = FakeDraft(ToyDraftLM(lm, 0.7, seed=5), clock, speculate_s=0.01, reference=target)
     sched = Scheduler(
-        target, draft, config=SchedulerConfig(**cfg), clock=clock, spec_policy=FixedChain(3), queue_policy=queue_policy
-    )
+        target, draft, config=SchedulerConfig(**cfg), clock=clock, spec_policy=FixedChain(3), queue_policy=queue_policy,
+        observers=[events] if events else (),
+    )  # fmt: skip
     return sched, target, draft, lm
 
 
@@ -70,7 +86,8 @@ POLICIES = {"laps-sd": laps, "las": lambda: LAS(quantum_s=0.15), "lp-sjf": LPSJF
 @pytest.mark.parametrize("keep_kv", [True, False], ids=["keep-kv", "recompute"])
 @pytest.mark.parametrize("name", list(POLICIES))
 def test_preempted_requests_produce_the_uninterrupted_output(name, keep_kv):
-    sched, target, draft, lm = make(POLICIES[name](), max_batch_size=2, keep_kv_on_preempt=keep_kv)
+    events = AdmissionEvents()
+    sched, target, draft, lm = make(POLICIES[name](), events, max_batch_size=2, keep_kv_on_preempt=keep_kv)
     arrivals = waves()
     outs = asyncio.run(drive(sched, arrivals))
     reqs = [r for _, r in arrivals]
@@ -83,17 +100,21 @@ def test_preempted_requests_produce_the_uninterrupted_output(name, keep_kv):
     else:
         assert preemptions > 0
         assert sum(r.num_recomputes for r in reqs) == (0 if keep_kv else preemptions)
+    assert (events.preempted, events.evicted) == (preemptions, sum(r.num_recomputes for r in reqs))
+    assert events.resumed == (preemptions if keep_kv else 0)
     assert target.seqs == {} and draft.seqs == {} and draft.mismatches == []
     assert not any(r.resident for r in reqs)
 
 
 def test_kept_kv_is_evicted_under_kv_pressure_and_recomputed():
     # room for about two long requests' reservations: resident ones must give their blocks back
-    sched, target, draft, lm = make(laps(), max_batch_size=2, max_tokens_in_flight=140)
+    events = AdmissionEvents()
+    sched, target, draft, lm = make(laps(), events, max_batch_size=2, max_tokens_in_flight=140)
     arrivals = waves(seed=1)
     asyncio.run(drive(sched, arrivals))
     reqs = [r for _, r in arrivals]
     assert sum(r.num_preemptions for r in reqs) > 0 and sum(r.num_recomputes for r in reqs) > 0
+    assert events.evicted == sum(r.num_recomputes for r in reqs)  # evicted under KV pressure, each re-prefilled
     for r in reqs:
         assert r.output_ids == lm.generate(r.prompt_ids, r.max_new_tokens)
     assert target.seqs == {} and draft.seqs == {} and draft.mismatches == []

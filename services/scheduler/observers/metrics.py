@@ -62,6 +62,8 @@ class MetricsObserver:
             now = (relay.bytes_in, relay.bytes_out)
             self.metrics.observe_feature_bytes(received=now[0] - self._feature_bytes[0], sent=now[1] - self._feature_bytes[1])
             self._feature_bytes = now
+        self.metrics.observe_admission(preempted=len(report.preempted_ids), resumed=len(report.resumed_ids),
+                                       evicted=len(report.evicted_ids))
         self.metrics.observe_draft_memory(
             event=report.draft_memory_event,
             offloaded=report.draft_offloaded,
