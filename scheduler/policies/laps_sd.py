@@ -14,8 +14,9 @@
 Requests not yet perceptible: the paper runs them FCFS within their queue
 (``unstable="fcfs"``, the default). ``unstable="estimate"`` (``laps-sd:est=1``)
 is this project's extension for batch arrivals: they are ranked by the same
-eq. 6 estimate, with the acceptance seen so far (or, before their first round,
-the prompt class's mean from the length predictor's history, else 0) and the
+eq. 6 estimate, with the acceptance seen so far shrunk toward the prompt
+class's mean from the length predictor's history (``prior_tokens`` drafted
+tokens of weight; before its first round the class's mean, else 0) and the
 depth drafted so far (else ``prior_depth``), still behind the perceptible
 ones. Why: when more requests arrive than the batch holds, the waiting ones
 never run, so never become perceptible, and FCFS among them is the whole
@@ -54,6 +55,11 @@ class LapsConfig:
     costs: SDCosts = field(default_factory=SDCosts)
     unstable: Literal["fcfs", "estimate"] = "fcfs"  # order of non-perceptible requests within a queue
     prior_depth: float = 3.0  # n of eq. 6 for a request that has not drafted yet ("estimate")
+    prior_tokens: float = 16.0  # "estimate": the class prior's weight in drafted tokens (0 = own rate alone)
+
+    def __post_init__(self) -> None:
+        if self.prior_tokens < 0:
+            raise ValueError(f"prior_tokens must be >= 0, got {self.prior_tokens}")
 
 
 class LapsSD(QueuePolicy):
@@ -111,12 +117,20 @@ class LapsSD(QueuePolicy):
         return self.config.costs.prefill_s(req.num_tokens)
 
     def acceptance_so_far(self, req: Request) -> float:
-        """A for eq. 6 before the rate is stable: the request's own so far, else its class's mean, else 0."""
-        own = req.acceptance_rate
-        if own is not None:
-            return own
+        """A for eq. 6 before the rate is stable: the request's own rate shrunk toward its class's mean.
+
+        A = (accepted + w·prior) / (drafted + w), w = ``prior_tokens``: the class's mean counts as w drafted
+        tokens of evidence (the posterior mean of a beta prior of that weight). Before a request drafts, A is
+        the prior; after many tokens, its own rate. Without shrinkage, a running request whose first rounds
+        accepted little gets an eq. 6 estimate several times too long and is preempted for a waiting one,
+        only to prove average later: the early rate is exactly what LAPS-SD's perceptibility test (§4.3)
+        refuses to trust. Without a class prior: its own rate, else 0."""
         prior = getattr(self.predictor, "prior_acceptance", lambda r: None)(req)
-        return prior or 0.0
+        drafted, accepted = req.num_drafted_tokens, req.num_accepted_tokens
+        if prior is None:
+            return accepted / drafted if drafted else 0.0
+        w = self.config.prior_tokens
+        return (accepted + w * prior) / (drafted + w) if drafted + w > 0 else prior
 
     # ------------------------------------------------------------------ QueuePolicy
     def order(self, waiting: Sequence[Request], now: float) -> list[Request]:

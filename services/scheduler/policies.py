@@ -42,7 +42,9 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                                    gamma=4,delta=0.05 (K queues, M, S_1 in
                                    rounds, or s without the r, γ, δ),
                                    est=0|1 (1: non-perceptible requests ranked
-                                   by eq. 6 too, not FCFS; laps_sd.py)
+                                   by eq. 6 too, not FCFS; laps_sd.py), prior=16
+                                   (est=1: drafted tokens of weight of the
+                                   class's mean acceptance; 0 = own rate alone)
 
 Queue policies get the target's profiled cost model (and the draft's, when
 profiled) for LAPS-SD's eq. 6.
@@ -176,11 +178,11 @@ def _positive(text: str, what: str) -> float:
 
 
 _LAPS_OPTIONS = {"k": "num_queues", "m": "growth", "s1": "first_threshold", "gamma": "rounds", "delta": "tolerance",
-                 "est": "unstable"}
+                 "est": "unstable", "prior": "prior_tokens"}
 
 
 def _laps_config(arg: str | None, costs: SDCosts) -> LapsConfig:
-    """``k=4,m=2,s1=48r,gamma=4,delta=0.05,est=0`` (any subset; ``+`` may join them too) -> LapsConfig.
+    """``k=4,m=2,s1=48r,gamma=4,delta=0.05,est=0,prior=16`` (any subset; ``+`` may join them too) -> LapsConfig.
 
     S_1: ``48r`` counts attained service in rounds (the default, Q1_ROUNDS: follows any machine), a plain
     number in seconds (the paper's E_i; priority_queues.py)."""
@@ -198,6 +200,15 @@ def _laps_config(arg: str | None, costs: SDCosts) -> LapsConfig:
                                  f"(rank them by eq. 6 too); got {text!r}")  # fmt: skip
             unstable = "estimate" if text.strip() == "1" else "fcfs"
             continue
+        if key.strip() == "prior":  # 0 is allowed: the request's own rate alone
+            try:
+                values["prior_tokens"] = float(text)
+            except ValueError:
+                values["prior_tokens"] = -1.0
+            if not values["prior_tokens"] >= 0:
+                raise ValueError(f"laps-sd prior (drafted tokens of the class prior's weight) must be >= 0, "
+                                 f"got {text!r}")  # fmt: skip
+            continue
         if key.strip() == "s1":
             text = text.strip()
             unit = "rounds" if text.endswith("r") else "s"
@@ -214,4 +225,5 @@ def _laps_config(arg: str | None, costs: SDCosts) -> LapsConfig:
         stability = Stability(**{k: v for k, v in values.items() if k in ("rounds", "tolerance")})
     except ValueError as exc:
         raise ValueError(f"laps-sd: {exc}") from None
-    return LapsConfig(levels=levels, stability=stability, costs=costs, unstable=unstable)
+    extra = {"prior_tokens": values["prior_tokens"]} if "prior_tokens" in values else {}
+    return LapsConfig(levels=levels, stability=stability, costs=costs, unstable=unstable, **extra)

@@ -193,6 +193,26 @@ def test_estimate_uses_acceptance_so_far_then_the_class_prior():
     assert [r.id for r in p.order([rejecting_class, accepting_class], now=2.0)] == ["accepting", "rejecting"]
 
 
+def test_estimate_shrinks_early_acceptance_toward_the_class_prior():
+    history = ClassHistoryPredictor(smoothing=0.5, min_samples=1)
+    done = finished(4, 100, 100)
+    done.num_accepted_tokens, done.num_drafted_tokens = 24, 40  # the class accepts 0.6
+    history.observe(done)
+    p = estimating(history)  # prior_tokens = 16
+    unlucky = req("unlucky", prompt=4, accepted=[0, 0], max_new=100)
+    unlucky.num_drafted_tokens = 8  # two rounds of 4, nothing accepted yet
+    assert p.acceptance_so_far(unlucky) == pytest.approx((0 + 16 * 0.6) / (8 + 16))  # 0.4, not 0
+    veteran = req("veteran", prompt=4, max_new=100)
+    veteran.num_accepted_tokens, veteran.num_drafted_tokens = 40, 400  # much evidence: its own rate wins
+    assert p.acceptance_so_far(veteran) == pytest.approx((40 + 9.6) / 416)
+    fresh = req("fresh", prompt=4, max_new=100)
+    assert p.acceptance_so_far(fresh) == pytest.approx(0.6)  # nothing drafted: the prior
+    own = LapsSD(LapsConfig(unstable="estimate", prior_tokens=0.0), predictor=history)
+    assert own.acceptance_so_far(unlucky) == 0.0  # prior=0: the raw rate, as before
+    with pytest.raises(ValueError):
+        LapsConfig(prior_tokens=-1.0)
+
+
 def test_spec_off_requests_are_perceptible_at_once():
     p = laps()
     r = req("off")

@@ -28,6 +28,8 @@ def test_laps_sd_options_and_costs():
     assert p.config.unstable == "fcfs" and queue_policy("laps-sd:est=1").config.unstable == "estimate"
     joined = queue_policy("laps-sd:est=1+s1=2").config  # "+" joins options where "," separates list items
     assert joined.unstable == "estimate" and joined.levels.first_threshold == 2.0
+    assert queue_policy("laps-sd:est=1").config.prior_tokens == 16.0
+    assert queue_policy("laps-sd:est=1+prior=0").config.prior_tokens == 0.0
 
 
 def test_laps_sd_first_threshold_is_counted_in_rounds_unless_given_in_seconds():
@@ -45,7 +47,7 @@ def test_laps_sd_first_threshold_is_counted_in_rounds_unless_given_in_seconds():
 
 @pytest.mark.parametrize(
     "spec", ["nope", "las:-1", "las:x", "laps-sd:k=0", "laps-sd:k=2.5", "laps-sd:m=1", "laps-sd:foo=1", "laps-sd:k",
-             "laps-sd:est=2"]
+             "laps-sd:est=2", "laps-sd:prior=-1", "laps-sd:prior=x"]
 )
 def test_bad_specs(spec):
     with pytest.raises(ValueError):
