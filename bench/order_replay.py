@@ -10,7 +10,7 @@ clairvoyant order: shortest job first (SJF) is optimal for the mean. Replaying F
 ``max_new_tokens`` (what LP-SJF knows before a request runs), by its actual output length and by
 its actual rounds (an oracle) tells how much of a goal such as "25 % below FCFS" the sample leaves
 to any order policy. The replay ignores prefills and batch-size effects on the round time: on
-bench-order's chat prompts (~40 tokens) both are small and LP-SJF measured within 3 points of its
+bench-order's chat prompts (~40 tokens) both are small and LP-SJF measured within 3-4 points of its
 replay (order-eagle, 2026-11-27); on grounded prompts (1,000-1,500 tokens, a second of prefill each)
 LP-SJF beat its replay by 9 points, so there the replay is a rough guide
 (docs/bench/policies-grounded.md).
