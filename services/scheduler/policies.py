@@ -167,13 +167,13 @@ def queue_policy(spec: str, *, cost_model=None, draft_cost_model=None) -> QueueP
     return factory(arg or None, SDCosts(target=cost_model, draft=draft_cost_model))
 
 
-def _positive(text: str, what: str) -> float:
+def _positive(text: str, what: str, *, zero_ok: bool = False) -> float:
     try:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not value > 0:
-        raise ValueError(f"{what} must be a number > 0, got {text!r}")
+    if not (value >= 0 if zero_ok else value > 0):
+        raise ValueError(f"{what} must be a number {'>=' if zero_ok else '>'} 0, got {text!r}")
     return value
 
 
@@ -201,13 +201,7 @@ def _laps_config(arg: str | None, costs: SDCosts) -> LapsConfig:
             unstable = "estimate" if text.strip() == "1" else "fcfs"
             continue
         if key.strip() == "prior":  # 0 is allowed: the request's own rate alone
-            try:
-                values["prior_tokens"] = float(text)
-            except ValueError:
-                values["prior_tokens"] = -1.0
-            if not values["prior_tokens"] >= 0:
-                raise ValueError(f"laps-sd prior (drafted tokens of the class prior's weight) must be >= 0, "
-                                 f"got {text!r}")  # fmt: skip
+            values["prior_tokens"] = _positive(text, "laps-sd prior (drafted tokens of weight)", zero_ok=True)
             continue
         if key.strip() == "s1":
             text = text.strip()
