@@ -141,11 +141,13 @@ class Harness:
 
     def _items(self, n: int, rate: float | None, max_new_tokens: int, seed_offset: int = 0,
                slo_mix: dict[str, float] | None = None, times: list[float] | None = None,
-               arrival_offset: int = 0) -> list[EncodedItem]:  # fmt: skip
+               arrival_offset: int = 0, own_sample: bool = False) -> list[EncodedItem]:  # fmt: skip
+        """``n`` encoded items. Prompts and bounds come from the run's seed, the same in every phase, unless
+        ``own_sample`` or ``distinct_prompts``: then from seed + ``seed_offset`` (a draw of its own)."""
         o = self.opts
         if times is None and rate is not None:
             times = arrivals.poisson(rate, n, o.seed + seed_offset + arrival_offset)
-        seed = o.seed + seed_offset if o.distinct_prompts else o.seed
+        seed = o.seed + seed_offset if o.distinct_prompts or own_sample else o.seed
         items = build(n, arrivals=times, prompt_mix=o.prompt_mix, slo_mix=slo_mix or o.slo_mix,
                       max_new_tokens=max_new_tokens, seed=seed, length_dist=o.length_dist)  # fmt: skip
         return self.encoder.encode_all(items)
@@ -386,8 +388,11 @@ class Harness:
         o = self.opts
         for rep in range(o.sweep_repeats):  # passes over the levels, the order of configurations rotated each time
             for ci, conc in enumerate(o.concurrency):
+                # each (load, repeat) is its own sample of N requests, the same for every configuration within it:
+                # all N are present at once, so what any order can gain over FCFS is a property of the sample
+                # (bench/order_replay.py); one sample repeated would measure that draw, not the policy
                 items = self._items(max(o.sweep_requests, o.closed_factor * conc), None, o.sweep_max_new_tokens,
-                                    seed_offset=100 + ci + 50 * rep)  # fmt: skip
+                                    seed_offset=100 + ci + 50 * rep, own_sample=True)  # fmt: skip
                 load = f"concurrency={conc}"
                 for c in rotated(configs, ci + rep):
                     run = await self._send("closed", load, c, self._jobs(c, f"closed{ci}", rep, items), senders,

@@ -71,3 +71,29 @@ def test_tiny_bench_order_runs_policies_side_by_side(tmp_path, monkeypatch):
     assert json.loads((out / "order_summary.json").read_text()) == summary
     assert (out / "order_latency.png").stat().st_size > 1000
     assert order_summary(res) == summary
+
+
+class _Raw:
+    """An encoder that returns the work items as drawn: the sample, without a tokenizer."""
+
+    @staticmethod
+    def encode_all(items):
+        return items
+
+
+def _sample(h, **kw) -> list[tuple[str, int]]:
+    return [(it.prompt.text, it.max_new_tokens) for it in h._items(30, None, (8, 256), **kw)]
+
+
+def test_each_closed_load_and_repeat_draws_its_own_sample(tmp_path):
+    from bench.harness import Harness
+
+    h = Harness(order_options(models=Models(home=tmp_path)), tmp_path)
+    h.encoder = _Raw()
+    # a closed pass's sample: its own per (load, repeat) offset, the same again for the next configuration
+    first = _sample(h, seed_offset=100, own_sample=True)
+    assert first == _sample(h, seed_offset=100, own_sample=True)
+    assert first != _sample(h, seed_offset=150, own_sample=True)  # the next repeat
+    assert first != _sample(h, seed_offset=101, own_sample=True)  # the next load
+    # phases that share the run's prompts (the sweep: only the arrivals differ) ignore the offset
+    assert _sample(h, seed_offset=1) == _sample(h, seed_offset=2)
