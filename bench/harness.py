@@ -106,6 +106,8 @@ class Harness:
         self.records: dict[str, dict[str, dict[str, list[Record]]]] = defaultdict(lambda: defaultdict(dict))
         self.prom: dict[tuple[str, str, str], prom.Scrape] = defaultdict(prom.Scrape)
         self.overheads: dict[tuple[str, str, str], dict | None] = {}
+        # (phase, load, config) -> repeat -> that run's step times by shape: how fast the machine ran it
+        self.run_steps: dict[tuple[str, str, str], dict[int, dict]] = defaultdict(dict)
         self.timelines: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
         self.walls: dict[tuple[str, str, str], float] = defaultdict(float)  # wall time of the runs behind a row
         self.run_latency: dict[tuple[str, str, str], list[float]] = defaultdict(list)  # each run's mean latency
@@ -240,6 +242,11 @@ class Harness:
         per_request = {rid: "|".join(g) for rid, g in requests.items()}
         for group_key, result in overhead.by_config(spans, per_request).items():
             self.overheads[tuple(group_key.split("|"))] = result  # by_config only returns groups it saw
+        per_run = {rid: f"{'|'.join(g)}|{report.repeat_of(rid)}" for rid, g in requests.items()}
+        for group_key, result in overhead.by_config(spans, per_run).items():
+            *group, rep = group_key.split("|")
+            if result:
+                self.run_steps[tuple(group)][int(rep)] = result["step_ms_by_batch_k"]
         self.log(f"stack {n}: {len(spans)} spans received")
 
     async def _phases(self, b1: list[Config], sw: list[Config], senders, requests) -> None:
@@ -453,6 +460,9 @@ class Harness:
                 for name, recs in per_config.items():
                     run_wall = self.walls[(phase, load, name)]
                     row = {"summary": report.summarize_records(recs, run_wall), "by_run": report.by_run(recs)}
+                    for run in row["by_run"]:  # the machine's speed during each run (bench/order.py adjusts by it)
+                        if steps := self.run_steps.get((phase, load, name), {}).get(run["repeat"]):
+                            run["step_ms_by_batch_k"] = steps
                     row.update(self._extras(phase, load, name))
                     if phase == "closed":  # what an order policy moves: who waited, for how long, how long it ran
                         row["requests"] = report.request_rows(recs)

@@ -64,3 +64,12 @@ def order_bounds(rows: Sequence[dict], slots: int) -> dict[str, float] | None:
     if not ratios["sjf_steps"]:
         return None
     return {name: statistics.fmean(v) for name, v in ratios.items()}
+
+
+def distinct_samples(rows: Sequence[dict]) -> bool:
+    """Whether the repeats drew different requests (bench runs before 2026-11-27 repeated one sample)."""
+    groups: dict[str, list[tuple]] = {}
+    for r in rows:
+        m = _REPEAT.search(r["id"])
+        groups.setdefault(m.group(1) if m else "0", []).append((r.get("prompt_tokens"), r.get("max_new_tokens")))
+    return len({tuple(sorted(g)) for g in groups.values()}) > 1

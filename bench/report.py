@@ -111,6 +111,12 @@ def summarize_records(records: Sequence[Record], wall_s: float) -> dict:
 _REPEAT = re.compile(r"-r(\d+)-")
 
 
+def repeat_of(request_id: str) -> int:
+    """The repeat a request was sent in (the ``-r<rep>-`` of its id; 0 without one)."""
+    m = _REPEAT.search(request_id)
+    return int(m.group(1)) if m else 0
+
+
 def by_run(records: Sequence[Record], *, batch1: bool = False) -> list[dict]:
     """One compact summary per repeat (the ``-r<rep>-`` of the request ids): the spread a pooled summary hides.
 
@@ -118,8 +124,7 @@ def by_run(records: Sequence[Record], *, batch1: bool = False) -> list[dict]:
     """
     groups: dict[int, list[Record]] = {}
     for r in records:
-        m = _REPEAT.search(r.job.request_id)
-        groups.setdefault(int(m.group(1)) if m else 0, []).append(r)
+        groups.setdefault(repeat_of(r.job.request_id), []).append(r)
     out = []
     for rep in sorted(groups):
         recs = groups[rep]

@@ -67,6 +67,9 @@ def test_load_phases_and_files(results):
     assert set(res["sweep"][rate]) == {"target-only", "tandem-k2"}
     assert res["sweep"][rate]["tandem-k2"]["summary"]["num_ok"] == 3
     assert set(res["closed"]["concurrency=2"]) == {"target-only", "tandem-k2"}
+    for row in res["closed"]["concurrency=2"].values():  # each run's step times: the machine speed it met
+        (run,) = row["by_run"]
+        assert sum(shape["n"] for shape in run["step_ms_by_batch_k"].values()) > 0
     saved = json.loads((out / "results.json").read_text())
     assert saved["batch1"].keys() == res["batch1"].keys()
     for png in ("batch1_throughput.png", "load_sweep.png", "load_closed.png", "acceptance.png"):

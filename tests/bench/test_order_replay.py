@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.order_replay import order_bounds, replay
+from bench.order_replay import distinct_samples, order_bounds, replay
 
 
 def test_replay_is_list_scheduling_on_the_first_free_server():
@@ -31,3 +31,12 @@ def test_each_repeat_is_replayed_alone():
             row(0, 10, 10, 1, 0.1, rep=1), row(1, 100, 90, 3, 0.2, rep=1)]  # already SJF: 1.0  # fmt: skip
     assert order_bounds(rows, slots=1)["sjf_steps"] == pytest.approx((5 / 7 + 1) / 2)
     assert order_bounds([row(0, 1, 1, 1, 0.1)], slots=1) is None  # nothing to reorder
+
+
+def test_distinct_samples_tells_one_sample_repeated_from_a_draw_per_repeat():
+    def rows(rep, prompts):
+        return [{"id": f"order:fcfs/closed0-r{rep}-i{i}", "prompt_tokens": p, "max_new_tokens": 8}
+                for i, p in enumerate(prompts)]  # fmt: skip
+
+    assert not distinct_samples(rows(0, [10, 20]) + rows(1, [20, 10]))  # the same requests, finished in another order
+    assert distinct_samples(rows(0, [10, 20]) + rows(1, [10, 30]))
