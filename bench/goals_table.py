@@ -23,7 +23,6 @@ Writes goals.json, README.md (the table) and summary.png (one panel per paper) u
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 from pathlib import Path
 
@@ -31,7 +30,6 @@ import typer
 
 from bench import adaptive_goals
 from bench.order_replay import distinct_samples, order_bounds
-from bench.speed_adjust import adjusted_ratios
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ADAPTIVE_POLICIES = ("policy:smartspec", "policy:smartspec-request", "policy:faser", "policy:nightjar", "policy:nightjar-global")
@@ -149,8 +147,6 @@ def laps(results: dict, folder: Path, draft: str = "") -> list[dict]:
                                          per["order:fcfs"].get("latency_mean_by_run_s") or [])]  # fmt: skip
             bound = order_bounds(per["order:fcfs"].get("requests") or [], ORDER_SLOTS)
             notes = []
-            if adj := adjusted_ratios(per[name].get("by_run") or [], per["order:fcfs"].get("by_run") or []):
-                notes.append(f"machine drift taken out: {statistics.fmean(adj) - 1:+.0%}")
             if bound:
                 samples = "these samples" if distinct_samples(per["order:fcfs"].get("requests") or []) else "this sample"
                 notes.append(f"a clairvoyant order on {samples}: "

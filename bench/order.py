@@ -5,8 +5,7 @@
     write(results, out_dir)  order_summary.json + order_latency.png; the table on the console
 
 ``mean_vs_fcfs`` is the mean latency relative to FCFS at the same load
-(0.75 = 25 % lower, LAPS-SD's goal in issue 7); ``speed_adjusted_vs_fcfs`` the same per repeat
-with each run's machine speed taken out (bench/speed_adjust.py; a diagnostic, not the verdict); ``mean_tokens`` and
+(0.75 = 25 % lower, LAPS-SD's goal in issue 7); ``mean_tokens`` and
 ``bound_length_rank_corr`` (Spearman's ρ of max_new_tokens and the actual
 length) tell how much a length predictor could know.
 """
@@ -15,14 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from bench.order_replay import order_bounds
-from bench.speed_adjust import adjusted_ratios
 
 FCFS = "order:fcfs"
 
@@ -43,9 +40,6 @@ def order_summary(results: dict, slots: int | None = None) -> dict:
                    "bound_length_rank_corr": lengths[name].get("rank_corr")}
             for name, lat in rows.items()
         }  # fmt: skip
-        for name, row in per_config.items():  # the same ratio, per repeat, with the machine's drift taken out
-            if FCFS in per_config and (adj := adjusted_ratios(row.get("by_run") or [], per_config[FCFS].get("by_run") or [])):
-                out[load][name]["speed_adjusted_vs_fcfs"] = adj
         if FCFS in per_config and (bounds := order_bounds(per_config[FCFS].get("requests") or [], slots)):
             out[load]["replay"] = bounds
     return out
@@ -55,17 +49,15 @@ def write(results: dict, out_dir: Path, console: Console | None = None) -> dict:
     summary = order_summary(results)
     (out_dir / "order_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     table = Table(title="request order: end-to-end latency (closed loop)")
-    for c in ("load", "policy", "mean s", "p99 s", "mean vs fcfs", "speed-adjusted", "tokens/req", "ρ(bound, len)"):
+    for c in ("load", "policy", "mean s", "p99 s", "mean vs fcfs", "tokens/req", "ρ(bound, len)"):
         table.add_column(c, justify="left" if c in ("load", "policy") else "right")
     for load, rows in summary.items():
         for name, r in rows.items():
             if name == "replay":
                 continue
             fmt = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
-            adj = r.get("speed_adjusted_vs_fcfs")
             table.add_row(load, name, fmt(r["mean_s"], ".2f"), fmt(r["p99_s"], ".2f"), fmt(r["mean_vs_fcfs"], ".2f"),
-                          fmt(statistics.fmean(adj) if adj else None, ".2f"), fmt(r.get("mean_tokens"), ".1f"),
-                          fmt(r.get("bound_length_rank_corr"), ".2f"))  # fmt: skip
+                          fmt(r.get("mean_tokens"), ".1f"), fmt(r.get("bound_length_rank_corr"), ".2f"))
     (console or Console()).print(table)
     for load, rows in summary.items():
         if bounds := rows.get("replay"):
