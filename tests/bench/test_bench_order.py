@@ -88,7 +88,7 @@ def _sample(h, **kw) -> list[tuple[str, int]]:
 def test_each_closed_load_and_repeat_draws_its_own_sample(tmp_path):
     from bench.harness import Harness
 
-    h = Harness(order_options(models=Models(home=tmp_path)), tmp_path)
+    h = Harness(order_options(models=Models(home=tmp_path), prompt_mix={"chat": 1.0}), tmp_path)
     h.encoder = _Raw()
     # a closed pass's sample: its own per (load, repeat) offset, the same again for the next configuration
     first = _sample(h, seed_offset=100, own_sample=True)
