@@ -145,11 +145,11 @@ def laps(results: dict, folder: Path, draft: str = "") -> list[dict]:
             ratio = per[name]["summary"]["latency_s"]["mean"] / per["order:fcfs"]["summary"]["latency_s"]["mean"]
             r = [a / b for a, b in zip(per[name].get("latency_mean_by_run_s") or [],
                                          per["order:fcfs"].get("latency_mean_by_run_s") or [])]  # fmt: skip
-            bound = order_bounds(per["order:fcfs"].get("requests") or [], ORDER_SLOTS)
+            bound = order_bounds(per["order:fcfs"].get("requests") or [], ORDER_SLOTS, per["order:fcfs"].get("overhead"))
             notes = []
             if bound:
                 samples = "these samples" if distinct_samples(per["order:fcfs"].get("requests") or []) else "this sample"
-                notes.append(f"a clairvoyant order on {samples}: "
+                notes.append(f"shortest-first knowing every request's rounds, replayed on {samples}: "
                              f"{bound['sjf_steps'] - 1:+.1%}")
             cells.append(f"{n}: {ratio - 1:+.0%}" + (f" ({'; '.join(notes)})" if notes else ""))
             runs += r

@@ -1,7 +1,7 @@
 """`make bench-order`'s summary: mean and p99 latency per queue policy vs concurrent requests.
 
     order_summary(results)   {"concurrency=10": {"order:fcfs": {"mean_s", "p99_s", "mean_vs_fcfs"}, ...,
-                              "replay": {"sjf_bound", "sjf_tokens", "sjf_steps"}}, ...}
+                              "replay": {"sjf_bound", "sjf_tokens", "sjf_steps", "model"}}, ...}
     write(results, out_dir)  order_summary.json + order_latency.png; the table on the console
 
 ``mean_vs_fcfs`` is the mean latency relative to FCFS at the same load
@@ -40,7 +40,8 @@ def order_summary(results: dict, slots: int | None = None) -> dict:
                    "bound_length_rank_corr": lengths[name].get("rank_corr")}
             for name, lat in rows.items()
         }  # fmt: skip
-        if FCFS in per_config and (bounds := order_bounds(per_config[FCFS].get("requests") or [], slots)):
+        fcfs = per_config.get(FCFS) or {}
+        if fcfs and (bounds := order_bounds(fcfs.get("requests") or [], slots, fcfs.get("overhead"))):
             out[load]["replay"] = bounds
     return out
 
@@ -61,8 +62,9 @@ def write(results: dict, out_dir: Path, console: Console | None = None) -> dict:
     (console or Console()).print(table)
     for load, rows in summary.items():
         if bounds := rows.get("replay"):
-            (console or Console()).print(f"{load}: FCFS's requests replayed shortest-first, vs FCFS: " + ", ".join(
-                f"{k} {v:.2f}" for k, v in bounds.items()))
+            (console or Console()).print(f"{load}: FCFS's requests replayed shortest-first ({bounds['model']} model), "
+                                         "vs FCFS: " + ", ".join(f"{k} {v:.2f}" for k, v in bounds.items()
+                                                                if k != "model"))  # fmt: skip
     _plot(summary, out_dir / "order_latency.png")
     return summary
 

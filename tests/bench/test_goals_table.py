@@ -93,7 +93,7 @@ def test_order_goal_names_what_a_clairvoyant_order_reaches_on_the_sample(tmp_pat
     results = {"command": "order", "closed": {"concurrency=30": {"order:fcfs": fcfs, "order:laps-sd:est=1": est}}}
     (row,) = laps(results, tmp_path)
     # FCFS replay: ends 80 70 60 50 54 57 59 60 -> 61.25; SJF: 1 2 3 4 51 62 73 84 -> 35 (0.57)
-    assert row["value"] == "30: -20% (a clairvoyant order on this sample: -42.9%)"
+    assert row["value"] == "30: -20% (shortest-first knowing every request's rounds, replayed on this sample: -42.9%)"
 
 
 def test_the_readme_section_is_rewritten_between_its_markers(tmp_path):
