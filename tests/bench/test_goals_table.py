@@ -117,3 +117,22 @@ def test_the_readme_section_is_rewritten_between_its_markers(tmp_path):
     readme.write_text("# no markers\n")
     with pytest.raises(typer.BadParameter):
         rewrite_readme(readme, section)
+
+
+def test_calibration_treats_each_fixed_k_as_a_policy_against_the_other_fixed_ones():
+    from bench.goals_table import fixed_calibration
+
+    def cell(mean, runs):
+        return {"summary": {"latency_s": {"mean": mean}}, "latency_mean_by_run_s": runs}
+
+    # k1 and k2 trade the best place (noise); k3 is 20 % slower everywhere; a policy is not a fixed configuration
+    results = {"sweep": {
+        "rate=1": {"tandem-k1": cell(1.00, [1.0, 1.0, 1.0]), "tandem-k2": cell(1.08, [1.1, 1.1, 1.04]),
+                   "tandem-k3": cell(1.2, [1.2] * 3), "policy:smartspec": cell(1.0, [1.0] * 3)},
+        "rate=2": {"tandem-k1": cell(1.08, [1.1, 1.04, 1.1]), "tandem-k2": cell(1.00, [1.0] * 3),
+                   "tandem-k3": cell(1.2, [1.2] * 3), "policy:smartspec": cell(1.0, [1.0] * 3)},
+    }}  # fmt: skip
+    passing, tried = fixed_calibration(results)
+    assert tried == 3 and passing == []  # each of k1, k2 is 8 % behind the other at one load
+    results["sweep"]["rate=2"]["tandem-k1"] = cell(1.03, [1.04, 1.02, 1.03])
+    assert fixed_calibration(results) == (["tandem-k1"], 3)
