@@ -460,7 +460,7 @@ class Harness:
                 for name, recs in per_config.items():
                     run_wall = self.walls[(phase, load, name)]
                     row = {"summary": report.summarize_records(recs, run_wall), "by_run": report.by_run(recs)}
-                    for run in row["by_run"]:  # the machine's speed during each run (bench/order.py adjusts by it)
+                    for run in row["by_run"]:  # each run's step times by shape (its machine and its order together)
                         if steps := self.run_steps.get((phase, load, name), {}).get(run["repeat"]):
                             run["step_ms_by_batch_k"] = steps
                     row.update(self._extras(phase, load, name))

@@ -29,10 +29,11 @@ cost to the others, its prefill plus its rounds at a full batch's per-request sh
 from __future__ import annotations
 
 import heapq
-import re
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+from bench.report import repeat_of
 
 
 def replay(durations: Sequence[float], slots: int) -> float:
@@ -47,8 +48,6 @@ def replay(durations: Sequence[float], slots: int) -> float:
         heapq.heappush(free, t)
     return statistics.fmean(ends)
 
-
-_REPEAT = re.compile(r"-r(\d+)-")
 
 ORDERS: dict[str, Callable[[dict], float]] = {
     "sjf_bound": lambda r: r["max_new_tokens"],  # LP-SJF's knowledge before a request runs
@@ -111,11 +110,7 @@ def order_bounds(rows: Sequence[dict], slots: int, overhead: Mapping | None = No
     """Each order's replayed mean latency relative to FCFS's replay (0.75 = 25 % lower), from FCFS's request
     rows; each repeat (``-r<rep>-`` in the ids: a batch sent at once) replayed alone, the ratios averaged. With
     FCFS's ``overhead`` (its spans) and the rows' prompt lengths, under the loop model; else the slots model."""
-    groups: dict[str, list[dict]] = {}
-    for r in rows:
-        if r.get("ttft_s") is not None and r.get("steps"):
-            m = _REPEAT.search(r["id"])
-            groups.setdefault(m.group(1) if m else "0", []).append(r)
+    groups = _by_repeat(r for r in rows if r.get("ttft_s") is not None and r.get("steps"))
     loop = LoopCosts.of(overhead, rows) if all(r.get("prompt_tokens") for r in rows) else None
     if loop is not None:
         share = loop.round(slots) / max(1, slots)  # a round's cost to each of a full batch
@@ -139,8 +134,14 @@ def order_bounds(rows: Sequence[dict], slots: int, overhead: Mapping | None = No
 
 def distinct_samples(rows: Sequence[dict]) -> bool:
     """Whether the repeats drew different requests (bench runs before 2026-11-27 repeated one sample)."""
-    groups: dict[str, list[tuple]] = {}
+    samples = {tuple(sorted((r.get("prompt_tokens"), r.get("max_new_tokens")) for r in g))
+               for g in _by_repeat(rows).values()}  # fmt: skip
+    return len(samples) > 1
+
+
+def _by_repeat(rows: Iterable[dict]) -> dict[int, list[dict]]:
+    """Request rows by the repeat they were sent in (each repeat of bench-order: one batch sent at once)."""
+    groups: dict[int, list[dict]] = {}
     for r in rows:
-        m = _REPEAT.search(r["id"])
-        groups.setdefault(m.group(1) if m else "0", []).append((r.get("prompt_tokens"), r.get("max_new_tokens")))
-    return len({tuple(sorted(g)) for g in groups.values()}) > 1
+        groups.setdefault(repeat_of(r["id"]), []).append(r)
+    return groups
