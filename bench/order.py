@@ -5,7 +5,9 @@
     write(results, out_dir)  order_summary.json + order_latency.png; the table on the console
 
 ``mean_vs_fcfs`` is the mean latency relative to FCFS at the same load
-(0.75 = 25 % lower, LAPS-SD's goal in issue 7); ``mean_tokens`` and
+(0.75 = 25 % lower, LAPS-SD's goal in issue 7); ``replayed_order_vs_fcfs`` (per repeat) the order the
+policy admitted in, replayed on FCFS's work and costs (bench/order_replay.py: the order alone, without
+the machine's drift between runs or what preemption changed); ``mean_tokens`` and
 ``bound_length_rank_corr`` (Spearman's ρ of max_new_tokens and the actual
 length) tell how much a length predictor could know.
 """
@@ -14,12 +16,13 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from bench.order_replay import order_bounds
+from bench.order_replay import order_bounds, replayed_order
 
 FCFS = "order:fcfs"
 
@@ -43,6 +46,10 @@ def order_summary(results: dict, slots: int | None = None) -> dict:
         fcfs = per_config.get(FCFS) or {}
         if fcfs and (bounds := order_bounds(fcfs.get("requests") or [], slots, fcfs.get("overhead"))):
             out[load]["replay"] = bounds
+        for name, row in per_config.items():  # the order each policy chose, on FCFS's work: drift and preemption out
+            if fcfs and (own := replayed_order(row.get("requests") or [], fcfs.get("requests") or [], slots,
+                                               fcfs.get("overhead"))):  # fmt: skip
+                out[load][name]["replayed_order_vs_fcfs"] = own
     return out
 
 
@@ -50,15 +57,17 @@ def write(results: dict, out_dir: Path, console: Console | None = None) -> dict:
     summary = order_summary(results)
     (out_dir / "order_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     table = Table(title="request order: end-to-end latency (closed loop)")
-    for c in ("load", "policy", "mean s", "p99 s", "mean vs fcfs", "tokens/req", "ρ(bound, len)"):
+    for c in ("load", "policy", "mean s", "p99 s", "mean vs fcfs", "its order replayed", "tokens/req", "ρ(bound, len)"):
         table.add_column(c, justify="left" if c in ("load", "policy") else "right")
     for load, rows in summary.items():
         for name, r in rows.items():
             if name == "replay":
                 continue
             fmt = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
+            own = r.get("replayed_order_vs_fcfs")
             table.add_row(load, name, fmt(r["mean_s"], ".2f"), fmt(r["p99_s"], ".2f"), fmt(r["mean_vs_fcfs"], ".2f"),
-                          fmt(r.get("mean_tokens"), ".1f"), fmt(r.get("bound_length_rank_corr"), ".2f"))
+                          fmt(statistics.fmean(own) if own else None, ".2f"), fmt(r.get("mean_tokens"), ".1f"),
+                          fmt(r.get("bound_length_rank_corr"), ".2f"))  # fmt: skip
     (console or Console()).print(table)
     for load, rows in summary.items():
         if bounds := rows.get("replay"):

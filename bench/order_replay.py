@@ -6,6 +6,8 @@
     order_bounds(rows, slots, overhead)
                                     {"sjf_bound": r, "sjf_tokens": r, "sjf_steps": r, "model": ...}: mean
                                     latency vs FCFS's order
+    replayed_order(rows, fcfs_rows, slots, overhead)
+                                    per repeat: a policy's own admission order on FCFS's work and costs
 
 bench-order sends N requests at once to a scheduler with ``slots`` batch slots. Every order policy
 draws from the same sample, and with all requests present at t = 0 no preemption helps a
@@ -130,6 +132,26 @@ def order_bounds(rows: Sequence[dict], slots: int, overhead: Mapping | None = No
     if not ratios["sjf_steps"]:
         return None
     return {**{name: statistics.fmean(v) for name, v in ratios.items()}, "model": "loop" if loop else "slots"}
+
+
+def replayed_order(rows: Sequence[dict], fcfs_rows: Sequence[dict], slots: int, overhead: Mapping | None) -> list[float] | None:
+    """Per repeat: a policy's own admission order (its requests by TTFT) replayed on the loop with FCFS's rounds
+    and costs, relative to FCFS's order. The same work and the same machine for every policy, so what is left is
+    the order it chose: drift between the runs and what preemption changed are out. A policy that admits in
+    FCFS's order replays to exactly 1.0, and its measured ratio is then the bench's noise. None without the
+    loop model's inputs (FCFS's spans, prompt lengths)."""
+    loop = LoopCosts.of(overhead, fcfs_rows) if fcfs_rows and all(r.get("prompt_tokens") for r in fcfs_rows) else None
+    if loop is None:
+        return None
+    item = lambda r: r["id"].rsplit("/", 1)[-1]  # noqa: E731 - "closed0-r1-i7": the same request in every policy
+    fcfs_groups, out = _by_repeat(r for r in fcfs_rows if r.get("ttft_s") is not None and r.get("steps")), []
+    for rep, group in sorted(_by_repeat(r for r in rows if r.get("ttft_s") is not None).items()):
+        work = {item(r): (r["steps"], r["prompt_tokens"]) for r in fcfs_groups.get(rep, [])}
+        if len(work) < 2 or any(item(r) not in work for r in group):
+            continue
+        fcfs = loop_replay([work[item(r)] for r in sorted(fcfs_groups[rep], key=lambda r: r["ttft_s"])], slots, loop)
+        out.append(loop_replay([work[item(r)] for r in sorted(group, key=lambda r: r["ttft_s"])], slots, loop) / fcfs)
+    return out or None
 
 
 def distinct_samples(rows: Sequence[dict]) -> bool:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.order_replay import LoopCosts, distinct_samples, loop_replay, order_bounds, replay
+from bench.order_replay import LoopCosts, distinct_samples, loop_replay, order_bounds, replay, replayed_order
 
 
 def test_replay_is_list_scheduling_on_the_first_free_server():
@@ -67,3 +67,20 @@ def test_with_fcfs_spans_the_bounds_replay_the_engine_loop():
     fcfs = loop_replay([(3, 1000), (1, 10), (2, 10)], 2, costs)
     assert b["sjf_steps"] == pytest.approx(loop_replay([(1, 10), (2, 10), (3, 1000)], 2, costs) / fcfs)
     assert LoopCosts.of(None, rows) is None and LoopCosts.of(overhead, [row(0, 1, 1, 1, 0.1)]) is None
+
+
+def test_a_policy_s_own_order_is_replayed_on_fcfs_s_work_and_costs():
+    def rows(policy, ttfts, steps=(3, 1, 2), prompts=(1000, 10, 10)):
+        return [{"id": f"{policy}/closed0-r0-i{i}", "steps": s, "prompt_tokens": p, "ttft_s": t, "max_new_tokens": 9,
+                 "tokens": 9} for i, (s, p, t) in enumerate(zip(steps, prompts, ttfts))]  # fmt: skip
+
+    overhead = {"phase_s": {"prefill": 1.02},
+                "step_ms_by_batch_k": {"b=1,k=3": {"n": 10, "total": 100.0}, "b=2,k=3": {"n": 30, "total": 150.0}}}
+    fcfs = rows("order:fcfs", (0.1, 0.2, 0.3))
+    costs = LoopCosts.of(overhead, fcfs)
+    assert replayed_order(rows("order:laps-sd", (0.1, 0.2, 0.3)), fcfs, 2, overhead) == pytest.approx([1.0])
+    # its own rounds do not count (a policy's preemptions and the machine's speed in its run): FCFS's work does
+    sjf = rows("order:lp-sjf", (0.3, 0.1, 0.2), steps=(9, 9, 9))
+    expected = loop_replay([(1, 10), (2, 10), (3, 1000)], 2, costs) / loop_replay([(3, 1000), (1, 10), (2, 10)], 2, costs)
+    assert replayed_order(sjf, fcfs, 2, overhead) == pytest.approx([expected]) and expected < 1
+    assert replayed_order(sjf, fcfs, 2, None) is None  # no spans: no loop model
