@@ -75,10 +75,13 @@ class LoopCosts:
     @classmethod
     def of(cls, overhead: Mapping | None, rows: Sequence[dict]) -> LoopCosts | None:
         """From a configuration's overhead breakdown (``step_ms_by_batch_k``: median step ms per shape, weighted
-        by steps over the chain lengths; ``phase_s.prefill`` over its rows' prompt tokens); None without spans."""
+        by steps over the chain lengths; ``phase_s.prefill`` over its rows' prompt tokens); None without spans or
+        without every row's prompt length."""
         steps = (overhead or {}).get("step_ms_by_batch_k") or {}
         prefill = ((overhead or {}).get("phase_s") or {}).get("prefill")
-        tokens = sum(r.get("prompt_tokens") or 0 for r in rows)
+        if not rows or not all(r.get("prompt_tokens") for r in rows):
+            return None  # a row without its prompt length cannot be replayed on the loop
+        tokens = sum(r["prompt_tokens"] for r in rows)
         by_batch: dict[int, list[tuple[float, float]]] = {}
         for shape, row in steps.items():
             b = int(shape.split(",")[0].removeprefix("b="))
@@ -112,8 +115,8 @@ def order_bounds(rows: Sequence[dict], slots: int, overhead: Mapping | None = No
     """Each order's replayed mean latency relative to FCFS's replay (0.75 = 25 % lower), from FCFS's request
     rows; each repeat (``-r<rep>-`` in the ids: a batch sent at once) replayed alone, the ratios averaged. With
     FCFS's ``overhead`` (its spans) and the rows' prompt lengths, under the loop model; else the slots model."""
-    groups = _by_repeat(r for r in rows if r.get("ttft_s") is not None and r.get("steps"))
-    loop = LoopCosts.of(overhead, rows) if all(r.get("prompt_tokens") for r in rows) else None
+    groups = _by_repeat(_served(rows))
+    loop = LoopCosts.of(overhead, rows)
     if loop is not None:
         share = loop.round(slots) / max(1, slots)  # a round's cost to each of a full batch
         mean = lambda group: loop_replay([(r["steps"], r["prompt_tokens"]) for r in group], slots, loop)  # noqa: E731
@@ -140,11 +143,11 @@ def replayed_order(rows: Sequence[dict], fcfs_rows: Sequence[dict], slots: int, 
     the order it chose: drift between the runs and what preemption changed are out. A policy that admits in
     FCFS's order replays to exactly 1.0, and its measured ratio is then the bench's noise. None without the
     loop model's inputs (FCFS's spans, prompt lengths)."""
-    loop = LoopCosts.of(overhead, fcfs_rows) if fcfs_rows and all(r.get("prompt_tokens") for r in fcfs_rows) else None
+    loop = LoopCosts.of(overhead, fcfs_rows)
     if loop is None:
         return None
     item = lambda r: r["id"].rsplit("/", 1)[-1]  # noqa: E731 - "closed0-r1-i7": the same request in every policy
-    fcfs_groups, out = _by_repeat(r for r in fcfs_rows if r.get("ttft_s") is not None and r.get("steps")), []
+    fcfs_groups, out = _by_repeat(_served(fcfs_rows)), []
     for rep, group in sorted(_by_repeat(r for r in rows if r.get("ttft_s") is not None).items()):
         work = {item(r): (r["steps"], r["prompt_tokens"]) for r in fcfs_groups.get(rep, [])}
         if len(work) < 2 or any(item(r) not in work for r in group):
@@ -159,6 +162,11 @@ def distinct_samples(rows: Sequence[dict]) -> bool:
     samples = {tuple(sorted((r.get("prompt_tokens"), r.get("max_new_tokens")) for r in g))
                for g in _by_repeat(rows).values()}  # fmt: skip
     return len(samples) > 1
+
+
+def _served(rows: Iterable[dict]) -> list[dict]:
+    """The rows of requests that were answered (a TTFT and at least one round): what a replay can place."""
+    return [r for r in rows if r.get("ttft_s") is not None and r.get("steps")]
 
 
 def _by_repeat(rows: Iterable[dict]) -> dict[int, list[dict]]:
