@@ -36,7 +36,7 @@ ADAPTIVE_POLICIES = ("policy:smartspec", "policy:smartspec-request", "policy:fas
 SLO_BASELINES = ("target-only", "tandem-k3", "policy:specinfer", "policy:equal_greedy", "policy:global_greedy",
                  "policy:global_greedy:marginal")  # fmt: skip
 ADASERVE = ("policy:adaserve", "policy:adaserve:marginal")
-LAPS = ("order:laps-sd", "order:laps-sd:est=1")
+LAPS = ("order:laps-sd", "order:laps-sd:est=1", "order:laps-sd:est=1+share=1")
 ORDER_SLOTS = 4  # bench-order's batch cap (bench/options.py ORDER_MAX_BATCH_SIZE)
 
 

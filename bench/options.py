@@ -110,8 +110,10 @@ def share_mix(stringent: float) -> dict[str, float]:
 
 
 # LAPS-SD's comparison (§5.2): N requests at once (N = 10..50), more than the batch holds.
-# laps-sd:est=1 is this project's variant: non-perceptible requests ranked by eq. 6 as well (laps_sd.py).
-ORDER_SWEEP = ("order:fcfs", "order:las", "order:lp-sjf", "order:laps-sd", "order:laps-sd:est=1")
+# laps-sd:est=1 is this project's variant: non-perceptible requests ranked by eq. 6 as well (laps_sd.py);
+# +share=1 charges eq. 6's rounds at a request's share of the batched forward (remaining_time.py).
+ORDER_SWEEP = ("order:fcfs", "order:las", "order:lp-sjf", "order:laps-sd", "order:laps-sd:est=1",
+               "order:laps-sd:est=1+share=1")
 ORDER_MAX_BATCH_SIZE = "4"  # TANDEM_MAX_BATCH_SIZE of the launched schedulers unless set
 
 

@@ -27,6 +27,10 @@ T̃ also carries the prefill a request not holding its KV must pay first
 own re-prefill (``preemption_cost_s``): it is preempted only for a job shorter
 by more than the switch costs.
 
+``share=1`` (with ``est=1``): eq. 6's rounds at the request's share of a
+batched forward, T(b)/b with b = the batch the admission fills (min of its
+slots and the requests in play), not its cost alone (remaining_time.py).
+
 Requests with speculation OFF have nothing to learn (each round emits one
 token): they are perceptible from the start with A_i = 0. ``priority``, when
 set, ranks before everything (as in FCFS).
@@ -56,6 +60,7 @@ class LapsConfig:
     unstable: Literal["fcfs", "estimate"] = "fcfs"  # order of non-perceptible requests within a queue
     prior_depth: float = 3.0  # n of eq. 6 for a request that has not drafted yet ("estimate")
     prior_tokens: float = 16.0  # "estimate": the class prior's weight in drafted tokens (0 = own rate alone)
+    share_rounds: bool = False  # eq. 6's rounds at the request's share of a batched forward (remaining_time.py)
 
     def __post_init__(self) -> None:
         if self.prior_tokens < 0:
@@ -76,15 +81,18 @@ class LapsSD(QueuePolicy):
             return 0.0
         return self.config.stability.predicted_acceptance(req.acceptance_rates())
 
-    def estimated_remaining_s(self, req: Request, acceptance: float, default_depth: float = 0.0) -> float:
-        """Eq. 6 with L_i = predicted remaining tokens and n = the request's mean drafted depth."""
+    def estimated_remaining_s(self, req: Request, acceptance: float, default_depth: float = 0.0,
+                              batch: int = 1) -> float:  # fmt: skip
+        """Eq. 6 with L_i = predicted remaining tokens and n = the request's mean drafted depth; ``batch``: how many
+        requests share a round (used with ``share_rounds``)."""
         depths = req.drafted_depths
         n = sum(depths) / len(depths) if depths else default_depth
         n = n if acceptance > 0 else 0.0
         remaining = max(1.0, self.predictor.predict(req) - req.num_generated)
         costs = self.config.costs
         ctx = req.num_tokens
-        return remaining_time(remaining, acceptance, n, costs.draft_token_s(ctx), costs.verify_s(ctx, n),
+        b = batch if self.config.share_rounds else 1
+        return remaining_time(remaining, acceptance, n, costs.draft_token_s(ctx, b), costs.verify_s(ctx, n, b),
                               costs.prefill_s(self.tokens_to_prefill(req)))  # fmt: skip
 
     @staticmethod
@@ -94,17 +102,18 @@ class LapsSD(QueuePolicy):
             return 0
         return req.num_tokens
 
-    def rank(self, req: Request) -> tuple:
-        """(priority, queue, 0 perceptible | 1 not, T̃ | arrival, arrival): lower runs first."""
+    def rank(self, req: Request, batch: int = 1) -> tuple:
+        """(priority, queue, 0 perceptible | 1 not, T̃ | arrival, arrival): lower runs first; ``batch``: the requests
+        sharing a round (``share_rounds``)."""
         levels = self.config.levels
         level = levels.level(levels.attained(req))
         arrival = req.arrival_time if req.arrival_time is not None else float("inf")
         a = self.perceived_acceptance(req)
         if a is not None:
-            return (req.priority, level, 0, self.estimated_remaining_s(req, a), arrival)
+            return (req.priority, level, 0, self.estimated_remaining_s(req, a, batch=batch), arrival)
         if self.config.unstable == "fcfs":
             return (req.priority, level, 1, arrival, arrival)
-        t = self.estimated_remaining_s(req, self.acceptance_so_far(req), self.config.prior_depth)
+        t = self.estimated_remaining_s(req, self.acceptance_so_far(req), self.config.prior_depth, batch)
         return (req.priority, level, 1, t - self.preemption_cost_s(req), arrival)
 
     def preemption_cost_s(self, req: Request) -> float:
@@ -139,7 +148,8 @@ class LapsSD(QueuePolicy):
     def schedule(
         self, waiting: Sequence[Request], running: Sequence[Request], capacity: Capacity, now: float
     ) -> Admission:
-        ranks = {r.id: self.rank(r) for r in [*waiting, *running]}  # once per request per step
+        batch = max(1, min(capacity.max_batch_size, len(waiting) + len(running)))  # the batch this admission fills
+        ranks = {r.id: self.rank(r, batch) for r in [*waiting, *running]}  # once per request per step
         return ranked_admission(
             waiting, running, capacity, key=lambda r: ranks[r.id], pinned=lambda r: ranks[r.id][2] == 0
         )

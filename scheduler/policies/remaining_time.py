@@ -21,6 +21,19 @@ prompts of a thousand tokens a re-prefill costs as much as a hundred decode
 rounds: without the term, a running request is preempted for a waiting one
 whose remaining decode is a little shorter, and both pay a prefill.
 
+**A round's share of a batched forward** (``laps-sd:est=1+share=1``, this
+project's): eq. 6 charges a round at the cost of the request's own forward,
+as if it ran alone; the (re)prefill term stalls every request in the batch.
+With ``batch`` = b requests decoding together, a request's round costs its
+own context and tokens plus 1/b of the per-forward cost (δ, c_t): its share
+of T(b), so T(b)/b instead of T(1). Ranked this way, shortest-first weighs a
+prefill as what it costs the batch (b·P + rounds·T(b), scaled by 1/b) rather
+than as b times too cheap against the request's own rounds. Why: on the
+grounded bench a round at batch 4 cost 169 ms, 42 ms a request, against
+72 ms alone; replayed on the engine loop with measured costs (bench/
+order_replay.py), shortest-first by P + rounds·T(4)/4 beat P + rounds·T(1)
+on 6 of 6 samples (docs/bench/policies-grounded.md).
+
 Costs come from the profiled cost models, T_fwd = α·N_context + γ·N_batched + δ
 (shared/profiling/cost_model.py), for this request alone at its context: its
 verification forward batches n + 1 tokens, a draft forward one. Without a
@@ -44,11 +57,15 @@ class SDCosts:
     draft: CostModel | None = None  # the draft's, when profiled
     draft_cost_ratio: float = 0.1  # T_SSM / (target decode) when the draft has no profile
 
-    def verify_s(self, context: int, depth: float) -> float:
-        """T_LLM: one verification forward of ``depth`` drafted tokens + the bonus position."""
+    def verify_s(self, context: int, depth: float, batch: int = 1) -> float:
+        """T_LLM: one verification forward of ``depth`` drafted tokens + the bonus position; with ``batch`` = b > 1
+        the request's share of a forward b requests run together (its context and tokens, 1/b of δ and c_t)."""
         if self.target is None:
-            return 1.0
-        return max(self.target.predict(context, depth + 1, verify=depth > 0), 1e-9)
+            return 1.0 / max(batch, 1)
+        verify = depth > 0
+        shared = self.target.delta_s + (self.target.verify_s if verify else 0.0)
+        alone = self.target.predict(context, depth + 1, verify=verify)
+        return max(alone - shared * (1.0 - 1.0 / max(batch, 1)), 1e-9)
 
     def prefill_s(self, tokens: int) -> float:
         """T_prefill: one target forward over ``tokens`` uncached tokens (a new request's prompt, or a preempted
@@ -57,12 +74,14 @@ class SDCosts:
             return 0.0
         return max(self.target.predict(tokens, tokens), 0.0)
 
-    def draft_token_s(self, context: int) -> float:
-        """T_SSM: one draft forward (one drafted token)."""
+    def draft_token_s(self, context: int, batch: int = 1) -> float:
+        """T_SSM: one draft forward (one drafted token); with ``batch`` = b > 1 the request's share (1/b of δ)."""
+        keep = 1.0 - 1.0 / max(batch, 1)
         if self.draft is not None:
-            return max(self.draft.predict(context, 1), 1e-9)
-        base = 1.0 if self.target is None else max(self.target.predict(context, 1), 1e-9)
-        return self.draft_cost_ratio * base
+            return max(self.draft.predict(context, 1) - self.draft.delta_s * keep, 1e-9)
+        if self.target is None:
+            return self.draft_cost_ratio / max(batch, 1)
+        return self.draft_cost_ratio * max(self.target.predict(context, 1) - self.target.delta_s * keep, 1e-9)
 
 
 def remaining_time(remaining_tokens: float, acceptance: float, depth: float, t_ssm: float, t_llm: float,

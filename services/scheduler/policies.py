@@ -44,7 +44,9 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                                    est=0|1 (1: non-perceptible requests ranked
                                    by eq. 6 too, not FCFS; laps_sd.py), prior=16
                                    (est=1: drafted tokens of weight of the
-                                   class's mean acceptance; 0 = own rate alone)
+                                   class's mean acceptance; 0 = own rate alone),
+                                   share=0|1 (1: eq. 6's rounds at the request's
+                                   share of a batched forward, T(b)/b)
 
 Queue policies get the target's profiled cost model (and the draft's, when
 profiled) for LAPS-SD's eq. 6.
@@ -178,11 +180,11 @@ def _positive(text: str, what: str, *, zero_ok: bool = False) -> float:
 
 
 _LAPS_OPTIONS = {"k": "num_queues", "m": "growth", "s1": "first_threshold", "gamma": "rounds", "delta": "tolerance",
-                 "est": "unstable", "prior": "prior_tokens"}
+                 "est": "unstable", "prior": "prior_tokens", "share": "share_rounds"}
 
 
 def _laps_config(arg: str | None, costs: SDCosts) -> LapsConfig:
-    """``k=4,m=2,s1=48r,gamma=4,delta=0.05,est=0,prior=16`` (any subset; ``+`` may join them too) -> LapsConfig.
+    """``k=4,m=2,s1=48r,gamma=4,delta=0.05,est=0,prior=16,share=0`` (any subset; ``+`` may join them too) -> LapsConfig.
 
     S_1: ``48r`` counts attained service in rounds (the default, Q1_ROUNDS: follows any machine), a plain
     number in seconds (the paper's E_i; priority_queues.py)."""
@@ -199,6 +201,12 @@ def _laps_config(arg: str | None, costs: SDCosts) -> LapsConfig:
                 raise ValueError(f"laps-sd est is 0 (FCFS among non-perceptible requests, the paper) or 1 "
                                  f"(rank them by eq. 6 too); got {text!r}")  # fmt: skip
             unstable = "estimate" if text.strip() == "1" else "fcfs"
+            continue
+        if key.strip() == "share":
+            if text.strip() not in ("0", "1"):
+                raise ValueError(f"laps-sd share is 0 (a round at the request's own cost, eq. 6) or 1 (at its share "
+                                 f"of a batched forward); got {text!r}")  # fmt: skip
+            values["share_rounds"] = text.strip() == "1"
             continue
         if key.strip() == "prior":  # 0 is allowed: the request's own rate alone
             values["prior_tokens"] = _positive(text, "laps-sd prior (drafted tokens of weight)", zero_ok=True)
@@ -219,5 +227,5 @@ def _laps_config(arg: str | None, costs: SDCosts) -> LapsConfig:
         stability = Stability(**{k: v for k, v in values.items() if k in ("rounds", "tolerance")})
     except ValueError as exc:
         raise ValueError(f"laps-sd: {exc}") from None
-    extra = {"prior_tokens": values["prior_tokens"]} if "prior_tokens" in values else {}
+    extra = {k: values[k] for k in ("prior_tokens", "share_rounds") if k in values}
     return LapsConfig(levels=levels, stability=stability, costs=costs, unstable=unstable, **extra)

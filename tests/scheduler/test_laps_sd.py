@@ -120,6 +120,38 @@ def test_costs_from_profiled_cost_models():
     assert SDCosts().verify_s(100, 4) == 1.0  # no profile: units of one forward
 
 
+def test_a_round_at_its_share_of_a_batched_forward():
+    # T(b)/b: the request's own context and tokens, 1/b of the per-forward delta (and c_t on a verify)
+    target = CostModel(alpha_s=1e-5, gamma_s=1e-3, delta_s=0.05, verify_s=0.01)
+    c = SDCosts(target=target)
+    assert c.verify_s(100, 4, batch=4) == pytest.approx(1e-3 + 5e-3 + (0.05 + 0.01) / 4)
+    assert c.verify_s(100, 0, batch=4) == pytest.approx(1e-3 + 1e-3 + 0.05 / 4)  # a plain decode: no c_t
+    assert c.verify_s(100, 4, batch=1) == c.verify_s(100, 4)
+    assert c.draft_token_s(100, batch=4) == pytest.approx(0.1 * (1e-3 + 1e-3 + 0.05 / 4))
+    assert SDCosts(target=target, draft=CostModel(gamma_s=1e-4, delta_s=0.002)).draft_token_s(100, 2) == (
+        pytest.approx(1e-4 + 0.001))  # fmt: skip
+    assert SDCosts().verify_s(100, 4, batch=4) == 0.25 and SDCosts().draft_token_s(100, 4) == pytest.approx(0.025)
+    assert c.prefill_s(1000) == pytest.approx(1000 * 1e-5 + 1000 * 1e-3 + 0.05)  # a prefill is not shared
+
+
+def test_share_weighs_a_prefill_as_what_it_costs_the_batch():
+    # decode round 51 ms alone, 13.5 ms a request in a batch of 4; prefill 1 ms a token + 50 ms
+    costs = SDCosts(target=CostModel(gamma_s=1e-3, delta_s=0.05), draft=CostModel(delta_s=1e-9))
+    long_prompt = req("long_prompt", arrival=0.0, prompt=500, max_new=10)  # 0.55 s prefill + 10 rounds
+    many_rounds = req("many_rounds", arrival=1.0, prompt=4, max_new=25)  # 0.054 s prefill + 25 rounds
+    cap = Capacity(max_batch_size=4, max_tokens_in_flight=1 << 20)
+    filler = [req(f"f{i}", arrival=2.0 + i, prompt=4, max_new=400) for i in range(2)]  # four requests in play
+
+    def admitted(share: bool) -> list[str]:
+        cfg = LapsConfig(levels=QueueLevels(4, 100.0, 2.0, "s"), stability=Stability(4, 0.05), unstable="estimate",
+                         costs=costs, share_rounds=share)  # fmt: skip
+        adm = LapsSD(cfg, predictor=MaxTokensPredictor()).schedule([long_prompt, many_rounds, *filler], [], cap, 3.0)
+        return [r.id for r in adm.admit][:2]
+
+    assert admitted(False) == ["long_prompt", "many_rounds"]  # alone: 1.06 s against 1.33 s
+    assert admitted(True) == ["many_rounds", "long_prompt"]  # shared by 4: 0.39 s against 0.69 s
+
+
 # ----------------------------------------------------------------------------- ordering
 
 

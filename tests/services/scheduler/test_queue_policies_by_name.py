@@ -30,6 +30,8 @@ def test_laps_sd_options_and_costs():
     assert joined.unstable == "estimate" and joined.levels.first_threshold == 2.0
     assert queue_policy("laps-sd:est=1").config.prior_tokens == 16.0
     assert queue_policy("laps-sd:est=1+prior=0").config.prior_tokens == 0.0
+    assert queue_policy("laps-sd:est=1+share=1").config.share_rounds is True
+    assert queue_policy("laps-sd:est=1").config.share_rounds is False
 
 
 def test_laps_sd_first_threshold_is_counted_in_rounds_unless_given_in_seconds():
@@ -47,7 +49,7 @@ def test_laps_sd_first_threshold_is_counted_in_rounds_unless_given_in_seconds():
 
 @pytest.mark.parametrize(
     "spec", ["nope", "las:-1", "las:x", "laps-sd:k=0", "laps-sd:k=2.5", "laps-sd:m=1", "laps-sd:foo=1", "laps-sd:k",
-             "laps-sd:est=2", "laps-sd:prior=-1", "laps-sd:prior=x"]
+             "laps-sd:est=2", "laps-sd:prior=-1", "laps-sd:prior=x", "laps-sd:share=2", "laps-sd:share=yes"]
 )
 def test_bad_specs(spec):
     with pytest.raises(ValueError):
