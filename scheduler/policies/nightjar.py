@@ -122,7 +122,9 @@ BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 class NightjarConfig(BaseModel):
     """Knobs of Nightjar's bandit; every field has a default."""
 
-    max_k: int = Field(5, ge=1, le=32, description="Γ_max: longest chain; arms are 0..Γ_max (0 = plain decoding).")
+    max_k: int = Field(8, ge=1, le=32, description="Γ_max: longest chain; arms are 0..Γ_max (0 = plain decoding). "
+                       "8 like SmartSpec's and FASER-AD's longest chain: with Γ_max = 5 the suffix draft's best "
+                       "k = 7 was out of reach (bench/results/diag-nightjar-arms).")
     switch_cost: bool = Field(True, description="Charge c_prefill when leaving γ = 0 (eq. 3's second term).")
     seed: int = Field(0, description="Seed of the exploration coin and the uniform draws.")
     exploration: Literal["block", "global"] = Field(

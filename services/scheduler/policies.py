@@ -22,7 +22,7 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                   faser[:K]        per-request k by GP-LCB, k <= K (8)          Faser
                   faser-fixedgp[:K]  the same, the GP's signal sd fixed at 30 %  Faser (signal fixed)
                                    of a step (the ablation of the empirical one)
-                  nightjar[:K]     bandit k per batch size, k <= K (5),          Nightjar
+                  nightjar[:K]     bandit k per batch size, k <= K (8),          Nightjar
                                    switching cost (ADA-BINGREEDY, eq. 3); with
                                    TANDEM_DRAFT_OFFLOAD the draft's memory is
                                    elastic (scheduler.policies.elastic_memory)
@@ -94,11 +94,11 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     ),
     "smartspec-conf": lambda arg: SmartSpecConfidence(SmartSpecConfig(confidence_threshold=_threshold(arg))),
     "faser": lambda arg: Faser(FaserConfig(max_k=_max_k(arg))),
-    "nightjar": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg, default=5))),
-    "nightjar-global": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg, default=5), exploration="global")),
-    "nightjar-chain": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg, default=5), estimate="chain")),
+    "nightjar": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg))),
+    "nightjar-global": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg), exploration="global")),
+    "nightjar-chain": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg), estimate="chain")),
     "faser-fixedgp": lambda arg: Faser(FaserConfig(max_k=_max_k(arg, default=8), signal="fixed")),
-    "nightjar-elim": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg, default=5), eliminate=2.0)),
+    "nightjar-elim": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg), eliminate=2.0)),
 }
 # name -> factory(argument after the colon or None, eq. 6's costs)
 QUEUE_POLICIES: dict[str, Callable[[str | None, SDCosts], QueuePolicy]] = {

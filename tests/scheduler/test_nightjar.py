@@ -193,7 +193,8 @@ def test_state_survives_a_restart_and_merges_across_replicas():
 def test_request_modes_and_registration():
     policy = speculation_policy("nightjar:3")
     assert isinstance(policy, Nightjar) and policy.config.max_k == 3
-    assert speculation_policy("nightjar").config.max_k == 5
+    assert speculation_policy("nightjar").config.max_k == 8  # Γ_max as SmartSpec's and FASER-AD's
+    assert NightjarConfig().max_k == 8
     assert speculation_policy("nightjar").config.exploration == "block"
     lemma2 = speculation_policy("nightjar-global:4")
     assert isinstance(lemma2, Nightjar) and lemma2.config.exploration == "global" and lemma2.config.max_k == 4
