@@ -29,10 +29,11 @@ own context and tokens plus 1/b of the per-forward cost (δ, c_t): its share
 of T(b), so T(b)/b instead of T(1). Ranked this way, shortest-first weighs a
 prefill as what it costs the batch (b·P + rounds·T(b), scaled by 1/b) rather
 than as b times too cheap against the request's own rounds. Why: on the
-grounded bench a round at batch 4 cost 169 ms, 42 ms a request, against
-72 ms alone; replayed on the engine loop with measured costs (bench/
-order_replay.py), shortest-first by P + rounds·T(4)/4 beat P + rounds·T(1)
-on 6 of 6 samples (docs/bench/policies-grounded.md).
+grounded bench (2026-11-27 06:04 run) a round at batch 4 cost 99 ms, 25 ms
+a request, against 54 ms alone; replayed on the engine loop with measured costs (bench/
+order_replay.py) with every request's rounds known, shortest-first by
+P + rounds·w did best near w = T(4)/4 and 1-1.5 points worse at w = T(1)
+(docs/bench/policies-grounded.md).
 
 Costs come from the profiled cost models, T_fwd = α·N_context + γ·N_batched + δ
 (shared/profiling/cost_model.py), for this request alone at its context: its
@@ -61,11 +62,11 @@ class SDCosts:
         """T_LLM: one verification forward of ``depth`` drafted tokens + the bonus position; with ``batch`` = b > 1
         the request's share of a forward b requests run together (its context and tokens, 1/b of δ and c_t)."""
         if self.target is None:
-            return 1.0 / max(batch, 1)
+            return 1.0 - _others_share(batch)
         verify = depth > 0
-        shared = self.target.delta_s + (self.target.verify_s if verify else 0.0)
+        per_forward = self.target.delta_s + (self.target.verify_s if verify else 0.0)
         alone = self.target.predict(context, depth + 1, verify=verify)
-        return max(alone - shared * (1.0 - 1.0 / max(batch, 1)), 1e-9)
+        return max(alone - per_forward * _others_share(batch), 1e-9)
 
     def prefill_s(self, tokens: int) -> float:
         """T_prefill: one target forward over ``tokens`` uncached tokens (a new request's prompt, or a preempted
@@ -76,12 +77,17 @@ class SDCosts:
 
     def draft_token_s(self, context: int, batch: int = 1) -> float:
         """T_SSM: one draft forward (one drafted token); with ``batch`` = b > 1 the request's share (1/b of δ)."""
-        keep = 1.0 - 1.0 / max(batch, 1)
+        others = _others_share(batch)
         if self.draft is not None:
-            return max(self.draft.predict(context, 1) - self.draft.delta_s * keep, 1e-9)
+            return max(self.draft.predict(context, 1) - self.draft.delta_s * others, 1e-9)
         if self.target is None:
-            return self.draft_cost_ratio / max(batch, 1)
-        return self.draft_cost_ratio * max(self.target.predict(context, 1) - self.target.delta_s * keep, 1e-9)
+            return self.draft_cost_ratio * (1.0 - others)
+        return self.draft_cost_ratio * max(self.target.predict(context, 1) - self.target.delta_s * others, 1e-9)
+
+
+def _others_share(batch: int) -> float:
+    """The part of a per-forward cost the other requests of a batch of ``batch`` pay: 1 - 1/b (0 alone)."""
+    return 1.0 - 1.0 / max(batch, 1)
 
 
 def remaining_time(remaining_tokens: float, acceptance: float, depth: float, t_ssm: float, t_llm: float,
