@@ -225,6 +225,9 @@ CALIBRATION_INTRO = ("Calibration of the adaptive latency goal (bench.goals_tabl
 CHECKS = {"adaptive": adaptive, "slo": adaserve, "order": laps, "faser": faser}
 # bench -> (its feature-draft run's suffix, label)
 FEATURE_DRAFT = {bench: ("eagle", " (feature draft, open chat)") for bench in ("adaptive", "slo", "order", "faser")}
+# bench -> (folder tail, label) of a rerun of a few of its configurations with a larger sample per load point
+# (<bench>-<suffix>-<tail>): its goals are rows of their own beside the first run's, which stay as measured
+LARGER_SAMPLE = {"adaptive": ("16", " (16 requests per point)")}
 
 
 def _by_factor(results: dict) -> dict[float, str]:
@@ -265,6 +268,11 @@ def collect(root: Path, suffix: str) -> list[dict]:
         found = results_of(root, bench, suffix)
         if found is not None:
             rows += check(*found)
+        if bench in LARGER_SAMPLE:
+            tail, label = LARGER_SAMPLE[bench]
+            folder = root / f"{bench}-{suffix}-{tail}"
+            if (folder / "results.json").is_file():
+                rows += check(json.loads((folder / "results.json").read_text()), folder, draft=label)
         if bench in FEATURE_DRAFT and suffix != FEATURE_DRAFT[bench][0]:
             other, label = FEATURE_DRAFT[bench]
             found = results_of(root, bench, other)

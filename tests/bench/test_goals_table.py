@@ -136,3 +136,25 @@ def test_calibration_treats_each_fixed_k_as_a_policy_against_the_other_fixed_one
     assert tried == 3 and passing == []  # each of k1, k2 is 8 % behind the other at one load
     results["sweep"]["rate=2"]["tandem-k1"] = cell(1.03, [1.04, 1.02, 1.03])
     assert fixed_calibration(results) == (["tandem-k1"], 3)
+
+
+def test_a_larger_sample_rerun_adds_its_own_rows_beside_the_first_run(tmp_path):
+    from bench.goals_table import collect
+
+    def cell(mean: float, runs: list[float], tpot: float = 0.02) -> dict:
+        summary = {"latency_s": {"mean": mean}, "tpot_s": {"mean": tpot}, "goodput_tok_s": 1 / tpot}
+        return {"summary": summary, "latency_mean_by_run_s": runs}
+
+    def adaptive(policy_mean: float, runs: list[float]) -> dict:
+        load = {"target-only": cell(2.0, [2.0] * 3, 0.06), "tandem-k7": cell(1.0, [1.0] * 3),
+                "policy:smartspec-request": cell(policy_mean, runs)}  # fmt: skip
+        return {"command": "adaptive", "sweep": {"rate=0.2": load}, "bursty": {}}
+
+    for name, run in (("adaptive-grounded", adaptive(1.08, [1.08] * 3)),
+                      ("adaptive-grounded-16", adaptive(1.03, [1.01, 1.06, 1.02]))):  # fmt: skip
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(run))
+    latency = [r for r in collect(tmp_path, "grounded") if "mean latency" in r["goal"]]
+    # the first run's row stays as measured; the rerun's is a row of its own, named by its sample
+    assert [(r["folder"], r["met"]) for r in latency] == [("adaptive-grounded", False), ("adaptive-grounded-16", True)]
+    assert latency[1]["goal"].endswith("(16 requests per point)") and latency[1]["value"] == "1/1 loads; worst +3.0%"
