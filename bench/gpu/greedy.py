@@ -123,10 +123,12 @@ def hf_generate(model, prompts: list[list[int]], new_tokens: int, pad_id: int, *
 
 
 @torch.inference_mode()
-def margins_and_delta(hf_model, runner: ModelRunner, prompt: list[int], ref: list[int]) -> dict:
+def margins_and_delta(hf_model, runner: ModelRunner, prompt: list[int], ref: list[int], *,
+                      fp32_model=None) -> dict:  # fmt: skip
     """Teacher-forced on ``prompt + ref``: per generated position the reference's top-2 margin ("margins")
     and top logit ("tops"), and "delta", the largest |logit difference| between HF and Tandem's runner
-    there (a verify of ``ref`` as a chain): the keyword arguments of ``agreement.judge``."""
+    there (a verify of ``ref`` as a chain): the keyword arguments of ``agreement.judge``. With
+    ``fp32_model`` (the same weights in float32) also "noise": HF's own largest |logit difference| from it."""
     device = next(hf_model.parameters()).device
     n = len(ref)
     ids = torch.tensor([prompt + ref], device=device)
@@ -146,4 +148,8 @@ def margins_and_delta(hf_model, runner: ModelRunner, prompt: list[int], ref: lis
     finally:
         runner.release(seq_id)
     delta = float((tandem_logits - hf_logits).abs().max())
-    return {"margins": margins, "tops": tops, "delta": delta}
+    found = {"margins": margins, "tops": tops, "delta": delta}
+    if fp32_model is not None:
+        fp32_logits = fp32_model(ids).logits[0, len(prompt) - 1 : len(prompt) - 1 + n].float()
+        found["noise"] = float((fp32_logits - hf_logits).abs().max())
+    return found

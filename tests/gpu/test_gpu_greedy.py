@@ -8,8 +8,9 @@ demo draft proposing chains of 4, the target verifying) must give the same outpu
 The rule (bench/gpu/agreement.py): outputs may part only where the reference's top-2 logit margin
 is at most 2 max(δ, floor), δ being the largest |logit difference| between Tandem and HF
 teacher-forced on the reference's own tokens (floor: 2 ulps of the top logit, at least float32
-1e-4, bfloat16 0.125); δ itself must
-stay under 1e-2 (float32) or 1.0 (bfloat16). In float32 at least 3 of the 4 prompts must agree
+1e-4, bfloat16 0.125); δ itself must stay under 1e-2 (float32), or in bfloat16 under 1.0 or twice
+HF bf16's own distance from HF float32 on the same tokens, whichever is larger (bf16's noise: on an
+H200 HF's own eager and SDPA attention were up to 1.0 apart). In float32 at least 3 of the 4 prompts must agree
 exactly as well: a near-tie there is rare. Outputs are compared up to HF's end-of-sequence token
 (``min_new_tokens`` would mask it and make HF's tokens past it not greedy).
 """
@@ -45,12 +46,12 @@ def models(demo_pair):
     return get
 
 
-def _check(name, dtype, outs, refs, prompts, hf_model, runner):
+def _check(name, dtype, outs, refs, prompts, hf_model, runner, fp32_model=None):
     from bench.gpu.greedy import margins_and_delta
 
     verdicts = []
     for prompt, got, ref in zip(prompts, outs, refs):
-        reference = margins_and_delta(hf_model, runner, prompt, ref)
+        reference = margins_and_delta(hf_model, runner, prompt, ref, fp32_model=fp32_model)
         # up to the reference's end-of-sequence (included): Tandem's engine does not stop there
         verdicts.append(judge(got[: len(ref)], ref, dtype=dtype, **reference))
     record_measurement(name, {"dtype": dtype, "equal": sum(v.equal for v in verdicts), "prompts": len(verdicts),
@@ -77,7 +78,8 @@ def test_greedy_equals_hf_generate(models, dtype, backend):
     outs = tandem_decode(engine, prompts, NEW_TOKENS)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     refs = [hf_generate(hf_model, [p], NEW_TOKENS, pad, exact=False)[0] for p in prompts]
-    _check(f"greedy-{dtype}-{backend}", dtype, outs, refs, prompts, hf_model, engine.runner)
+    fp32 = models("float32")[1] if dtype != "float32" else None
+    _check(f"greedy-{dtype}-{backend}", dtype, outs, refs, prompts, hf_model, engine.runner, fp32)
     engine.runner.check_accounting()
 
 
@@ -102,6 +104,7 @@ def test_speculative_greedy_equals_hf_generate(models, dtype, backend):
     assert stats["accepted"] > 0  # the distilled draft agrees about half the time (docs/models.md)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     refs = [hf_generate(hf_model, [p], NEW_TOKENS, pad, exact=False)[0] for p in prompts]
-    _check(f"speculative-{dtype}-{backend}", dtype, outs, refs, prompts, hf_model, target.runner)
+    fp32 = models("float32")[1] if dtype != "float32" else None
+    _check(f"speculative-{dtype}-{backend}", dtype, outs, refs, prompts, hf_model, target.runner, fp32)
     target.runner.check_accounting()
     draft.runner.check_accounting()

@@ -58,11 +58,12 @@ def test_demo_pair_served_on_the_gpu(stack, demo_pair):
 
     pad = hf.tokenizer.pad_token_id if hf.tokenizer.pad_token_id is not None else 0
     engine = target_engine(load_causal_lm(target_dir, dtype="bfloat16", device=DEVICE).model, "auto", num_blocks=256)
+    fp32 = load_causal_lm(target_dir, dtype="float32", device=DEVICE, with_tokenizer=False).model  # bf16's own noise
     verdicts = []
     for prompt, r in zip(prompts, results):
         ref = hf_generate(hf.model, [prompt], NEW_TOKENS, pad, exact=False)[0]
         m = min(len(r.token_ids), len(ref))  # both stop at end-of-sequence; the stack may leave it out
-        reference = margins_and_delta(hf.model, engine.runner, prompt, ref)
+        reference = margins_and_delta(hf.model, engine.runner, prompt, ref, fp32_model=fp32)
         verdicts.append(judge(r.token_ids[:m], ref[:m], dtype="bfloat16", **reference))
     record_measurement("stack-demo-bf16", {
         "target": info.target.model_dump(), "draft": info.draft.model_dump(), "backend": engine.runner.backend.name,

@@ -281,3 +281,16 @@ def test_near_tie_rule():
     broken = judge(ref, ref, margins=[5] * 4, delta=2.0, dtype="bfloat16")
     assert not broken.passed and "beyond rounding" in broken.reason
     assert judge([1, 2], ref, margins=[5, 5, 5, 5], delta=0.0, dtype="float32").diverged_at == 2  # shorter differs
+
+
+def test_the_delta_bound_follows_the_references_own_noise():
+    """The H200 run of 2026-11-27: flashinfer's δ 1.047 against HF's bf16 SDPA, which was itself up to
+    0.81 from float32 there: bf16 noise (2 x 0.81 allowed), not a broken kernel."""
+    ref = [1, 2, 3, 4]
+    measured = judge(ref, ref, margins=[5] * 4, delta=1.047, dtype="bfloat16", noise=0.81)
+    assert measured.passed and measured.equal and measured.as_dict()["noise"] == 0.81
+    assert not judge(ref, ref, margins=[5] * 4, delta=1.047, dtype="bfloat16").passed  # the fixed 1.0 alone
+    broken = judge(ref, ref, margins=[5] * 4, delta=3.0, dtype="bfloat16", noise=0.81)  # several units: a bug
+    assert not broken.passed and "2 x its own noise 0.81" in broken.reason
+    # a small noise never tightens the fixed bound
+    assert judge(ref, ref, margins=[5] * 4, delta=0.9, dtype="bfloat16", noise=0.1).passed
