@@ -80,6 +80,7 @@ from bench.options import (  # noqa: F401 - presets re-exported: tests and the C
     faser_options,
     offload_options,
     order_options,
+    sample_offset,
     share_mix,
     slo_options,
 )
@@ -352,8 +353,8 @@ class Harness:
             for ri, rate in enumerate(self._rates()):
                 # each repeat draws its own Poisson arrivals (the same for every configuration within it): with
                 # one trace repeated, a configuration whose steps happened to line up with it kept its luck
-                items = self._items(o.sweep_requests, rate, o.sweep_max_new_tokens, seed_offset=ri,
-                                    arrival_offset=1000 * rep)  # fmt: skip
+                items = self._items(o.sweep_requests, rate, o.sweep_max_new_tokens, seed_offset=ri + sample_offset(o, rep),
+                                    arrival_offset=1000 * rep, own_sample=o.sample_per_repeat)  # fmt: skip
                 load = f"rate={rate:.3g}"
                 for c in rotated(configs, ri + rep):
                     run = await self._send("sweep", load, c, self._jobs(c, f"sweep{ri}", rep, items), senders,
@@ -368,6 +369,9 @@ class Harness:
         items = self._items(o.sweep_requests, None, o.sweep_max_new_tokens, seed_offset=300, times=times)
         load = f"on={hi:.3g},off={lo / 4:.3g},period={period:.3g}s"
         for rep in range(o.sweep_repeats):  # the same trace each time: repeats average out the machine's drift
+            if o.sample_per_repeat and rep:  # the same arrivals, another prompt sample
+                items = self._items(o.sweep_requests, None, o.sweep_max_new_tokens, times=times, own_sample=True,
+                                    seed_offset=300 + sample_offset(o, rep))  # fmt: skip
             for c in rotated(configs, rep):
                 run = await self._send("bursty", load, c, self._jobs(c, "bursty", rep, items), senders, requests,
                                        "open")  # fmt: skip

@@ -74,6 +74,9 @@ def main(
     concurrency: str = typer.Option("", help="Closed-loop concurrency levels, comma-separated."),
     closed_factor: int = typer.Option(2, help="Closed loop at concurrency N serves max(sweep-requests, this x N)."),
     sweep_repeats: int = typer.Option(1, min=1, help="Passes over the load points (open and closed loop) and the bursty trace."),
+    sample_per_repeat: bool = typer.Option(False, "--sample-per-repeat", help="Each sweep repeat (load points and "
+                                           "bursty trace) sends a prompt sample of its own, the same for every "
+                                           "configuration within it."),
     interleave: bool = typer.Option(False, help="All stacks up at once, configurations alternating at every load "
                                     "point (on for --adaptive)."),
     length_dist: str = typer.Option("uniform", help="Output-length bounds under load: uniform or log-uniform."),
@@ -119,6 +122,7 @@ def main(
         concurrency=_ints(concurrency),
         closed_factor=closed_factor,
         sweep_repeats=sweep_repeats,
+        sample_per_repeat=sample_per_repeat,
         interleave=interleave,
         length_dist=length_dist,
         seed=seed,

@@ -70,6 +70,10 @@ class BenchOptions:
     # the same ones: a draft that remembers earlier outputs (the suffix draft's global tree) must not be
     # measured on a prompt whose answer it has already seen
     distinct_prompts: bool = False
+    # every sweep repeat (each load point and the bursty trace) sends a prompt sample of its own, the same for every
+    # configuration within the repeat: the pooled result then averages over prompt samples, not over one sample
+    # sent again (which fixed k wins a load flipped between two runs of one sample on grounded prompts)
+    sample_per_repeat: bool = False
     # every stack's draft (a model directory/name, or ngram[:..] / suffix[:..]) instead of the pair's; configurations
     # naming their own (draft:<x>:k<K>) keep theirs
     stack_draft: str | None = None
@@ -147,6 +151,14 @@ def offload_options(**overrides) -> BenchOptions:
                           sweep_requests=24, sweep_max_new_tokens=offload.MAX_NEW_TOKENS,
                           max_prompt_tokens=offload.MAX_PROMPT_TOKENS, timeline=True)  # fmt: skip
     return replace(preset, **overrides)
+
+
+SAMPLE_STRIDE = 7919  # seed offset between the prompt samples of two sweep repeats (a prime: no clash with load offsets)
+
+
+def sample_offset(opts: BenchOptions, rep: int) -> int:
+    """The seed offset of sweep repeat ``rep``'s prompt sample: 0 (one sample) unless ``sample_per_repeat``."""
+    return SAMPLE_STRIDE * rep if opts.sample_per_repeat else 0
 
 
 # --slo: these options (CLI name -> BenchOptions field) take slo_options()'s values unless given

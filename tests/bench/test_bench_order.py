@@ -97,3 +97,45 @@ def test_each_closed_load_and_repeat_draws_its_own_sample(tmp_path):
     assert first != _sample(h, seed_offset=101, own_sample=True)  # the next load
     # phases that share the run's prompts (the sweep: only the arrivals differ) ignore the offset
     assert _sample(h, seed_offset=1) == _sample(h, seed_offset=2)
+
+
+def _sent_samples(tmp_path, **opts):
+    """(phase, repeat, configuration) -> the prompts the sweep and the bursty trace sent, through a stub sender."""
+    import asyncio
+    import types
+
+    from bench.configs import parse
+    from bench.harness import Harness, adaptive_options
+
+    h = Harness(adaptive_options(models=Models(home=tmp_path), prompt_mix={"chat": 1.0}, sweep_requests=6,
+                                 sweep_repeats=3, rates=[1.0, 2.0], **opts), tmp_path)  # fmt: skip
+    h.baseline_tpot_ms = 50.0
+    h.encoder = types.SimpleNamespace(encode_all=lambda items: [types.SimpleNamespace(item=it, index=i)
+                                                                for i, it in enumerate(items)])  # fmt: skip
+    sent = {}
+
+    async def send(phase, load, config, jobs, *_):
+        rep = int(jobs[0].request_id.split("-r")[1].split("-")[0])
+        sent[(phase, load, rep, config.name)] = [j.encoded.item.prompt.text for j in jobs]
+        return types.SimpleNamespace(wall_s=0.0)
+
+    h._send = send
+    configs = [parse("target-only"), parse("tandem-k3")]
+    asyncio.run(h._sweep(configs, {}, {}))
+    asyncio.run(h._bursty(configs, {}, {}))
+    return sent
+
+
+def test_a_prompt_sample_per_sweep_repeat_when_asked(tmp_path):
+    for per_repeat in (False, True):
+        sent = _sent_samples(tmp_path, sample_per_repeat=per_repeat)
+        loads = {(phase, load) for phase, load, _, _ in sent}
+        assert len(loads) == 3  # two rates and the bursty trace
+        for phase, load in loads:
+            by_rep = []
+            for rep in range(3):  # within a repeat every configuration gets the same prompts
+                same = sent[(phase, load, rep, "target-only")]
+                assert same == sent[(phase, load, rep, "tandem-k3")]
+                by_rep.append(same)
+            distinct = len({tuple(s) for s in by_rep})
+            assert distinct == (3 if per_repeat else 1), (phase, load, per_repeat)
