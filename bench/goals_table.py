@@ -225,9 +225,13 @@ CALIBRATION_INTRO = ("Calibration of the adaptive latency goal (bench.goals_tabl
 CHECKS = {"adaptive": adaptive, "slo": adaserve, "order": laps, "faser": faser}
 # bench -> (its feature-draft run's suffix, label)
 FEATURE_DRAFT = {bench: ("eagle", " (feature draft, open chat)") for bench in ("adaptive", "slo", "order", "faser")}
-# bench -> (folder tail, label) of a rerun of a few of its configurations with a larger sample per load point
-# (<bench>-<suffix>-<tail>): its goals are rows of their own beside the first run's, which stay as measured
-LARGER_SAMPLE = {"adaptive": ("16", " (16 requests per point)")}
+# bench -> {suffix: [(folder tail, label)]}: reruns of a few of its configurations with a larger sample (more
+# requests per load point, more repeats) in <bench>-<suffix>-<tail>: their goals are rows of their own beside the
+# first run's, which stay as measured
+LARGER_SAMPLE = {"adaptive": {
+    "grounded": [("16", " (16 requests per point)")],
+    "eagle": [("5rep", " (feature draft, open chat, 5 repeats, a prompt sample per repeat)")],
+}}  # fmt: skip
 
 
 def _by_factor(results: dict) -> dict[float, str]:
@@ -268,16 +272,22 @@ def collect(root: Path, suffix: str) -> list[dict]:
         found = results_of(root, bench, suffix)
         if found is not None:
             rows += check(*found)
-        if bench in LARGER_SAMPLE:
-            tail, label = LARGER_SAMPLE[bench]
-            folder = root / f"{bench}-{suffix}-{tail}"
-            if (folder / "results.json").is_file():
-                rows += check(json.loads((folder / "results.json").read_text()), folder, draft=label)
+        rows += _reruns(root, bench, suffix, check)
         if bench in FEATURE_DRAFT and suffix != FEATURE_DRAFT[bench][0]:
             other, label = FEATURE_DRAFT[bench]
             found = results_of(root, bench, other)
             if found is not None:
                 rows += check(*found, draft=label)
+            rows += _reruns(root, bench, other, check)
+    return rows
+
+
+def _reruns(root: Path, bench: str, suffix: str, check) -> list[dict]:
+    rows = []
+    for tail, label in LARGER_SAMPLE.get(bench, {}).get(suffix, []):
+        folder = root / f"{bench}-{suffix}-{tail}"
+        if (folder / "results.json").is_file():
+            rows += check(json.loads((folder / "results.json").read_text()), folder, draft=label)
     return rows
 
 

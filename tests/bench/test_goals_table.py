@@ -151,10 +151,14 @@ def test_a_larger_sample_rerun_adds_its_own_rows_beside_the_first_run(tmp_path):
         return {"command": "adaptive", "sweep": {"rate=0.2": load}, "bursty": {}}
 
     for name, run in (("adaptive-grounded", adaptive(1.08, [1.08] * 3)),
-                      ("adaptive-grounded-16", adaptive(1.03, [1.01, 1.06, 1.02]))):  # fmt: skip
+                      ("adaptive-grounded-16", adaptive(1.03, [1.01, 1.06, 1.02])),
+                      ("adaptive-eagle", adaptive(1.02, [1.02] * 3)),
+                      ("adaptive-eagle-5rep", adaptive(1.07, [1.07] * 5))):  # fmt: skip
         (tmp_path / name).mkdir()
         (tmp_path / name / "results.json").write_text(json.dumps(run))
     latency = [r for r in collect(tmp_path, "grounded") if "mean latency" in r["goal"]]
     # the first run's row stays as measured; the rerun's is a row of its own, named by its sample
-    assert [(r["folder"], r["met"]) for r in latency] == [("adaptive-grounded", False), ("adaptive-grounded-16", True)]
+    assert [(r["folder"], r["met"]) for r in latency] == [("adaptive-grounded", False), ("adaptive-grounded-16", True),
+                                                           ("adaptive-eagle", True), ("adaptive-eagle-5rep", False)]  # fmt: skip
     assert latency[1]["goal"].endswith("(16 requests per point)") and latency[1]["value"] == "1/1 loads; worst +3.0%"
+    assert latency[3]["goal"].endswith("(feature draft, open chat, 5 repeats, a prompt sample per repeat)")
