@@ -208,14 +208,20 @@ def calibration_lines(root: Path, suffix: str) -> list[str]:
     """One line per adaptive results folder: which fixed configurations would meet the latency goal themselves."""
     lines = []
     for s in dict.fromkeys([suffix, FEATURE_DRAFT["adaptive"][0]]):
-        found = results_of(root, "adaptive", s)
-        if found is None:
-            continue
-        passing, tried = fixed_calibration(found[0])
-        lines.append(f"- {found[1].name}: treated as a policy against the best of the other fixed configurations, "
-                     f"{len(passing)} of {tried} fixed configurations would meet the adaptive latency goal"
-                     + (f" ({', '.join(passing)})" if passing else ""))  # fmt: skip
+        found = [results_of(root, "adaptive", s)]
+        for tail, _ in LARGER_SAMPLE["adaptive"].get(s, []):
+            folder = root / f"adaptive-{s}-{tail}"
+            if (folder / "results.json").is_file():
+                found.append((json.loads((folder / "results.json").read_text()), folder))
+        lines += [_calibration_line(*f) for f in found if f is not None]
     return lines
+
+
+def _calibration_line(results: dict, folder: Path) -> str:
+    passing, tried = fixed_calibration(results)
+    return (f"- {folder.name}: treated as a policy against the best of the other fixed configurations, "
+            f"{len(passing)} of {tried} fixed configurations would meet the adaptive latency goal"
+            + (f" ({', '.join(passing)})" if passing else ""))  # fmt: skip
 
 
 CALIBRATION_INTRO = ("Calibration of the adaptive latency goal (bench.goals_table.fixed_calibration: its noise floor "
