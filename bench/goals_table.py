@@ -235,7 +235,7 @@ FEATURE_DRAFT = {bench: ("eagle", " (feature draft, open chat)") for bench in ("
 # requests per load point, more repeats) in <bench>-<suffix>-<tail>: their goals are rows of their own beside the
 # first run's, which stay as measured
 LARGER_SAMPLE = {"adaptive": {
-    "grounded": [("16", " (16 requests per point)")],
+    "grounded": [("16", " (16 requests per point)"), ("5rep", " (5 repeats, a prompt sample per repeat)")],
     "eagle": [("5rep", " (feature draft, open chat, 5 repeats, a prompt sample per repeat)")],
 }}  # fmt: skip
 

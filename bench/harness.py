@@ -353,8 +353,9 @@ class Harness:
             for ri, rate in enumerate(self._rates()):
                 # each repeat draws its own Poisson arrivals (the same for every configuration within it): with
                 # one trace repeated, a configuration whose steps happened to line up with it kept its luck
-                items = self._items(o.sweep_requests, rate, o.sweep_max_new_tokens, seed_offset=ri + sample_offset(o, rep),
-                                    arrival_offset=1000 * rep, own_sample=o.sample_per_repeat)  # fmt: skip
+                items = self._items(o.sweep_requests, rate, o.sweep_max_new_tokens,
+                                    seed_offset=ri + sample_offset(o, rep), arrival_offset=1000 * rep,
+                                    own_sample=o.sample_per_repeat)  # fmt: skip
                 load = f"rate={rate:.3g}"
                 for c in rotated(configs, ri + rep):
                     run = await self._send("sweep", load, c, self._jobs(c, f"sweep{ri}", rep, items), senders,

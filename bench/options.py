@@ -153,7 +153,7 @@ def offload_options(**overrides) -> BenchOptions:
     return replace(preset, **overrides)
 
 
-SAMPLE_STRIDE = 7919  # seed offset between the prompt samples of two sweep repeats (a prime: no clash with load offsets)
+SAMPLE_STRIDE = 7919  # seed offset between two sweep repeats' prompt samples (a prime: no clash with load offsets)
 
 
 def sample_offset(opts: BenchOptions, rep: int) -> int:
