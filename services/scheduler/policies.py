@@ -35,6 +35,8 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                   nightjar-elim[:K]    the same as nightjar, exploration draws    Nightjar (eliminate 2.0)
                                    only among arms not eliminated (successive
                                    elimination, bounds mean ± 2 standard errors)
+                  nightjar-lean[:K]    the three extensions together: Lemma 2's    Nightjar (exploration global,
+                                   schedule, elimination and the chain estimate  estimate chain, eliminate 2.0)
     queue         fcfs             first come first served, priority first      FCFS
                   las[:Q]          least attained service, preemptive, quantum   LAS(Q s, 0.5)
                   lp-sjf           shortest predicted output first, no preemption LPSJF
@@ -99,6 +101,9 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     "nightjar-chain": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg), estimate="chain")),
     "faser-fixedgp": lambda arg: Faser(FaserConfig(max_k=_max_k(arg, default=8), signal="fixed")),
     "nightjar-elim": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg), eliminate=2.0)),
+    "nightjar-lean": lambda arg: Nightjar(
+        NightjarConfig(max_k=_max_k(arg), exploration="global", estimate="chain", eliminate=2.0)
+    ),
 }
 # name -> factory(argument after the colon or None, eq. 6's costs)
 QUEUE_POLICIES: dict[str, Callable[[str | None, SDCosts], QueuePolicy]] = {
