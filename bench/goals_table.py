@@ -236,7 +236,8 @@ FEATURE_DRAFT = {bench: ("eagle", " (feature draft, open chat)") for bench in ("
 # first run's, which stay as measured
 LARGER_SAMPLE = {"adaptive": {
     "grounded": [("16", " (16 requests per point)"), ("5rep", " (5 repeats, a prompt sample per repeat)")],
-    "eagle": [("5rep", " (feature draft, open chat, 5 repeats, a prompt sample per repeat)")],
+    "eagle": [("5rep", " (feature draft, open chat, 5 repeats, a prompt sample per repeat)"),
+              ("nightjar-5rep", " (feature draft, open chat, 5 repeats, a prompt sample per repeat)")],
 }}  # fmt: skip
 
 

@@ -82,6 +82,12 @@ kept per arm). An arm is out only while the bounds stay apart: the best
 arm's bound can fall back as it is played, and the arm is back in the draw.
 Exploitation (eq. 3) and the schedule of bins are unchanged.
 
+The three extensions together (``nightjar-lean``: Lemma 2's schedule,
+elimination, the chain estimate): on synthetic stacks (``python -m
+bench.bandit_sim``: batch 1-4, arms 0..8, 400 steps) 0.96 of the best fixed
+k's goodput on average against Alg. 1's 0.88, within 5 % in 17 of 24 cases
+against 2; each extension alone 0.94-0.96.
+
 Batch-size buckets: 1, 2, 3, 4, then powers of two (5-8 -> 8, 9-16 -> 16,
 ...): exact where the optimum moves fastest, shared where it barely does.
 
