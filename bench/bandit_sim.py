@@ -25,7 +25,32 @@ VARIANTS = {
     "global + elim": {"exploration": "global", "eliminate": 2.0},
     "global + chain": {"exploration": "global", "estimate": "chain"},
     "nightjar-lean (all three)": {"exploration": "global", "eliminate": 2.0, "estimate": "chain"},
+    "lean, pooled time": {"exploration": "global", "eliminate": 2.0, "estimate": "chain", "chain_time": "pooled"},
+    "global + chain, pooled time": {"exploration": "global", "estimate": "chain", "chain_time": "pooled"},
 }
+
+
+class NoisyTruth:
+    """The truth's step times as a shared CPU shows them: each step scaled by one lognormal factor (sd ``noise``)
+    and, with probability ``stall``, by ``stall_factor`` more. ``run_steps`` asks for a step's plain part first,
+    then its whole; both get the same factor. What the policy learns from is noisy; its goodput is scored on
+    the truth."""
+
+    def __init__(self, truth, noise: float, stall: float, stall_factor: float, seed: int) -> None:
+        self.truth, self.noise, self.stall, self.stall_factor = truth, noise, stall, stall_factor
+        self.rng = random.Random(seed)
+        self.calls, self.factor = 0, 1.0
+
+    def __getattr__(self, name: str):
+        return getattr(self.truth, name)
+
+    def step(self, ks, contexts) -> float:
+        if self.calls % 2 == 0:
+            self.factor = self.rng.lognormvariate(0.0, self.noise) if self.noise > 0 else 1.0
+            if self.rng.random() < self.stall:
+                self.factor *= self.stall_factor
+        self.calls += 1
+        return self.truth.step(ks, contexts) * self.factor
 
 
 def goodput(rows: list[list[int]], alphas: list[float], truth, contexts: list[int]) -> float:
@@ -33,9 +58,11 @@ def goodput(rows: list[list[int]], alphas: list[float], truth, contexts: list[in
     return tokens / sum(truth.step(ks, contexts) for ks in rows)
 
 
-def main(cases: int = 24, steps: int = 400, seeds: int = 3, seed: int = 3) -> None:
+def compare(variants: dict[str, dict], cases: int = 24, steps: int = 400, seeds: int = 3, seed: int = 3,
+            noise: float = 0.0, stall: float = 0.0, stall_factor: float = 10.0) -> tuple[dict[str, list[float]], list[int]]:
+    """Each variant's goodput against the best fixed k per case (mean over seeds), and the best k per case."""
     rng = random.Random(seed)
-    ratios: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    ratios: dict[str, list[float]] = {name: [] for name in variants}
     best_ks: list[int] = []
     for case in range(cases):
         b = rng.choice([1, 2, 3, 4])
@@ -47,15 +74,24 @@ def main(cases: int = 24, steps: int = 400, seeds: int = 3, seed: int = 3) -> No
         fixed = [goodput([[k] * b], alphas, truth, contexts) for k in range(9)]
         best = max(fixed)
         best_ks.append(int(np.argmax(fixed)))
-        for name, kw in VARIANTS.items():
+        for name, kw in variants.items():
             got = []
             for s in range(seeds):
                 policy = Nightjar(NightjarConfig(seed=s, **kw))
-                rows = run_steps(policy, requests(b), alphas, truth, steps=steps, seed=case * 10 + s)
+                seen = NoisyTruth(truth, noise, stall, stall_factor, seed=case * 10 + s) if noise or stall else truth
+                rows = run_steps(policy, requests(b), alphas, seen, steps=steps, seed=case * 10 + s)
                 got.append(goodput(rows, alphas, truth, contexts) / best)
             ratios[name].append(float(np.mean(got)))
-    print(f"{cases} cases x {seeds} seeds, {steps} steps each: goodput against the best fixed k "
-          f"(best k per case: {sorted(best_ks)})")
+    return ratios, best_ks
+
+
+def main(cases: int = 24, steps: int = 400, seeds: int = 3, seed: int = 3,
+         noise: float = typer.Option(0.0, help="Lognormal sd of the step times the policy sees (0: exact)."),
+         stall: float = typer.Option(0.0, help="Chance that a step stalls (its time x --stall-factor)."),
+         stall_factor: float = 10.0) -> None:
+    ratios, best_ks = compare(VARIANTS, cases, steps, seeds, seed, noise, stall, stall_factor)
+    print(f"{cases} cases x {seeds} seeds, {steps} steps each, step-time noise {noise}, stalls {stall} "
+          f"(x{stall_factor}): goodput against the best fixed k (best k per case: {sorted(best_ks)})")
     print(f"{'variant':28s} {'mean':>6s} {'worst':>6s} {'within 5 %':>11s}")
     for name, values in ratios.items():
         v = np.array(values)

@@ -143,6 +143,10 @@ class NightjarConfig(BaseModel):
         None, gt=0, description="z of successive elimination: exploration draws only among arms whose upper bound "
         "g̃ + z·s/√n reaches the best lower bound (None: every arm, as Alg. 1 prints it).")
     min_plays: int = Field(5, ge=2, description="Plays an arm needs before its bounds count for elimination.")
+    chain_time: Literal["arm", "pooled"] = Field(
+        "arm", description="The chain estimate's seconds per request of arm γ: the mean of γ's own plays, or a line "
+        "a + b·γ fitted to every speculating play (weighted by plays), each play held within 0.5-2x its arm's "
+        "mean once the arm has 3 (step-time stalls).")
 
 
 def bucket(batch_size: int) -> int:
@@ -210,9 +214,23 @@ def _new_bucket(num_arms: int) -> dict[str, Any]:
             "q": [0.0] * num_arms, "t": [0.0] * num_arms, "depth": []}
 
 
-def chain_goodputs(st: dict[str, Any], num_arms: int) -> list[float]:
+def pooled_times(n: Sequence[int], t: Sequence[float]) -> list[float]:
+    """Seconds per request of each speculating arm from the line a + b·γ fitted over arms γ >= 1 by their plays
+    (weighted least squares); arm 0 keeps its own mean. Fewer than two speculating arms played: as given."""
+    arms = [k for k in range(1, len(n)) if n[k] > 0 and t[k] > 0]
+    if len(arms) < 2:
+        return list(t)
+    x, y, w = (np.array(v, dtype=float) for v in ([k for k in arms], [t[k] for k in arms], [n[k] for k in arms]))
+    xm, ym = np.average(x, weights=w), np.average(y, weights=w)
+    slope = max(float(np.sum(w * (x - xm) * (y - ym)) / max(np.sum(w * (x - xm) ** 2), 1e-12)), 0.0)
+    return [t[0]] + [max(ym + slope * (k - xm), 1e-9) for k in range(1, len(n))]
+
+
+def chain_goodputs(st: dict[str, Any], num_arms: int, pooled: bool = False) -> list[float]:
     """The chain estimate of g̃ per arm (module docstring): 0 for an arm never played."""
     n, t = _fit(list(st["n"]), num_arms, 0), _fit(list(st.get("t") or []), num_arms, 0.0)
+    if pooled:
+        t = pooled_times(n, t)
     counts = _fit(list(st.get("depth") or []), num_arms - 1, (0.0, 0.0))
     rates = np.array([acc / trials if trials > 0 else 0.0 for acc, trials in counts])
     tokens = 1.0 + np.concatenate([[0.0], np.cumsum(depth_gains(rates))])  # l(γ) for γ = 0 .. Γ_max
@@ -231,6 +249,8 @@ class Nightjar(SpeculationPolicy):
             self.name += "-chain"
         if cfg.eliminate is not None:
             self.name += "-elim"
+        if cfg.chain_time == "pooled":
+            self.name += "-pooled"
         self.state = SharedState(f"policy:{self.name}", STATE_VERSION, self._empty, self._apply)
         self._rng = random.Random(cfg.seed)
         self._switch = SwitchCostTable()
@@ -268,7 +288,10 @@ class Nightjar(SpeculationPolicy):
             q[k] += (reward - old) * (reward - g[k])  # Welford: the sum of squared deviations (elimination)
             if event.get("seconds_per_request") is not None:  # the chain estimate's factors
                 t = _fit(list(st.get("t") or []), self.num_arms, 0.0)
-                t[k] += (float(event["seconds_per_request"]) - t[k]) / n[k]
+                x = float(event["seconds_per_request"])
+                if self.config.chain_time == "pooled" and n[k] > 3:  # a stall moves the mean by 2x at most
+                    x = min(max(x, 0.5 * t[k]), 2.0 * t[k])
+                t[k] += (x - t[k]) / n[k]
                 st["t"] = t
                 st["depth"] = add_counts(list(st.get("depth") or []), event.get("depth") or [])
         st["n"], st["g"], st["q"] = n, g, q
@@ -332,7 +355,7 @@ class Nightjar(SpeculationPolicy):
     def goodputs(self, st: dict[str, Any]) -> list[float]:
         """g̃_{B,γ} per arm of bucket state ``st``: observed means (§4.2) or the chain estimate."""
         if self.config.estimate == "chain":
-            return chain_goodputs(st, self.num_arms)
+            return chain_goodputs(st, self.num_arms, pooled=self.config.chain_time == "pooled")
         return _fit(list(st["g"]), self.num_arms, 0.0)
 
     def explain(self) -> dict[str, float]:

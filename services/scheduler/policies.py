@@ -37,6 +37,9 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                                    elimination, bounds mean ± 2 standard errors)
                   nightjar-lean[:K]    the three extensions together: Lemma 2's    Nightjar (exploration global,
                                    schedule, elimination and the chain estimate  estimate chain, eliminate 2.0)
+                  nightjar-lean-pooled[:K]  the same, the chain estimate's time    Nightjar (... chain_time pooled)
+                                   per arm a line a + b·γ fitted to every play,
+                                   each play held within 0.5-2x its arm's mean
     queue         fcfs             first come first served, priority first      FCFS
                   las[:Q]          least attained service, preemptive, quantum   LAS(Q s, 0.5)
                   lp-sjf           shortest predicted output first, no preemption LPSJF
@@ -103,6 +106,9 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     "nightjar-elim": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg), eliminate=2.0)),
     "nightjar-lean": lambda arg: Nightjar(
         NightjarConfig(max_k=_max_k(arg), exploration="global", estimate="chain", eliminate=2.0)
+    ),
+    "nightjar-lean-pooled": lambda arg: Nightjar(
+        NightjarConfig(max_k=_max_k(arg), exploration="global", estimate="chain", eliminate=2.0, chain_time="pooled")
     ),
 }
 # name -> factory(argument after the colon or None, eq. 6's costs)
