@@ -59,7 +59,8 @@ def goodput(rows: list[list[int]], alphas: list[float], truth, contexts: list[in
 
 
 def compare(variants: dict[str, dict], cases: int = 24, steps: int = 400, seeds: int = 3, seed: int = 3,
-            noise: float = 0.0, stall: float = 0.0, stall_factor: float = 10.0) -> tuple[dict[str, list[float]], list[int]]:
+            noise: float = 0.0, stall: float = 0.0,
+            stall_factor: float = 10.0) -> tuple[dict[str, list[float]], list[int]]:
     """Each variant's goodput against the best fixed k per case (mean over seeds), and the best k per case."""
     rng = random.Random(seed)
     ratios: dict[str, list[float]] = {name: [] for name in variants}

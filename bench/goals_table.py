@@ -32,8 +32,8 @@ from bench import adaptive_goals
 from bench.order_replay import distinct_samples, order_bounds
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ADAPTIVE_POLICIES = ("policy:smartspec", "policy:smartspec-request", "policy:faser", "policy:nightjar", "policy:nightjar-global",
-                     "policy:nightjar-lean")
+ADAPTIVE_POLICIES = ("policy:smartspec", "policy:smartspec-request", "policy:faser", "policy:nightjar",
+                     "policy:nightjar-global", "policy:nightjar-lean")
 SLO_BASELINES = ("target-only", "tandem-k3", "policy:specinfer", "policy:equal_greedy", "policy:global_greedy",
                  "policy:global_greedy:marginal")  # fmt: skip
 ADASERVE = ("policy:adaserve", "policy:adaserve:marginal")
