@@ -33,7 +33,7 @@ from bench.order_replay import distinct_samples, order_bounds
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ADAPTIVE_POLICIES = ("policy:smartspec", "policy:smartspec-request", "policy:faser", "policy:nightjar",
-                     "policy:nightjar-global", "policy:nightjar-lean")
+                     "policy:nightjar-global", "policy:nightjar-lean", "policy:nightjar-lean-pooled")
 SLO_BASELINES = ("target-only", "tandem-k3", "policy:specinfer", "policy:equal_greedy", "policy:global_greedy",
                  "policy:global_greedy:marginal")  # fmt: skip
 ADASERVE = ("policy:adaserve", "policy:adaserve:marginal")
@@ -238,7 +238,8 @@ FEATURE_DRAFT = {bench: ("eagle", " (feature draft, open chat)") for bench in ("
 LARGER_SAMPLE = {"adaptive": {
     "grounded": [("16", " (16 requests per point)"), ("5rep", " (5 repeats, a prompt sample per repeat)")],
     "eagle": [("5rep", " (feature draft, open chat, 5 repeats, a prompt sample per repeat)"),
-              ("nightjar-5rep", " (feature draft, open chat, 5 repeats, a prompt sample per repeat)")],
+              ("nightjar-5rep", " (feature draft, open chat, 5 repeats, a prompt sample per repeat)"),
+              ("pooled", " (feature draft, open chat, 3 repeats, a prompt sample per repeat, fixed k of 0-3 only)")],
 }}  # fmt: skip
 
 
