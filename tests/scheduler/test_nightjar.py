@@ -281,11 +281,8 @@ def test_the_lean_variant_loses_less_to_exploration_than_alg_1_as_printed():
     expected goodput is higher in each case and within 10 % of the best fixed k."""
     import dataclasses
 
+    from bench.bandit_sim import goodput
     from tests.scheduler.sim_reports import CHEAP_DRAFT, EXPENSIVE_VERIFY, run_steps
-
-    def goodput(rows, alphas, truth, contexts):
-        tokens = sum(sum(a ** (d + 1) for d in range(k)) + 1.0 for ks in rows for k, a in zip(ks, alphas))
-        return tokens / sum(truth.step(ks, contexts) for ks in rows)
 
     lean = speculation_policy("nightjar-lean")
     assert lean.name == "nightjar-global-chain-elim" and lean.config.max_k == 8
