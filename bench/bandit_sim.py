@@ -32,21 +32,27 @@ VARIANTS = {
 
 class NoisyTruth:
     """The truth's step times as a shared CPU shows them: each step scaled by one lognormal factor (sd ``noise``)
-    and, with probability ``stall``, by ``stall_factor`` more. ``run_steps`` asks for a step's plain part first,
-    then its whole; both get the same factor. What the policy learns from is noisy; its goodput is scored on
-    the truth."""
+    and, with probability ``stall``, by ``stall_factor`` more; and the machine's speed drifting, one lognormal
+    level (sd ``drift``) per ``drift_every`` steps (a shared host's neighbours: in adaptive-eagle-nightjar-5rep
+    the same verify at batch 1 took 42 ms in one repeat, 78 ms in another). ``run_steps`` asks for a step's
+    plain part first, then its whole; both get the same factor. What the policy learns from is noisy; its
+    goodput is scored on the truth."""
 
-    def __init__(self, truth, noise: float, stall: float, stall_factor: float, seed: int) -> None:
+    def __init__(self, truth, noise: float, stall: float, stall_factor: float, seed: int, drift: float = 0.0,
+                 drift_every: int = 100) -> None:  # fmt: skip
         self.truth, self.noise, self.stall, self.stall_factor = truth, noise, stall, stall_factor
+        self.drift, self.drift_every = drift, drift_every
         self.rng = random.Random(seed)
-        self.calls, self.factor = 0, 1.0
+        self.calls, self.factor, self.level = 0, 1.0, 1.0
 
     def __getattr__(self, name: str):
         return getattr(self.truth, name)
 
     def step(self, ks, contexts) -> float:
         if self.calls % 2 == 0:
-            self.factor = self.rng.lognormvariate(0.0, self.noise) if self.noise > 0 else 1.0
+            if self.drift > 0 and self.calls // 2 % self.drift_every == 0:
+                self.level = self.rng.lognormvariate(0.0, self.drift)
+            self.factor = self.level * (self.rng.lognormvariate(0.0, self.noise) if self.noise > 0 else 1.0)
             if self.rng.random() < self.stall:
                 self.factor *= self.stall_factor
         self.calls += 1
@@ -59,8 +65,8 @@ def goodput(rows: list[list[int]], alphas: list[float], truth, contexts: list[in
 
 
 def compare(variants: dict[str, dict], cases: int = 24, steps: int = 400, seeds: int = 3, seed: int = 3,
-            noise: float = 0.0, stall: float = 0.0,
-            stall_factor: float = 10.0) -> tuple[dict[str, list[float]], list[int]]:
+            noise: float = 0.0, stall: float = 0.0, stall_factor: float = 10.0, drift: float = 0.0,
+            drift_every: int = 100) -> tuple[dict[str, list[float]], list[int]]:
     """Each variant's goodput against the best fixed k per case (mean over seeds), and the best k per case."""
     rng = random.Random(seed)
     ratios: dict[str, list[float]] = {name: [] for name in variants}
@@ -79,7 +85,8 @@ def compare(variants: dict[str, dict], cases: int = 24, steps: int = 400, seeds:
             got = []
             for s in range(seeds):
                 policy = Nightjar(NightjarConfig(seed=s, **kw))
-                seen = NoisyTruth(truth, noise, stall, stall_factor, seed=case * 10 + s) if noise or stall else truth
+                seen = (NoisyTruth(truth, noise, stall, stall_factor, seed=case * 10 + s, drift=drift,
+                                   drift_every=drift_every) if noise or stall or drift else truth)
                 rows = run_steps(policy, requests(b), alphas, seen, steps=steps, seed=case * 10 + s)
                 got.append(goodput(rows, alphas, truth, contexts) / best)
             ratios[name].append(float(np.mean(got)))
@@ -89,10 +96,13 @@ def compare(variants: dict[str, dict], cases: int = 24, steps: int = 400, seeds:
 def main(cases: int = 24, steps: int = 400, seeds: int = 3, seed: int = 3,
          noise: float = typer.Option(0.0, help="Lognormal sd of the step times the policy sees (0: exact)."),
          stall: float = typer.Option(0.0, help="Chance that a step stalls (its time x --stall-factor)."),
-         stall_factor: float = 10.0) -> None:
-    ratios, best_ks = compare(VARIANTS, cases, steps, seeds, seed, noise, stall, stall_factor)
+         stall_factor: float = 10.0,
+         drift: float = typer.Option(0.0, help="Lognormal sd of the machine's speed, redrawn every --drift-every "
+                                     "steps (0: steady)."),
+         drift_every: int = 100) -> None:
+    ratios, best_ks = compare(VARIANTS, cases, steps, seeds, seed, noise, stall, stall_factor, drift, drift_every)
     print(f"{cases} cases x {seeds} seeds, {steps} steps each, step-time noise {noise}, stalls {stall} "
-          f"(x{stall_factor}): goodput against the best fixed k (best k per case: {sorted(best_ks)})")
+          f"(x{stall_factor}), drift {drift} per {drift_every} steps: goodput against the best fixed k (best k per case: {sorted(best_ks)})")
     print(f"{'variant':28s} {'mean':>6s} {'worst':>6s} {'within 5 %':>11s}")
     for name, values in ratios.items():
         v = np.array(values)

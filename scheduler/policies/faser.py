@@ -62,12 +62,14 @@ from pydantic import BaseModel, Field
 from scheduler.policies.draft_admission import DraftAdmission
 from scheduler.policies.gp import ExactGP
 from scheduler.policies.shared_state import SharedState, push_window
+from scheduler.policies.smartspec import request_ks_by_depth
 from scheduler.policies.speculation import SpecContext, SpecShape, SpeculationPolicy
 from scheduler.policies.step_cost import StepCost, StepCostConfig, StepCostModel
 from scheduler.report import StepReport
 from scheduler.request import Request, SpecMode
 
-STATE_VERSION = 5  # 5: the target fit's per-request term (step_cost.py gamma_r)
+STATE_VERSION = 6  # 6: window rows carry the mixed step's model gap (joint)
+# 5: the target fit's per-request term (step_cost.py gamma_r)
 # 2: the target fit has a verify-mode term (step_cost.py c_t); 3: the draft fit a fed-tokens term
 # 4: the fits' feature scales (step_cost.py)
 
@@ -95,6 +97,10 @@ class FaserConfig(BaseModel):
     position_decay: float = Field(0.995, gt=0.0, le=1.0, description="Global depth counts: weight kept per step.")
     request_idle_decay: float = Field(
         0.9, gt=0.0, le=1.0, description="A request's own depth counts: weight kept per step it does not draft.")
+    joint: bool = Field(
+        False, description="Choose the batch's lengths together (the module docstring's joint choice; "
+        "`faser-joint`): eq. 1 for the batch with the step's cost at its actual mixed lengths; False: each "
+        "request by its own J_i under T^ of a uniform s, as eq. 1-2 print it.")
     cost: StepCostConfig = Field(default_factory=StepCostConfig)
 
 
@@ -119,6 +125,8 @@ class Faser(SpeculationPolicy):
         self.config = cfg = config or FaserConfig()
         if cfg.signal == "fixed" and type(self) is Faser:
             self.name = "faser-fixedgp"  # its own learned state (the ablation of the empirical amplitude)
+        if cfg.joint:
+            self.name = "faser-joint"  # its own learned state: the GP fits another residual
         self._costs = StepCostModel(config=cfg.cost)
         self._cost_priors: tuple[Any, Any] = (None, None)
         self.state = SharedState(f"policy:{self.name}", STATE_VERSION, self._empty, self._apply)
@@ -203,12 +211,14 @@ class Faser(SpeculationPolicy):
     def latency_bounds(self, batch_size: int, context_sum: float, cost: StepCost) -> tuple[np.ndarray, np.ndarray]:
         """(mu, sigma) of T^(s; b) for s = 0..max_k at this batch: cost-model mean + GP on the residuals."""
         cfg = self.config
-        window = np.asarray(self.state.state["window"], dtype=float).reshape(-1, 4)  # [n, (s, b, ctx, T)]
+        window = np.asarray(self.state.state["window"], dtype=float).reshape(-1, 5)  # [n, (s, b, ctx, T, gap)]
         s_all = np.arange(cfg.max_k + 1, dtype=float)
         prior_now = cost.uniforms(s_all, np.full_like(s_all, batch_size), np.full_like(s_all, context_sum))
         scale = float(window[:, 3].mean()) if len(window) else float(prior_now[0])
         scale = max(scale, 1e-6)
         residuals = window[:, 3] - cost.uniforms(window[:, 0], window[:, 1].astype(int), window[:, 2])
+        if cfg.joint:  # against the model of the step's actual lengths, not of a uniform s at their mean
+            residuals = residuals - window[:, 4]
         signal_var = (cfg.signal_rel * scale) ** 2
         if cfg.signal == "empirical" and len(window):
             # the residuals' variance is the signal's plus the noise's: what is left beyond the noise is how far
@@ -231,6 +241,19 @@ class Faser(SpeculationPolicy):
         mu, sd = self.latency_bounds(len(batch), float(sum(contexts)), self.step_cost(ctx))
         lcb = np.maximum(mu - math.sqrt(cfg.beta) * sd, 1e-9)  # eq. 3 (LCB of the shared factor of J)
         rates = self.global_position_rates()
+        if cfg.joint:
+            shapes = self._joint(batch, contexts, self.step_cost(ctx), lcb, rates)
+        else:
+            shapes = self._each(batch, lcb, rates)
+        self._admission.record([s.k for s, r in zip(shapes, batch) if r.speculation.mode is SpecMode.AUTO])
+        self._last = (ctx.step, dict(zip((r.id for r in batch), contexts)))
+        self.last_lcb = lcb
+        self.last_decide_s = time.perf_counter() - t0
+        return shapes
+
+    def _each(self, batch: Sequence[Request], lcb: np.ndarray, rates: np.ndarray) -> list[SpecShape]:
+        """Eq. 1-2 as printed: each request's own argmin of J_i under T^ of a uniform s."""
+        cfg = self.config
         shapes = []
         for r in batch:
             if r.speculation.mode is not SpecMode.AUTO:
@@ -239,11 +262,31 @@ class Faser(SpeculationPolicy):
             cap = min(cfg.max_k, max(0, r.num_remaining - 1))
             j = lcb[: cap + 1] / (self.expected_accepted(r, rates)[: cap + 1] + 1.0 + cfg.epsilon)  # eq. 1
             shapes.append(SpecShape.chain(int(np.argmin(j))))  # eq. 2 (ties: the shortest)
-        self._admission.record([s.k for s, r in zip(shapes, batch) if r.speculation.mode is SpecMode.AUTO])
-        self._last = (ctx.step, dict(zip((r.id for r in batch), contexts)))
-        self.last_lcb = lcb
-        self.last_decide_s = time.perf_counter() - t0
         return shapes
+
+    def _joint(self, batch: Sequence[Request], contexts: list[int], cost: StepCost, lcb: np.ndarray,
+               rates: np.ndarray) -> list[SpecShape]:  # fmt: skip
+        """The batch's lengths together (module docstring): per max depth m the lengths that minimise eq. 1 for
+        the batch under the cost model of mixed lengths, each m's step then corrected by the GP's LCB residual at
+        the lengths' mean; the m of least cost per committed token wins."""
+        cfg = self.config
+        n = len(batch)
+        auto = np.array([r.speculation.mode is SpecMode.AUTO for r in batch])
+        caps = np.array([min(cfg.max_k, max(0, r.num_remaining - 1)) for r in batch])
+        gains = np.zeros((n, cfg.max_k))  # P_i(d): what request i's (d+1)-th drafted token adds
+        for i, r in enumerate(batch):
+            if auto[i]:
+                gains[i] = np.diff(self.expected_accepted(r, rates))
+        ctx = np.asarray(contexts, dtype=float)
+        ks, goodput = request_ks_by_depth(gains, auto, caps, np.zeros(n, dtype=int), ctx, cost, cfg.max_k)
+        cum = np.concatenate([np.zeros((n, 1)), np.cumsum(gains, axis=1)], axis=1)
+        tokens = (1.0 + cum[np.arange(n)[None, :], ks]).sum(axis=1)  # committed tokens per candidate row
+        s_all = np.arange(cfg.max_k + 1, dtype=float)
+        prior = cost.uniforms(s_all, np.full_like(s_all, n), np.full_like(s_all, ctx.sum()))
+        residual = np.interp(ks.mean(axis=1), s_all, lcb - prior)  # the GP's LCB of what the model misses
+        j = np.maximum(tokens / np.maximum(goodput, 1e-12) + residual, 1e-9) / (tokens + cfg.epsilon)  # eq. 1
+        best = int(np.argmin(j))
+        return [SpecShape.chain(int(k)) if a else SpecShape.none() for k, a in zip(ks[best], auto)]
 
     def explain(self) -> dict[str, float]:
         """The last decision's LCB of T^(s; b) for s = 0..3 and the GP's signal sd (ms)."""
@@ -282,8 +325,13 @@ class Faser(SpeculationPolicy):
         self.last_observed_cost = {
             o.request_id: t_obs / (o.num_accepted + 1.0 + cfg.epsilon) for o in outcomes  # eq. 4
         }
+        cost = self._costs.current(self.state.state["costs"])
+        tokens = np.array([o.num_accepted + 1.0 for o in outcomes])
+        mixed = cost.step(ks, contexts) + float(cost.feed(np.array([ks]), tokens[None, :])[0])
+        b = len(report.outcomes)
+        gap = mixed - cost.uniform(float(np.mean(ks)), b, float(sum(contexts)))  # the joint model, beyond T^'s
         event: dict[str, Any] = {
-            "obs": [float(np.mean(ks)), len(report.outcomes), float(sum(contexts)), t_obs] if t_obs > 0 else None,
+            "obs": [float(np.mean(ks)), b, float(sum(contexts)), t_obs, gap] if t_obs > 0 else None,
         }
         if any(drafted):
             event["drafted"], event["accepted"] = drafted, accepted

@@ -243,7 +243,20 @@ def best_request_ks(
     gains: np.ndarray, free: np.ndarray, caps: np.ndarray, fixed: np.ndarray, contexts: np.ndarray,
     cost: StepCost, max_k: int, sunk_s: float = 0.0, draft_terms: bool = True, switch: np.ndarray | None = None,
 ) -> tuple[np.ndarray, float]:  # fmt: skip
-    """Per-request lengths maximising sum_i l_i(k_i) / T(k) exactly (Dinkelbach per max depth m).
+    """Per-request lengths maximising sum_i l_i(k_i) / T(k) exactly (``request_ks_by_depth``'s best row)."""
+    ks, g = request_ks_by_depth(gains, free, caps, fixed, contexts, cost, max_k, sunk_s, draft_terms, switch)
+    best = int(np.argmax(g > g.max() - 1e-12))  # row 0 is the fixed lengths alone; ties: the earlier row
+    return ks[best], float(g[best])
+
+
+def request_ks_by_depth(
+    gains: np.ndarray, free: np.ndarray, caps: np.ndarray, fixed: np.ndarray, contexts: np.ndarray,
+    cost: StepCost, max_k: int, sunk_s: float = 0.0, draft_terms: bool = True, switch: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Per-request lengths maximising sum_i l_i(k_i) / T(k) under each max depth m (Dinkelbach per m).
+
+    Returns ([M + 1, n] lengths, [M + 1] goodputs): row 0 the fixed lengths with every free request at 0,
+    then one row per depth m the runs covered (what FASER's joint choice corrects by its GP, faser.py).
 
     ``gains[i, j-1]`` is what request i's j-th token adds to its expected length (alpha_i^j for a
     chain of acceptance alpha_i, a path probability for a drafted chain); non-increasing in j.
@@ -294,11 +307,7 @@ def best_request_ks(
         if done.all():
             break
         lam = np.where(done, lam, g)
-    best_ks, best_g = fixed.copy(), float(goodputs(fixed[None, :])[0])
-    for m in range(len(depths)):
-        if g[m] > best_g + 1e-12:
-            best_ks, best_g = ks[m], float(g[m])
-    return best_ks, best_g
+    return np.concatenate([fixed[None, :], ks]), np.concatenate([goodputs(fixed[None, :]), g])
 
 
 class SmartSpec(SpeculationPolicy):

@@ -22,6 +22,9 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                   faser[:K]        per-request k by GP-LCB, k <= K (8)          Faser
                   faser-fixedgp[:K]  the same, the GP's signal sd fixed at 30 %  Faser (signal fixed)
                                    of a step (the ablation of the empirical one)
+                  faser-joint[:K]  the batch's lengths chosen together: eq. 1   Faser (joint)
+                                   for the batch at its mixed lengths (per max
+                                   depth), the GP's LCB correcting each
                   nightjar[:K]     bandit k per batch size, k <= K (8),          Nightjar
                                    switching cost (ADA-BINGREEDY, eq. 3); with
                                    TANDEM_DRAFT_OFFLOAD the draft's memory is
@@ -103,6 +106,7 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     "nightjar-global": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg), exploration="global")),
     "nightjar-chain": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg), estimate="chain")),
     "faser-fixedgp": lambda arg: Faser(FaserConfig(max_k=_max_k(arg, default=8), signal="fixed")),
+    "faser-joint": lambda arg: Faser(FaserConfig(max_k=_max_k(arg), joint=True)),
     "nightjar-elim": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg), eliminate=2.0)),
     "nightjar-lean": lambda arg: Nightjar(
         NightjarConfig(max_k=_max_k(arg), exploration="global", estimate="chain", eliminate=2.0)
