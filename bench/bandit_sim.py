@@ -27,6 +27,9 @@ VARIANTS = {
     "nightjar-lean (all three)": {"exploration": "global", "eliminate": 2.0, "estimate": "chain"},
     "lean, pooled time": {"exploration": "global", "eliminate": 2.0, "estimate": "chain", "chain_time": "pooled"},
     "global + chain, pooled time": {"exploration": "global", "estimate": "chain", "chain_time": "pooled"},
+    "lean, drift": {"exploration": "global", "eliminate": 2.0, "estimate": "chain", "drift": True},
+    "lean, pooled time, drift": {"exploration": "global", "eliminate": 2.0, "estimate": "chain",
+                                 "chain_time": "pooled", "drift": True},
 }
 
 

@@ -42,6 +42,28 @@ measured error, not a fixed 30 % of a step, which made untried long chains
 look cheap at every new batch size (at 2x-4x on the feature draft FASER-AD's
 steps ran 55 ms against k = 2's 47). ``faser-fixedgp`` keeps the fixed 30 %.
 
+The joint choice (``joint``, ``faser-joint``; §4.1 asks for lengths "chosen
+jointly", since all requests "remain coupled through the current batch"):
+eq. 1-2 as printed price each request's s by T^ of the whole batch at a
+uniform s, but a batch's lengths are mixed, and what a step costs depends on
+them unevenly: the draft runs max_i s_i forwards for every request, the
+target verifies sum_i s_i tokens. So a predictable request at 2x-4x went to
+s = 4-6 (charged as if the batch drafted with it, which its acceptance
+alone then paid for) while the unpredictable ones sat at s = 0 (charged a
+whole batch's verify for one token's chance), and the step drafted to depth
+4-6 for 1.51 tokens per request against k = 2's 1.63 (adaptive-eagle, 2x-4x:
+steps of 74-82 ms against k = 2's 58-65). Joint, eq. 1 is the batch's::
+
+    J(s_1..s_n; b) = T^(s_1..s_n; b) / sum_i (s_i a^_i(s_i) + 1)
+
+with T^ the step cost model at the actual lengths (step_cost.py: the draft's
+depth max_i s_i, the verify's sum, the feed) plus the GP's LCB residual at
+their mean. For each max depth m the lengths minimising the model's part are
+exact (Dinkelbach, smartspec.request_ks_by_depth: a request's d-th token is
+drafted while P_i(d) is worth its own verify and draft cost at the batch's
+rate); the GP's residual then corrects each m's step, and the m of least J
+wins. The GP window records the residual against that mixed-step model.
+
 After each step the observed cost (eq. 4) J~ = T_obs / (s * a_obs + 1) is
 what the step cost; the GP window records (s, b, context, T_obs). The
 inputs are scaled to unit ranges (s / K_max, log2 b / log2 max_batch) and

@@ -125,6 +125,7 @@ from shared.profiling.cost_model import CostModel
 STATE_VERSION = 3  # 2: per-arm seconds per request and per-depth acceptance counts (the chain estimate); 3: M2
 
 DEFAULT_DRAFT_COST = CostModel(alpha_s=2e-7, gamma_s=2e-4, delta_s=4e-3)  # per draft forward, CPU-sized
+LN2 = math.log(2.0)
 LAG_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -147,6 +148,11 @@ class NightjarConfig(BaseModel):
         None, gt=0, description="z of successive elimination: exploration draws only among arms whose upper bound "
         "g̃ + z·s/√n reaches the best lower bound (None: every arm, as Alg. 1 prints it).")
     min_plays: int = Field(5, ge=2, description="Plays an arm needs before its bounds count for elimination.")
+    drift: bool = Field(
+        False, description="The chain estimate's times relative to the machine's speed, tracked over every "
+        "play (module docstring, ``nightjar-lean-drift``); rewards normalised by it for elimination. Needs "
+        "estimate 'chain'.")
+    drift_rate: float = Field(0.2, gt=0.0, le=1.0, description="Weight of one play in the speed's log average.")
     chain_time: Literal["arm", "pooled"] = Field(
         "arm", description="The chain estimate's seconds per request of arm γ: the mean of γ's own plays, or a line "
         "a + b·γ fitted to every speculating play (weighted by plays), each play held within 0.5-2x its arm's "
@@ -230,9 +236,13 @@ def pooled_times(n: Sequence[int], t: Sequence[float]) -> list[float]:
     return [t[0]] + [max(ym + slope * (k - xm), 1e-9) for k in range(1, len(n))]
 
 
-def chain_goodputs(st: dict[str, Any], num_arms: int, pooled: bool = False) -> list[float]:
-    """The chain estimate of g̃ per arm (module docstring): 0 for an arm never played."""
+def chain_goodputs(st: dict[str, Any], num_arms: int, pooled: bool = False, scale: float | None = None) -> list[float]:
+    """The chain estimate of g̃ per arm (module docstring): 0 for an arm never played. With ``scale`` (the
+    machine's log speed, ``drift``) an arm's time is exp(scale) x its relative time, not its plays' mean."""
     n, t = _fit(list(st["n"]), num_arms, 0), _fit(list(st.get("t") or []), num_arms, 0.0)
+    if scale is not None:
+        rel = _fit(list(st.get("lr") or []), num_arms, 0.0)
+        t = [math.exp(scale + r) if c > 0 else 0.0 for r, c in zip(rel, n)]
     if pooled:
         t = pooled_times(n, t)
     counts = _fit(list(st.get("depth") or []), num_arms - 1, (0.0, 0.0))
@@ -255,6 +265,10 @@ class Nightjar(SpeculationPolicy):
             self.name += "-elim"
         if cfg.chain_time == "pooled":
             self.name += "-pooled"
+        if cfg.drift:
+            if cfg.estimate != "chain":
+                raise ValueError("drift needs the chain estimate (estimate='chain')")
+            self.name += "-drift"
         self.state = SharedState(f"policy:{self.name}", STATE_VERSION, self._empty, self._apply)
         self._rng = random.Random(cfg.seed)
         self._switch = SwitchCostTable()
@@ -288,6 +302,8 @@ class Nightjar(SpeculationPolicy):
         if 0 <= k < self.num_arms:
             n[k] += 1
             reward, old = float(event["reward"]), g[k]
+            if self.config.drift and event.get("seconds_per_request") is not None:
+                state, st, reward = self._track_speed(state, st, k, n[k], reward, float(event["seconds_per_request"]))
             g[k] += (reward - old) / n[k]  # cumulative moving average (§4.2)
             q[k] += (reward - old) * (reward - g[k])  # Welford: the sum of squared deviations (elimination)
             if event.get("seconds_per_request") is not None:  # the chain estimate's factors
@@ -309,6 +325,24 @@ class Nightjar(SpeculationPolicy):
                 st["H"], st["b"] = 2 ** (st["j"] - 1), 1
         buckets[key] = st
         return {**state, "buckets": buckets}
+
+    def _track_speed(self, state: dict[str, Any], st: dict[str, Any], k: int, plays: int, reward: float,
+                     seconds: float) -> tuple[dict[str, Any], dict[str, Any], float]:  # fmt: skip
+        """``drift`` (module docstring): one play of arm k (its ``plays``-th) updates the arm's log time relative
+        to the machine's speed and then the speed; returns the states and the reward in the speed's units."""
+        x = math.log(max(seconds, 1e-9))
+        rel = _fit(list(st.get("lr") or []), self.num_arms, 0.0)
+        scale = state.get("scale")
+        if scale is None:
+            scale = x  # the first play of all sets the unit
+        normalised = reward * math.exp(scale)  # tokens per unit of the speed before this play
+        if plays > 1:  # the speed first takes its share of what the arm's estimate does not explain
+            scale += self.config.drift_rate * min(max(x - rel[k] - scale, -LN2), LN2)
+        e = x - scale
+        if plays > 3:  # a stalled play moves the arm's estimate by 2x at most
+            e = min(max(e, rel[k] - LN2), rel[k] + LN2)
+        rel[k] += (e - rel[k]) / plays
+        return {**state, "scale": scale}, {**st, "lr": rel}, normalised
 
     def bucket_state(self, batch_size: int) -> dict[str, Any]:
         return self.state.state["buckets"].get(str(bucket(batch_size))) or _new_bucket(self.num_arms)
@@ -359,7 +393,8 @@ class Nightjar(SpeculationPolicy):
     def goodputs(self, st: dict[str, Any]) -> list[float]:
         """g̃_{B,γ} per arm of bucket state ``st``: observed means (§4.2) or the chain estimate."""
         if self.config.estimate == "chain":
-            return chain_goodputs(st, self.num_arms, pooled=self.config.chain_time == "pooled")
+            scale = self.state.state.get("scale") if self.config.drift else None
+            return chain_goodputs(st, self.num_arms, pooled=self.config.chain_time == "pooled", scale=scale)
         return _fit(list(st["g"]), self.num_arms, 0.0)
 
     def explain(self) -> dict[str, float]:

@@ -43,6 +43,8 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                   nightjar-lean-pooled[:K]  the same, the chain estimate's time    Nightjar (... chain_time pooled)
                                    per arm a line a + b·γ fitted to every play,
                                    each play held within 0.5-2x its arm's mean
+                  nightjar-lean-drift[:K]  lean, each arm's time relative to  Nightjar (... drift)
+                                   the machine's speed tracked over all plays
     queue         fcfs             first come first served, priority first      FCFS
                   las[:Q]          least attained service, preemptive, quantum   LAS(Q s, 0.5)
                   lp-sjf           shortest predicted output first, no preemption LPSJF
@@ -113,6 +115,9 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     ),
     "nightjar-lean-pooled": lambda arg: Nightjar(
         NightjarConfig(max_k=_max_k(arg), exploration="global", estimate="chain", eliminate=2.0, chain_time="pooled")
+    ),
+    "nightjar-lean-drift": lambda arg: Nightjar(
+        NightjarConfig(max_k=_max_k(arg), exploration="global", estimate="chain", eliminate=2.0, drift=True)
     ),
 }
 # name -> factory(argument after the colon or None, eq. 6's costs)

@@ -10,6 +10,7 @@ import pytest
 from scheduler.policies.faser import Faser, FaserConfig
 from scheduler.policies.gp import ExactGP
 from scheduler.policies.speculation import SpecContext, plan_shapes
+from shared.profiling.cost_model import CostModel
 from tests.scheduler.sim_reports import CHEAP_DRAFT, EXPENSIVE_VERIFY, requests, run_steps
 
 
@@ -145,3 +146,44 @@ def test_the_gp_amplitude_is_what_the_cost_model_misses():
     named = speculation_policy("faser-fixedgp")
     assert named.config.signal == "fixed" and named.name == "faser-fixedgp" and named.state.name == "policy:faser-fixedgp"
     assert speculation_policy("faser").state.name == "policy:faser"
+
+
+def _modelled_goodput(policy: Faser, batch, ks, ctx: SpecContext) -> float:
+    """Expected committed tokens over the step cost model's time (feed included) of lengths ``ks``."""
+    cost = policy.step_cost(ctx)
+    rates = policy.global_position_rates()
+    tokens = np.array([1.0 + policy.expected_accepted(r, rates)[k] for r, k in zip(batch, ks)])
+    contexts = [r.num_tokens for r in batch]
+    return float(tokens.sum() / (cost.step(ks, contexts) + cost.feed(np.array([ks]), tokens[None, :])[0]))
+
+
+def test_the_joint_choice_lets_weak_requests_ride_along_and_never_models_worse():
+    """One predictable request among three unpredictable ones (a profiled cheap draft): drafted alone, eq. 1-2
+    leave the weak ones at s = 0 although the step pays the draft's depth anyway; chosen together they draft
+    what their first tokens are worth at that depth, and the batch's modelled goodput is at least the
+    per-request choice's."""
+    batch = requests(4)
+    strong, *weak = batch
+    strong.position_drafted, strong.position_accepted = [40] * 8, [38, 36, 34, 32, 30, 28, 26, 24]
+    for r in weak:
+        r.position_drafted, r.position_accepted = [40, 10], [12, 2]
+    ctx = SpecContext(0.0, 0, True, cost_model=CostModel(alpha_s=0.0, gamma_s=1e-3, delta_s=20e-3),
+                      draft_cost_model=CostModel(alpha_s=0.0, gamma_s=1e-4, delta_s=1e-3))
+    each, joint = Faser(), Faser(FaserConfig(joint=True))
+    ks_each = [s.k for s in plan_shapes(each, batch, ctx)]
+    ks_joint = [s.k for s in plan_shapes(joint, batch, ctx)]
+    assert ks_each[0] >= 4 and ks_each[1:] == [0, 0, 0]
+    assert all(k >= 1 for k in ks_joint[1:]) and ks_joint[0] > max(ks_joint[1:])
+    assert _modelled_goodput(joint, batch, ks_joint, ctx) >= _modelled_goodput(joint, batch, ks_each, ctx)
+
+
+def test_the_joint_variant_learns_its_residual_against_the_mixed_step():
+    """Its window rows carry the gap between the model of the step's actual lengths and of a uniform s at their
+    mean, and a learned state keeps deciding (it is its own state: ``faser-joint``)."""
+    policy = Faser(FaserConfig(joint=True))
+    assert policy.name == "faser-joint"
+    chosen = run_steps(policy, requests(3), [0.9, 0.3, 0.1], CHEAP_DRAFT, steps=60)
+    window = np.asarray(policy.state.state["window"]).reshape(-1, 5)
+    mixed = np.array([len(set(ks)) > 1 for ks in chosen[-len(window):]])
+    assert mixed.any() and (window[mixed, 4] > 0).all()  # a max depth above the mean costs the draft more
+    assert max(chosen[-1]) >= 2

@@ -323,3 +323,29 @@ def test_pooled_time_keeps_the_chain_estimate_when_step_times_stall():
                         stall=0.02)
     assert np.mean(ratios["pooled"]) > np.mean(ratios["lean"]) and np.mean(ratios["pooled"]) > 0.93
     assert speculation_policy("nightjar-lean-pooled").name == "nightjar-global-chain-elim-pooled"
+
+
+def test_drift_keeps_the_arms_apart_when_the_machine_slows_down_under_one_of_them():
+    """Two arms, arm 2 truly 1.3x arm 1's time per request. Played alike while the machine is fast, then the
+    machine halves its speed while the bandit mostly plays arm 1: the arms' own means mix the two speeds in
+    different shares, and arm 2 (played mostly fast) looks the quicker; with ``drift`` each play is read
+    against the speed tracked over all plays, and the ratio stays near the truth."""
+    import math
+
+    def estimates(drift: bool) -> list[float]:
+        policy = Nightjar(NightjarConfig(max_k=2, exploration="global", estimate="chain", drift=drift))
+        plays = [(k, 1.0) for _ in range(50) for k in (1, 2)]  # fast: both alike
+        plays += [(2 if i % 20 == 0 else 1, 2.0) for i in range(200)]  # slow: arm 1 mostly
+        for k, speed in plays:
+            seconds = 0.05 * (1.3 if k == 2 else 1.0) * speed
+            policy.state.record({"bucket": 1, "k": k, "reward": 1.0 / seconds, "explore": False,
+                                 "seconds_per_request": seconds, "depth": []})
+        return policy.goodputs(policy.bucket_state(1))
+
+    plain, tracked = estimates(False), estimates(True)
+    assert plain[2] > plain[1]  # the confounded means rank the slower arm first
+    assert tracked[1] / tracked[2] == pytest.approx(1.3, rel=0.08)
+    assert Nightjar(NightjarConfig(exploration="global", estimate="chain", drift=True)).name.endswith("-drift")
+    with pytest.raises(ValueError):
+        Nightjar(NightjarConfig(drift=True))  # the observed means have no time factor to correct
+    assert math.isfinite(tracked[0]) and tracked[0] == 0.0  # an arm never played has no estimate
