@@ -32,8 +32,9 @@ from bench import adaptive_goals
 from bench.order_replay import distinct_samples, order_bounds
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ADAPTIVE_POLICIES = ("policy:smartspec", "policy:smartspec-request", "policy:faser", "policy:nightjar",
-                     "policy:nightjar-global", "policy:nightjar-lean", "policy:nightjar-lean-pooled")
+ADAPTIVE_POLICIES = ("policy:smartspec", "policy:smartspec-request", "policy:faser", "policy:faser-joint",
+                     "policy:nightjar", "policy:nightjar-global", "policy:nightjar-lean", "policy:nightjar-lean-pooled",
+                     "policy:nightjar-lean-drift")
 SLO_BASELINES = ("target-only", "tandem-k3", "policy:specinfer", "policy:equal_greedy", "policy:global_greedy",
                  "policy:global_greedy:marginal")  # fmt: skip
 ADASERVE = ("policy:adaserve", "policy:adaserve:marginal")
@@ -239,7 +240,8 @@ LARGER_SAMPLE = {"adaptive": {
     "grounded": [("16", " (16 requests per point)"), ("5rep", " (5 repeats, a prompt sample per repeat)")],
     "eagle": [("5rep", " (feature draft, open chat, 5 repeats, a prompt sample per repeat)"),
               ("nightjar-5rep", " (feature draft, open chat, 5 repeats, a prompt sample per repeat)"),
-              ("pooled", " (feature draft, open chat, 3 repeats, a prompt sample per repeat, fixed k of 0-3 only)")],
+              ("pooled", " (feature draft, open chat, 3 repeats, a prompt sample per repeat, fixed k of 0-3 only)"),
+              ("joint-drift", " (feature draft, open chat, 5 repeats, a prompt sample per repeat)")],
 }}  # fmt: skip
 
 

@@ -18,7 +18,10 @@ select, verify, commit, overhead) and the engine work per model service
 (``model_s_by_service``), which show where a policy that speculates little still spends
 time (draft prefills and catch-up next to the target's work); and the median phase times
 per (batch size, longest chain) (``step_ms_by_batch_k``): the step costs a length policy
-must predict, as the whole stack pays them (`python -m bench.step_costs results.json`).
+must predict, as the whole stack pays them (`python -m bench.step_costs results.json`), with
+the means of the total and of the other phases beside them (``total_mean``, ``prefill_mean``,
+``draft_sync_mean``, ...: medians do not add up, and a step that also prefilled or resynced
+the draft shows there).
 
 Only steps that verified something have a commit span, so a step that only
 prefilled is not counted; target and draft prefill run concurrently, so their
@@ -137,6 +140,10 @@ def by_batch_k(steps: list[Step]) -> dict[str, dict[str, float]]:
         row: dict[str, float] = {"n": len(group)}
         for phase in ("total", "verify", "speculate"):
             row[phase] = statistics.median(g.phases_ms.get(phase, 0.0) for g in group)
+        row["total_mean"] = statistics.fmean(g.phases_ms.get("total", 0.0) for g in group)  # medians do not add up
+        for phase in ("draft_sync", "prefill", "select", "commit", "overhead"):  # where a step's time went besides
+            if any(phase in g.phases_ms for g in group):
+                row[f"{phase}_mean"] = statistics.fmean(g.phases_ms.get(phase, 0.0) for g in group)
         for key in POLICY_KEYS:
             values = [g.policy[key] for g in group if key in g.policy]
             if values:

@@ -92,6 +92,26 @@ mean of the arm's own plays, is what breaks (0.925); ``chain_time="pooled"``
 (``nightjar-lean-pooled``) fits one line a + b·γ to every speculating play
 instead, each play held within 0.5-2x its arm's mean (0.945).
 
+Drift (``drift``, ``nightjar-lean-drift``; an extension): a bucket's arms are
+played at different times, and a shared machine's speed drifts by more than
+the arms differ (adaptive-eagle-nightjar-5rep: k = 2's TPOT at the same load
+39-86 ms across the five repeats; the best arms differ by 5-10 %). An arm's
+mean over its own plays then mixes speeds in its own shares: explored while
+the machine was slow, it looks slow for good. With ``drift`` each play is
+read against the machine's speed, one log average s over every play of every
+bucket, and the chain estimate's time of arm γ is exp(s + r_γ)::
+
+    s   += drift_rate · clip(log t − r_γ − s, ±ln 2)    (the speed takes its share first, from the 2nd play)
+    r_γ += (clip(log t − s, r_γ ± ln 2) − r_γ) / n_γ     (the arm's time relative to the speed: a mean)
+
+so what all arms see alike moves s, and r_γ keeps what is the arm's own. The
+rewards that elimination compares are read in the same unit (reward · e^s,
+s before the play). In simulation (``bench.bandit_sim``) with the step times
+noisy (±15 %, 2 % stalled 10x) and the machine's speed redrawn every 100
+steps (lognormal sd 0.25): 0.952 of the best fixed k against `nightjar-lean`'s
+0.929 and the pooled time's 0.936; with noise alone 0.949 (0.925, 0.945); with
+exact times 0.960, as `nightjar-lean`.
+
 Batch-size buckets: 1, 2, 3, 4, then powers of two (5-8 -> 8, 9-16 -> 16,
 ...): exact where the optimum moves fastest, shared where it barely does.
 

@@ -90,7 +90,7 @@ class RequestTracer:
         t = report.times  # the whole step's phase times, on every commit span of it (bench.overhead reads them)
         step_attrs: Attributes = {
             f"tandem.step_{name}_ms": getattr(t, name) * 1e3
-            for name in ("total", "prefill", "speculate", "select", "verify", "commit", "overhead")
+            for name in ("total", "prefill", "speculate", "draft_sync", "select", "verify", "commit", "overhead")
         }
         ks = [o.shape.max_depth for o in report.outcomes]  # the k chosen this step, per request and for the step
         if ks:
