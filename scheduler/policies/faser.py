@@ -63,6 +63,11 @@ exact (Dinkelbach, smartspec.request_ks_by_depth: a request's d-th token is
 drafted while P_i(d) is worth its own verify and draft cost at the batch's
 rate); the GP's residual then corrects each m's step, and the m of least J
 wins. The GP window records the residual against that mixed-step model.
+With ``charge_switch`` (``faser-joint-switch``) a request the draft holds
+that decoded plainly last step is also charged the catch-up its next
+speculate call feeds (c_f x its lag, spread over ``switch_horizon`` steps,
+as SmartSpec's switch), and the residual is taken against what each step's
+call actually fed.
 
 After each step the observed cost (eq. 4) J~ = T_obs / (s * a_obs + 1) is
 what the step cost; the GP window records (s, b, context, T_obs). The
@@ -123,6 +128,11 @@ class FaserConfig(BaseModel):
         False, description="Choose the batch's lengths together (the module docstring's joint choice; "
         "`faser-joint`): eq. 1 for the batch with the step's cost at its actual mixed lengths; False: each "
         "request by its own J_i under T^ of a uniform s, as eq. 1-2 print it.")
+    charge_switch: bool = Field(
+        False, description="Joint only: a request that did not draft last step is charged the draft's catch-up on "
+        "the tokens it decoded plainly (c_f x its lag / switch_horizon, as SmartSpec charges it; "
+        "`faser-joint-switch`), and the GP's residual is taken against the tokens each step actually fed.")
+    switch_horizon: int = Field(4, ge=1, description="Steps over which a resumed request's catch-up is spread.")
     cost: StepCostConfig = Field(default_factory=StepCostConfig)
 
 
@@ -148,7 +158,8 @@ class Faser(SpeculationPolicy):
         if cfg.signal == "fixed" and type(self) is Faser:
             self.name = "faser-fixedgp"  # its own learned state (the ablation of the empirical amplitude)
         if cfg.joint:
-            self.name = "faser-joint"  # its own learned state: the GP fits another residual
+            self.name = "faser-joint-switch" if cfg.charge_switch else "faser-joint"  # its own learned state
+        self._prev_ks: dict[str, int] = {}  # request id -> the length it was given last step (the switch)
         self._costs = StepCostModel(config=cfg.cost)
         self._cost_priors: tuple[Any, Any] = (None, None)
         self.state = SharedState(f"policy:{self.name}", STATE_VERSION, self._empty, self._apply)
@@ -300,7 +311,12 @@ class Faser(SpeculationPolicy):
             if auto[i]:
                 gains[i] = np.diff(self.expected_accepted(r, rates))
         ctx = np.asarray(contexts, dtype=float)
-        ks, goodput = request_ks_by_depth(gains, auto, caps, np.zeros(n, dtype=int), ctx, cost, cfg.max_k)
+        switch = None
+        if cfg.charge_switch:  # what a resumed request's first speculate feeds the draft, spread (SmartSpec's s_i)
+            switch = np.array([r.draft_lag / max(1, min(cfg.switch_horizon, r.num_remaining))
+                               if r.on_draft and self._prev_ks.get(r.id, 0) == 0 else 0.0 for r in batch])
+        ks, goodput = request_ks_by_depth(gains, auto, caps, np.zeros(n, dtype=int), ctx, cost, cfg.max_k,
+                                          switch=switch)
         cum = np.concatenate([np.zeros((n, 1)), np.cumsum(gains, axis=1)], axis=1)
         tokens = (1.0 + cum[np.arange(n)[None, :], ks]).sum(axis=1)  # committed tokens per candidate row
         s_all = np.arange(cfg.max_k + 1, dtype=float)
@@ -308,6 +324,7 @@ class Faser(SpeculationPolicy):
         residual = np.interp(ks.mean(axis=1), s_all, lcb - prior)  # the GP's LCB of what the model misses
         j = np.maximum(tokens / np.maximum(goodput, 1e-12) + residual, 1e-9) / (tokens + cfg.epsilon)  # eq. 1
         best = int(np.argmin(j))
+        self._prev_ks = {r.id: int(k) if a else 0 for r, k, a in zip(batch, ks[best], auto)}
         return [SpecShape.chain(int(k)) if a else SpecShape.none() for k, a in zip(ks[best], auto)]
 
     def explain(self) -> dict[str, float]:
@@ -349,7 +366,11 @@ class Faser(SpeculationPolicy):
         }
         cost = self._costs.current(self.state.state["costs"])
         tokens = np.array([o.num_accepted + 1.0 for o in outcomes])
-        mixed = cost.step(ks, contexts) + float(cost.feed(np.array([ks]), tokens[None, :])[0])
+        if cfg.charge_switch:  # what this step's call actually fed: the catch-ups and each request's newest token
+            fed = report.num_catchup_tokens + sum(1 for k in ks if k > 0)
+            mixed = cost.step(ks, contexts) + cost.feed_d * fed
+        else:  # the steady state: what a speculating request generates is what the next call feeds
+            mixed = cost.step(ks, contexts) + float(cost.feed(np.array([ks]), tokens[None, :])[0])
         b = len(report.outcomes)
         gap = mixed - cost.uniform(float(np.mean(ks)), b, float(sum(contexts)))  # the joint model, beyond T^'s
         event: dict[str, Any] = {

@@ -25,6 +25,8 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                   faser-joint[:K]  the batch's lengths chosen together: eq. 1   Faser (joint)
                                    for the batch at its mixed lengths (per max
                                    depth), the GP's LCB correcting each
+                  faser-joint-switch[:K]  the same, a resumed request charged  Faser (joint, charge_switch)
+                                   the draft's catch-up (as SmartSpec)
                   nightjar[:K]     bandit k per batch size, k <= K (8),          Nightjar
                                    switching cost (ADA-BINGREEDY, eq. 3); with
                                    TANDEM_DRAFT_OFFLOAD the draft's memory is
@@ -109,6 +111,7 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     "nightjar-chain": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg), estimate="chain")),
     "faser-fixedgp": lambda arg: Faser(FaserConfig(max_k=_max_k(arg, default=8), signal="fixed")),
     "faser-joint": lambda arg: Faser(FaserConfig(max_k=_max_k(arg), joint=True)),
+    "faser-joint-switch": lambda arg: Faser(FaserConfig(max_k=_max_k(arg), joint=True, charge_switch=True)),
     "nightjar-elim": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg), eliminate=2.0)),
     "nightjar-lean": lambda arg: Nightjar(
         NightjarConfig(max_k=_max_k(arg), exploration="global", estimate="chain", eliminate=2.0)

@@ -187,3 +187,23 @@ def test_the_joint_variant_learns_its_residual_against_the_mixed_step():
     mixed = np.array([len(set(ks)) > 1 for ks in chosen[-len(window):]])
     assert mixed.any() and (window[mixed, 4] > 0).all()  # a max depth above the mean costs the draft more
     assert max(chosen[-1]) >= 2
+
+
+def test_the_joint_switch_charges_a_resumed_requests_catch_up():
+    """With ``charge_switch`` a request the draft holds but that decoded plainly last step is charged the catch-up
+    on what it decoded meanwhile: with a long lag it stays plain where the same request without a lag drafts."""
+    from shared.profiling.cost_model import CostModel as Model
+
+    ctx = SpecContext(0.0, 0, True, cost_model=Model(alpha_s=0.0, gamma_s=1e-3, delta_s=20e-3),
+                      draft_cost_model=Model(alpha_s=0.0, gamma_s=1e-4, delta_s=1e-3))
+
+    def chosen(lag: int) -> int:
+        policy = Faser(FaserConfig(joint=True, charge_switch=True))
+        assert policy.name == "faser-joint-switch"
+        (req,) = requests(1, prompt=200, max_new=3)
+        req.position_drafted, req.position_accepted = [40, 30], [14, 6]
+        req.on_draft, req.draft_seen = True, req.num_tokens - 1 - lag  # the draft last saw it ``lag`` tokens ago
+        return plan_shapes(policy, [req], ctx)[0].k
+
+    assert chosen(0) >= 1
+    assert chosen(150) == 0
