@@ -59,7 +59,7 @@ steps of 74-82 ms against k = 2's 58-65). Joint, eq. 1 is the batch's::
 with T^ the step cost model at the actual lengths (step_cost.py: the draft's
 depth max_i s_i, the verify's sum, the feed) plus the GP's LCB residual at
 their mean. For each max depth m the lengths minimising the model's part are
-exact (Dinkelbach, smartspec.request_ks_by_depth: a request's d-th token is
+exact (Dinkelbach, length_solver.request_ks_by_depth: a request's d-th token is
 drafted while P_i(d) is worth its own verify and draft cost at the batch's
 rate); the GP's residual then corrects each m's step, and the m of least J
 wins. The GP window records the residual against that mixed-step model.
@@ -89,7 +89,7 @@ from pydantic import BaseModel, Field
 from scheduler.policies.draft_admission import DraftAdmission
 from scheduler.policies.gp import ExactGP
 from scheduler.policies.shared_state import SharedState, push_window
-from scheduler.policies.smartspec import request_ks_by_depth
+from scheduler.policies.length_solver import request_ks_by_depth
 from scheduler.policies.speculation import SpecContext, SpecShape, SpeculationPolicy
 from scheduler.policies.step_cost import StepCost, StepCostConfig, StepCostModel
 from scheduler.report import StepReport

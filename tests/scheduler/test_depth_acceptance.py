@@ -10,7 +10,8 @@ from scheduler.policies.depth_acceptance import (
     decay_into,
     depth_gains,
 )
-from scheduler.policies.smartspec import SmartSpec, SmartSpecConfig, best_uniform_k
+from scheduler.policies.length_solver import best_uniform_k
+from scheduler.policies.smartspec import SmartSpec, SmartSpecConfig
 from scheduler.policies.speculation import SpecContext, plan_shapes
 from scheduler.policies.step_cost import StepCost
 from shared.profiling.cost_model import CostModel

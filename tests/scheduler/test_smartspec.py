@@ -6,12 +6,11 @@ import numpy as np
 import pytest
 
 from scheduler.policies.shared_state import SharedState
+from scheduler.policies.length_solver import best_request_ks, best_uniform_k
 from scheduler.policies.smartspec import (
     SmartSpec,
     SmartSpecConfidence,
     SmartSpecConfig,
-    best_request_ks,
-    best_uniform_k,
     chain_alpha_counts,
     expected_length,
 )
