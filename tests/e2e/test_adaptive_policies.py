@@ -10,7 +10,7 @@ from shared.state.store import StateStore, StoreConfig
 from tests.e2e.test_tree_policies import _generate_all, _prompts, scheduler_for, services  # noqa: F401
 
 # the tiny random draft is never confident: a threshold it clears, so that smartspec-conf drafts at all
-ADAPTIVE_POLICIES = ["smartspec", "smartspec-request", "smartspec-conf:0.0001", "faser"]
+ADAPTIVE_POLICIES = ["smartspec", "smartspec-request", "smartspec-conf:0.0001", "faser", "faser-joint"]
 
 
 @pytest.mark.parametrize("policy", ADAPTIVE_POLICIES)
@@ -35,3 +35,20 @@ def test_adaptive_policy_is_lossless_over_grpc(services, reference, policy):  # 
     with StateStore(StoreConfig(url=services.redis_url)) as store:
         state = store.get_json(f"policy:{policy.split(':')[0]}")
     assert state is not None and state["version"] >= 1  # flushed to Redis when the scheduler stopped
+
+
+@pytest.mark.parametrize("policy", ["nightjar", "nightjar-lean-drift"])
+def test_nightjar_is_lossless_over_grpc(services, reference, policy):  # noqa: F811
+    """Nightjar's bandit (and its drift-reading variant) chooses lengths only: every output stays greedy, and its
+    learned state (under the policy's own state name) is in Redis after the scheduler stops."""
+    from services.scheduler.policies import speculation_policy
+
+    prompts = _prompts(4, seed=13)
+    requests = [dict(prompt=p, max_new_tokens=10 + 2 * i, speculation="auto") for i, p in enumerate(prompts)]
+    with scheduler_for(services, policy, home=services.home) as running:
+        results = _generate_all(running.address, requests) + _generate_all(running.address, requests)
+    for i, (req, r) in enumerate(zip(requests + requests, results)):
+        assert r.token_ids == reference.greedy(req["prompt"], req["max_new_tokens"]), f"request {i} ({policy})"
+    with StateStore(StoreConfig(url=services.redis_url)) as store:
+        state = store.get_json(speculation_policy(policy).state.name)
+    assert state is not None and state["buckets"]  # the bandit learned per batch-size bucket
