@@ -28,6 +28,10 @@ VARIANTS = {
     "lean, pooled time": {"exploration": "global", "eliminate": 2.0, "estimate": "chain", "chain_time": "pooled"},
     "global + chain, pooled time": {"exploration": "global", "estimate": "chain", "chain_time": "pooled"},
     "lean, drift": {"exploration": "global", "eliminate": 2.0, "estimate": "chain", "drift": True},
+    "lean, drift, local 1": {"exploration": "global", "eliminate": 2.0, "estimate": "chain", "drift": True,
+                             "neighbors": 1},
+    "lean, drift, local 2": {"exploration": "global", "eliminate": 2.0, "estimate": "chain", "drift": True,
+                             "neighbors": 2},
     "lean, pooled time, drift": {"exploration": "global", "eliminate": 2.0, "estimate": "chain",
                                  "chain_time": "pooled", "drift": True},
 }

@@ -27,6 +27,8 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                                    depth), the GP's LCB correcting each
                   faser-joint-switch[:K]  the same, a resumed request charged  Faser (joint, charge_switch)
                                    the draft's catch-up (as SmartSpec)
+                  faser-joint-recent[:K]  joint, each request's acceptance  Faser (joint, request_decay 0.9)
+                                   from its recent steps (weight 0.9 per step)
                   nightjar[:K]     bandit k per batch size, k <= K (8),          Nightjar
                                    switching cost (ADA-BINGREEDY, eq. 3); with
                                    TANDEM_DRAFT_OFFLOAD the draft's memory is
@@ -47,6 +49,8 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                                    each play held within 0.5-2x its arm's mean
                   nightjar-lean-drift[:K]  lean, each arm's time relative to  Nightjar (... drift)
                                    the machine's speed tracked over all plays
+                  nightjar-lean-local[:K]  lean-drift, exploration only among  Nightjar (... drift, neighbors 2)
+                                   the arms within 2 of the leader (unimodal)
     queue         fcfs             first come first served, priority first      FCFS
                   las[:Q]          least attained service, preemptive, quantum   LAS(Q s, 0.5)
                   lp-sjf           shortest predicted output first, no preemption LPSJF
@@ -112,6 +116,7 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     "faser-fixedgp": lambda arg: Faser(FaserConfig(max_k=_max_k(arg, default=8), signal="fixed")),
     "faser-joint": lambda arg: Faser(FaserConfig(max_k=_max_k(arg), joint=True)),
     "faser-joint-switch": lambda arg: Faser(FaserConfig(max_k=_max_k(arg), joint=True, charge_switch=True)),
+    "faser-joint-recent": lambda arg: Faser(FaserConfig(max_k=_max_k(arg), joint=True, request_decay=0.9)),
     "nightjar-elim": lambda arg: Nightjar(NightjarConfig(max_k=_max_k(arg), eliminate=2.0)),
     "nightjar-lean": lambda arg: Nightjar(
         NightjarConfig(max_k=_max_k(arg), exploration="global", estimate="chain", eliminate=2.0)
@@ -121,6 +126,10 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     ),
     "nightjar-lean-drift": lambda arg: Nightjar(
         NightjarConfig(max_k=_max_k(arg), exploration="global", estimate="chain", eliminate=2.0, drift=True)
+    ),
+    "nightjar-lean-local": lambda arg: Nightjar(
+        NightjarConfig(max_k=_max_k(arg), exploration="global", estimate="chain", eliminate=2.0, drift=True,
+                       neighbors=2)
     ),
 }
 # name -> factory(argument after the colon or None, eq. 6's costs)

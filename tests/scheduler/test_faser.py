@@ -207,3 +207,34 @@ def test_the_joint_switch_charges_a_resumed_requests_catch_up():
 
     assert chosen(0) >= 1
     assert chosen(150) == 0
+
+
+def test_recent_acceptance_follows_a_request_whose_text_turns_predictable():
+    """faser-joint-recent (request_decay 0.9): a^_i from the request's recent steps (§4.1: "from recent batches").
+    A request that drafted into rejections for 60 steps and then into a predictable span lengthens its chains
+    within a few steps; counting every step since it began, it stays short far longer."""
+    import dataclasses
+
+    cheap = dataclasses.replace(CHEAP_DRAFT, delta_t=0.018, call_d=0.002, delta_d=0.0015, call_t=0.002)
+    late_ks = {}
+    for decay in (1.0, 0.9):
+        policy = Faser(FaserConfig(joint=True, request_decay=decay))
+        assert policy.name == ("faser-joint-recent" if decay < 1 else "faser-joint")
+        run_steps(policy, requests(1, prefix="warm"), [0.6], cheap, steps=60)  # the global rates
+        batch = requests(1, prefix="shift")
+        run_steps(policy, batch, [0.15], cheap, steps=60, start_step=60)  # a hard span
+        chosen = run_steps(policy, batch, [0.95], cheap, steps=25, start_step=120)  # then an easy one
+        late_ks[decay] = np.mean([ks[0] for ks in chosen[10:]])
+    assert late_ks[0.9] >= 3
+    assert late_ks[0.9] > late_ks[1.0] + 1
+    policy = Faser(FaserConfig(joint=True, request_decay=0.9))
+    batch = requests(2, prefix="gone")
+    run_steps(policy, batch, [0.5, 0.5], cheap, steps=5)
+    assert set(policy._recent) == {r.id for r in batch}  # its own counts, per request ...
+    from scheduler.report import RequestOutcome, StepReport
+    from scheduler.policies.speculation import SpecShape
+
+    report = StepReport(step=5, started_at=5.0, failed_ids=[batch[1].id])
+    report.outcomes.append(RequestOutcome(batch[0].id, SpecShape.none(), 0, 0, 1, finish_reason="length"))
+    policy.observe(report)
+    assert policy._recent == {}  # ... dropped when the request ends or fails

@@ -14,6 +14,7 @@ from scheduler.policies.nightjar import (
     bucket,
     draft_lag,
     exploit,
+    local_arms,
 )
 from scheduler.policies.shared_state import SharedState
 from scheduler.policies.speculation import SpecContext, plan_shapes
@@ -349,3 +350,30 @@ def test_drift_keeps_the_arms_apart_when_the_machine_slows_down_under_one_of_the
     with pytest.raises(ValueError):
         Nightjar(NightjarConfig(drift=True))  # the observed means have no time factor to correct
     assert math.isfinite(tracked[0]) and tracked[0] == 0.0  # an arm never played has no estimate
+
+
+def test_local_arms_are_the_leaders_neighbours():
+    assert local_arms(range(9), [0.0] * 9, 1) == list(range(9))  # nothing known yet: every arm
+    goodputs = [10.0, 14.0, 15.0, 13.0, 0.0, 0.0, 0.0, 0.0, 9.0]
+    assert local_arms(range(9), goodputs, 1) == [1, 2, 3]
+    assert local_arms(range(9), goodputs, 2) == [0, 1, 2, 3, 4]
+    assert local_arms([0, 2, 8], goodputs, 1) == [2]  # elimination first, then the neighbourhood
+    assert local_arms([8], goodputs, 1) == [2]  # never empty: the leader stays
+
+
+def test_local_exploration_climbs_to_the_best_arm_and_leaves_far_arms_alone():
+    """Peak at k = 2, each step away 12 % worse: with neighbors=2 the exploration bins after the first blocks
+    play only arms within 2 of the leader, so arms 5-8 are all but unplayed, and the bandit ends on the peak."""
+    best = 2
+    goodput = lambda b, k: 100.0 - 12.0 * abs(k - best)  # noqa: E731
+    far = {}
+    for neighbors in (None, 2):
+        policy = Nightjar(NightjarConfig(switch_cost=False, exploration="global", estimate="observed",
+                                         eliminate=2.0, neighbors=neighbors))
+        played = run(policy, goodput, [2], 400)
+        far[neighbors] = sum(k >= 5 for _, k in played[50:])
+        st = policy.bucket_state(2)
+        assert exploit(policy.goodputs(st), st["n"], prev_k=best, c_prefill=0.0) == best
+    assert far[2] < 0.5 * far[None], far
+    named = speculation_policy("nightjar-lean-local")
+    assert named.config.neighbors == 2 and named.config.drift and named.name.endswith("-drift-local2")
