@@ -39,6 +39,7 @@ batch and shared, acceptance is request-specific):
   at a short s after its text turned predictable (without it, faser-joint
   drafted s = 1 in 20-38 % of its batch-1 steps on the feature draft, for
   1.56 tokens/step against k = 3's 1.67; adaptive-eagle-joint-drift).
+  Measured no better than faser-joint (bench/results/diag-faser-recent).
 
 The GP's signal amplitude (``signal="empirical"``, the default; an
 empirical-Bayes choice where the paper leaves the hyperparameters open) is

@@ -126,7 +126,11 @@ drift variant with ``neighbors`` = 2: in ``bench.bandit_sim`` 0.983 / 0.961 /
 0.958 of the best fixed k (exact / noisy / noisy + drifting step times; 24, 17
 and 18 cases of 24 within 5 %) against the drift variant's 0.960 / 0.949 /
 0.952 (17, 14, 14); with ``neighbors`` = 1 a noisy early leader holds the draw
-too near (0.977 / 0.928 / 0.918, worst case 0.78).
+too near (0.977 / 0.928 / 0.918, worst case 0.78). On the stack it did not
+carry over where buckets are sparse: at 4x (buckets 4, 8, 16 with a few
+dozen plays each in a run) an early leader of γ = 4-5 kept the draw there and
+the walk down to the best γ = 1 never happened (+11.3 % behind the best fixed
+k against the drift variant's +2.2 %; bench/results/adaptive-eagle-local).
 
 Batch-size buckets: 1, 2, 3, 4, then powers of two (5-8 -> 8, 9-16 -> 16,
 ...): exact where the optimum moves fastest, shared where it barely does.
