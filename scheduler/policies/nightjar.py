@@ -196,6 +196,9 @@ class NightjarConfig(BaseModel):
         None, ge=1, description="Exploration draws only among the arms within this distance of the leader, the "
         "arm of best g̃ (goodput is unimodal in γ: a unimodal bandit's local exploration, module docstring; "
         "``nightjar-lean-local``). None: every arm in play, as Alg. 1 prints it.")
+    neighbors_up_to: int | None = Field(
+        None, ge=1, description="Largest bucket the neighbourhood applies in (None: every bucket); 4: only the "
+        "exact buckets, not those that mix batch sizes (``nightjar-lean-local-exact``).")
     drift_rate: float = Field(0.2, gt=0.0, le=1.0, description="Weight of one play in the speed's log average.")
     chain_time: Literal["arm", "pooled"] = Field(
         "arm", description="The chain estimate's seconds per request of arm γ: the mean of γ's own plays, or a line "
@@ -325,7 +328,7 @@ class Nightjar(SpeculationPolicy):
                 raise ValueError("drift needs the chain estimate (estimate='chain')")
             self.name += "-drift"
         if cfg.neighbors is not None:
-            self.name += f"-local{cfg.neighbors}"
+            self.name += f"-local{cfg.neighbors}" + (f"-upto{cfg.neighbors_up_to}" if cfg.neighbors_up_to else "")
         self.state = SharedState(f"policy:{self.name}", STATE_VERSION, self._empty, self._apply)
         self._rng = random.Random(cfg.seed)
         self._switch = SwitchCostTable()
@@ -426,7 +429,7 @@ class Nightjar(SpeculationPolicy):
         if st["tau"] == 1:  # a new bin: explore with probability 1/√b (line 8; Lemma 2 with "global")
             explore = self._rng.random() < 1.0 / math.sqrt(self.bin_index(st))
         if explore:
-            arms = self.arms_in_play(st)
+            arms = self.arms_in_play(st, b)
             k = arms[self._rng.randrange(len(arms))]  # line 11 (over the surviving arms with ``eliminate``)
         else:
             c_prefill = 0.0
@@ -439,14 +442,15 @@ class Nightjar(SpeculationPolicy):
         shape = SpecShape.chain(k)
         return [shape if r.speculation.mode is SpecMode.AUTO else SpecShape.none() for r in batch]
 
-    def arms_in_play(self, st: dict[str, Any]) -> list[int]:
+    def arms_in_play(self, st: dict[str, Any], bucket_size: int = 1) -> list[int]:
         """The arms an exploration bin draws from: all of them, or those successive elimination keeps."""
         z = self.config.eliminate
         arms = list(range(self.num_arms))
         if z is not None:
             n, q = _fit(list(st["n"]), self.num_arms, 0), _fit(list(st.get("q") or []), self.num_arms, 0.0)
             arms = surviving_arms(_fit(list(st["g"]), self.num_arms, 0.0), q, n, z, self.config.min_plays)
-        if self.config.neighbors is not None:
+        cap = self.config.neighbors_up_to
+        if self.config.neighbors is not None and (cap is None or bucket_size <= cap):
             arms = local_arms(arms, self.goodputs(st), self.config.neighbors)
         return arms
 
@@ -464,7 +468,7 @@ class Nightjar(SpeculationPolicy):
         _, b, k, explore = self._last
         st = self.state.state["buckets"].get(str(b)) or _new_bucket(self.num_arms)
         out = {"bucket": float(b), "k": float(k), "explore": float(explore), "c_prefill_ms": self.last_c_prefill * 1e3,
-               "arms_in_play": float(len(self.arms_in_play(st)))}
+               "arms_in_play": float(len(self.arms_in_play(st, b)))}
         for arm, (g, n) in enumerate(zip(self.goodputs(st), _fit(list(st["n"]), self.num_arms, 0))):
             out[f"goodput_k{arm}"], out[f"plays_k{arm}"] = float(g), float(n)
         return out

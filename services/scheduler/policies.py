@@ -51,6 +51,7 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                                    the machine's speed tracked over all plays
                   nightjar-lean-local[:K]  lean-drift, exploration only among  Nightjar (... drift, neighbors 2)
                                    the arms within 2 of the leader (unimodal)
+                  nightjar-lean-local-exact[:K]  the same in buckets 1-4 only  Nightjar (... neighbors_up_to 4)
     queue         fcfs             first come first served, priority first      FCFS
                   las[:Q]          least attained service, preemptive, quantum   LAS(Q s, 0.5)
                   lp-sjf           shortest predicted output first, no preemption LPSJF
@@ -130,6 +131,10 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     "nightjar-lean-local": lambda arg: Nightjar(
         NightjarConfig(max_k=_max_k(arg), exploration="global", estimate="chain", eliminate=2.0, drift=True,
                        neighbors=2)
+    ),
+    "nightjar-lean-local-exact": lambda arg: Nightjar(
+        NightjarConfig(max_k=_max_k(arg), exploration="global", estimate="chain", eliminate=2.0, drift=True,
+                       neighbors=2, neighbors_up_to=4)
     ),
 }
 # name -> factory(argument after the colon or None, eq. 6's costs)

@@ -377,3 +377,16 @@ def test_local_exploration_climbs_to_the_best_arm_and_leaves_far_arms_alone():
     assert far[2] < 0.5 * far[None], far
     named = speculation_policy("nightjar-lean-local")
     assert named.config.neighbors == 2 and named.config.drift and named.name.endswith("-drift-local2")
+
+
+def test_local_exact_keeps_every_arm_in_buckets_that_mix_batch_sizes():
+    """nightjar-lean-local-exact: the neighbourhood in the exact buckets (1-4) only; a bucket that mixes batch
+    sizes (8: batches of 5-8) draws from every arm elimination keeps, as the drift variant does."""
+    policy = speculation_policy("nightjar-lean-local-exact")
+    assert policy.config.neighbors_up_to == 4 and policy.name.endswith("-local2-upto4")
+    policy.config.eliminate = None  # every arm stays in the running: the neighbourhood is all that narrows
+    run(policy, lambda b, k: 100.0 - 10.0 * abs(k - 1), [8], 200)
+    st = policy.bucket_state(8)
+    assert policy.arms_in_play(st, 8) == list(range(9))
+    assert policy.arms_in_play(st, 3) == local_arms(range(9), policy.goodputs(st), 2)
+    assert max(policy.arms_in_play(st, 3)) <= 3
