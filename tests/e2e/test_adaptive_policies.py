@@ -10,7 +10,8 @@ from shared.state.store import StateStore, StoreConfig
 from tests.e2e.test_tree_policies import _generate_all, _prompts, scheduler_for, services  # noqa: F401
 
 # the tiny random draft is never confident: a threshold it clears, so that smartspec-conf drafts at all
-ADAPTIVE_POLICIES = ["smartspec", "smartspec-request", "smartspec-conf:0.0001", "faser", "faser-joint"]
+ADAPTIVE_POLICIES = ["smartspec", "smartspec-request", "smartspec-conf:0.0001", "faser", "faser-joint",
+                     "faser-joint-recent"]
 
 
 @pytest.mark.parametrize("policy", ADAPTIVE_POLICIES)
@@ -37,7 +38,8 @@ def test_adaptive_policy_is_lossless_over_grpc(services, reference, policy):  # 
     assert state is not None and state["version"] >= 1  # flushed to Redis when the scheduler stopped
 
 
-@pytest.mark.parametrize("policy", ["nightjar", "nightjar-lean-drift", "nightjar-lean-local"])
+@pytest.mark.parametrize("policy", ["nightjar", "nightjar-lean-drift", "nightjar-lean-local",
+                                    "nightjar-lean-local-exact"])
 def test_nightjar_is_lossless_over_grpc(services, reference, policy):  # noqa: F811
     """Nightjar's bandit (and its drift-reading variant) chooses lengths only: every output stays greedy, and its
     learned state (under the policy's own state name) is in Redis after the scheduler stops."""
