@@ -32,6 +32,8 @@ VARIANTS = {
                              "neighbors": 1},
     "lean, drift, local 2": {"exploration": "global", "eliminate": 2.0, "estimate": "chain", "drift": True,
                              "neighbors": 2},
+    "lean, drift, bounds on the estimate": {"exploration": "global", "eliminate": 2.0, "estimate": "chain",
+                                            "drift": True, "eliminate_on": "estimate"},
     "lean, pooled time, drift": {"exploration": "global", "eliminate": 2.0, "estimate": "chain",
                                  "chain_time": "pooled", "drift": True},
 }

@@ -34,7 +34,7 @@ from bench.order_replay import distinct_samples, order_bounds
 RESULTS = Path(__file__).resolve().parent / "results"
 ADAPTIVE_POLICIES = ("policy:smartspec", "policy:smartspec-request", "policy:faser", "policy:faser-joint",
                      "policy:nightjar", "policy:nightjar-global", "policy:nightjar-lean", "policy:nightjar-lean-pooled",
-                     "policy:nightjar-lean-drift", "policy:nightjar-lean-local")
+                     "policy:nightjar-lean-drift", "policy:nightjar-lean-local", "policy:nightjar-lean-bounds")
 SLO_BASELINES = ("target-only", "tandem-k3", "policy:specinfer", "policy:equal_greedy", "policy:global_greedy",
                  "policy:global_greedy:marginal")  # fmt: skip
 ADASERVE = ("policy:adaserve", "policy:adaserve:marginal")
@@ -242,7 +242,8 @@ LARGER_SAMPLE = {"adaptive": {
               ("nightjar-5rep", " (feature draft, open chat, 5 repeats, a prompt sample per repeat)"),
               ("pooled", " (feature draft, open chat, 3 repeats, a prompt sample per repeat, fixed k of 0-3 only)"),
               ("joint-drift", " (feature draft, open chat, 5 repeats, a prompt sample per repeat)"),
-              ("local", " (feature draft, open chat, 5 repeats, a prompt sample per repeat)")],
+              ("local", " (feature draft, open chat, 5 repeats, a prompt sample per repeat)"),
+              ("bounds", " (feature draft, open chat, 5 repeats, a prompt sample per repeat)")],
 }}  # fmt: skip
 
 

@@ -199,6 +199,14 @@ class NightjarConfig(BaseModel):
     neighbors_up_to: int | None = Field(
         None, ge=1, description="Largest bucket the neighbourhood applies in (None: every bucket); 4: only the "
         "exact buckets, not those that mix batch sizes (``nightjar-lean-local-exact``).")
+    eliminate_on: Literal["reward", "estimate"] = Field(
+        "reward", description="What elimination bounds: the arm's observed rewards (g̃ ± z·s/√n), or the chain "
+        "estimate itself (log g̃ ± z·se from the depth rates' binomial error and the arm's relative time; "
+        "module docstring, ``nightjar-lean-bounds``). 'estimate' needs ``drift``.")
+    bound_trials: float = Field(
+        200.0, gt=0.0, description="A depth's acceptance rate counts as known from at most this many trials when "
+        "the estimate's error is taken (eliminate_on 'estimate'): acceptance differs between requests and "
+        "prompts, so thousands of pooled trials would overstate how well the rate is known.")
     drift_rate: float = Field(0.2, gt=0.0, le=1.0, description="Weight of one play in the speed's log average.")
     chain_time: Literal["arm", "pooled"] = Field(
         "arm", description="The chain estimate's seconds per request of arm γ: the mean of γ's own plays, or a line "
@@ -264,6 +272,63 @@ def surviving_arms(means: Sequence[float], m2: Sequence[float], counts: Sequence
     return [k for k, (_, hi) in enumerate(bounds) if hi >= best_lower]
 
 
+def estimate_surviving_arms(st: dict[str, Any], num_arms: int, z: float, min_plays: int,
+                            bound_trials: float) -> list[int]:
+    """Elimination on the chain estimate (``eliminate_on="estimate"``, module docstring): the arms not clearly
+    behind the leader L (the best estimate among arms with ``min_plays`` plays); arms with fewer plays stay in::
+
+        arm γ out  ⇔  log g̃_L − log g̃_γ  >  z·se,   log g̃_γ = log l(γ) − (s + r_γ)   (s cancels)
+        se² = Σ_j (∂_j log l(L) − ∂_j log l(γ))²·var(q_j) + var(r_L)/n_L + var(r_γ)/n_γ
+
+    The arms share the depth rates q_j, so only the depths where their lengths differ count: a pairwise test
+    against the leader, much tighter than each arm's bound alone. var(q_j) binomial (``chain_tokens``),
+    var(r_γ) the spread of the arm's own relative times (Welford)."""
+    n = _fit(list(st["n"]), num_arms, 0)
+    rel, m2 = _fit(list(st.get("lr") or []), num_arms, 0.0), _fit(list(st.get("lq") or []), num_arms, 0.0)
+    counts = _fit(list(st.get("depth") or []), num_arms - 1, (0.0, 0.0))
+    tokens, grads, var_q = chain_tokens(counts, bound_trials)
+    known = [k for k in range(num_arms) if n[k] >= min_plays]
+    if len(known) < 2:
+        return list(range(num_arms))
+    log_g = {k: math.log(tokens[k]) - rel[k] for k in known}
+    leader = max(known, key=lambda k: log_g[k])
+
+    def time_var(k: int) -> float:
+        return max(m2[k], 0.0) / (n[k] - 1) / n[k]
+
+    out = set()
+    for k in known:
+        if k == leader:
+            continue
+        d = grads[leader] / tokens[leader] - grads[k] / tokens[k]  # [depths] ∂_j log l(L) − ∂_j log l(γ)
+        se = math.sqrt(float(np.sum(d**2 * var_q)) + time_var(leader) + time_var(k))
+        if log_g[leader] - log_g[k] > z * se:
+            out.add(k)
+    return [k for k in range(num_arms) if k not in out]
+
+
+def chain_tokens(counts: Sequence[Sequence[float]], max_trials: float) -> tuple[list[float], np.ndarray, np.ndarray]:
+    """Per arm γ = 0 .. len(counts): l(γ) = 1 + Σ_{d≤γ} Π_{j≤d} q_j, its gradient over the depth rates q_1..q_D
+    ([arms, D]), and each rate's binomial variance ([D]) for the delta method.
+
+    The gradient and variances are taken at the smoothed rates (accepted + 1) / (trials + 2), over at most
+    ``max_trials`` trials (at least one): a rate seen as 0 or 1 in a few trials is not certain, and a depth
+    never tested adds what the chance of reaching it, Π_{i<j} q_i, allows."""
+    depth = len(counts)
+    q = np.array([acc / trials if trials > 0 else 0.0 for acc, trials in counts])
+    tokens = [1.0] + list(1.0 + np.cumsum(np.cumprod(q))) if depth else [1.0]
+    smooth = np.array([(acc + 1.0) / (trials + 2.0) for acc, trials in counts])
+    trials = np.array([min(max(t, 1.0), max_trials) for _, t in counts])
+    var_q = smooth * (1.0 - smooth) / trials if depth else np.zeros(0)
+    grads = np.zeros((depth + 1, depth))
+    for arm in range(1, depth + 1):
+        for j in range(arm):  # ∂l(γ)/∂q_j = Π_{i<j} q_i · (1 + q_{j+1} + ... + q_{j+1}···q_γ)
+            head = float(np.prod(smooth[:j]))
+            tail = 1.0 + float(np.sum(np.cumprod(smooth[j + 1 : arm])))
+            grads[arm, j] = head * tail
+    return tokens, grads, var_q
+
+
 def local_arms(arms: Sequence[int], goodputs: Sequence[float], radius: int) -> list[int]:
     """The arms in play within ``radius`` of the leader (the arm of best estimate; module docstring), or all
     of them while no arm has an estimate. Never empty: the leader itself stays, so the draw can confirm it."""
@@ -327,6 +392,10 @@ class Nightjar(SpeculationPolicy):
             if cfg.estimate != "chain":
                 raise ValueError("drift needs the chain estimate (estimate='chain')")
             self.name += "-drift"
+        if cfg.eliminate_on == "estimate":
+            if not cfg.drift or cfg.eliminate is None:
+                raise ValueError("eliminate_on='estimate' needs drift and eliminate")
+            self.name += "-bounds"
         if cfg.neighbors is not None:
             self.name += f"-local{cfg.neighbors}" + (f"-upto{cfg.neighbors_up_to}" if cfg.neighbors_up_to else "")
         self.state = SharedState(f"policy:{self.name}", STATE_VERSION, self._empty, self._apply)
@@ -401,8 +470,11 @@ class Nightjar(SpeculationPolicy):
         e = x - scale
         if plays > 3:  # a stalled play moves the arm's estimate by 2x at most
             e = min(max(e, rel[k] - LN2), rel[k] + LN2)
-        rel[k] += (e - rel[k]) / plays
-        return {**state, "scale": scale}, {**st, "lr": rel}, normalised
+        m2 = _fit(list(st.get("lq") or []), self.num_arms, 0.0)
+        old = rel[k]
+        rel[k] += (e - old) / plays
+        m2[k] += (e - old) * (e - rel[k])  # Welford: the spread of the arm's relative times (eliminate_on)
+        return {**state, "scale": scale}, {**st, "lr": rel, "lq": m2}, normalised
 
     def bucket_state(self, batch_size: int) -> dict[str, Any]:
         return self.state.state["buckets"].get(str(bucket(batch_size))) or _new_bucket(self.num_arms)
@@ -446,7 +518,10 @@ class Nightjar(SpeculationPolicy):
         """The arms an exploration bin draws from: all of them, or those successive elimination keeps."""
         z = self.config.eliminate
         arms = list(range(self.num_arms))
-        if z is not None:
+        scale = self.state.state.get("scale")
+        if z is not None and self.config.eliminate_on == "estimate" and scale is not None:
+            arms = estimate_surviving_arms(st, self.num_arms, z, self.config.min_plays, self.config.bound_trials)
+        elif z is not None:
             n, q = _fit(list(st["n"]), self.num_arms, 0), _fit(list(st.get("q") or []), self.num_arms, 0.0)
             arms = surviving_arms(_fit(list(st["g"]), self.num_arms, 0.0), q, n, z, self.config.min_plays)
         cap = self.config.neighbors_up_to

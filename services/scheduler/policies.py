@@ -49,6 +49,8 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                                    each play held within 0.5-2x its arm's mean
                   nightjar-lean-drift[:K]  lean, each arm's time relative to  Nightjar (... drift)
                                    the machine's speed tracked over all plays
+                  nightjar-lean-bounds[:K]  lean-drift, elimination on the  Nightjar (... drift, eliminate_on
+                                   chain estimate's own error bounds         estimate)
                   nightjar-lean-local[:K]  lean-drift, exploration only among  Nightjar (... drift, neighbors 2)
                                    the arms within 2 of the leader (unimodal)
                   nightjar-lean-local-exact[:K]  the same in buckets 1-4 only  Nightjar (... neighbors_up_to 4)
@@ -127,6 +129,10 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     ),
     "nightjar-lean-drift": lambda arg: Nightjar(
         NightjarConfig(max_k=_max_k(arg), exploration="global", estimate="chain", eliminate=2.0, drift=True)
+    ),
+    "nightjar-lean-bounds": lambda arg: Nightjar(
+        NightjarConfig(max_k=_max_k(arg), exploration="global", estimate="chain", eliminate=2.0, drift=True,
+                       eliminate_on="estimate")
     ),
     "nightjar-lean-local": lambda arg: Nightjar(
         NightjarConfig(max_k=_max_k(arg), exploration="global", estimate="chain", eliminate=2.0, drift=True,

@@ -38,7 +38,7 @@ def test_adaptive_policy_is_lossless_over_grpc(services, reference, policy):  # 
     assert state is not None and state["version"] >= 1  # flushed to Redis when the scheduler stopped
 
 
-@pytest.mark.parametrize("policy", ["nightjar", "nightjar-lean-drift", "nightjar-lean-local",
+@pytest.mark.parametrize("policy", ["nightjar", "nightjar-lean-drift", "nightjar-lean-bounds", "nightjar-lean-local",
                                     "nightjar-lean-local-exact"])
 def test_nightjar_is_lossless_over_grpc(services, reference, policy):  # noqa: F811
     """Nightjar's bandit (and its drift-reading variant) chooses lengths only: every output stays greedy, and its

@@ -12,7 +12,9 @@ from scheduler.policies.nightjar import (
     NightjarConfig,
     SwitchCostTable,
     bucket,
+    chain_tokens,
     draft_lag,
+    estimate_surviving_arms,
     exploit,
     local_arms,
 )
@@ -390,3 +392,57 @@ def test_local_exact_keeps_every_arm_in_buckets_that_mix_batch_sizes():
     assert policy.arms_in_play(st, 8) == list(range(9))
     assert policy.arms_in_play(st, 3) == local_arms(range(9), policy.goodputs(st), 2)
     assert max(policy.arms_in_play(st, 3)) <= 3
+
+
+def test_chain_tokens_gradient_matches_a_finite_difference():
+    """chain_tokens: l(γ) per arm from the raw rates, and its gradient over the (smoothed) depth rates is the
+    derivative of 1 + Σ_d Π_{j≤d} q_j; a depth never tested still has a finite variance (one trial at 1/2)."""
+    counts = [[60.0, 100.0], [30.0, 60.0], [10.0, 30.0], [0.0, 0.0]]
+    tokens, grads, var_q = chain_tokens(counts, max_trials=200.0)
+    assert tokens[0] == 1.0 and tokens[1] == pytest.approx(1.6) and tokens[2] == pytest.approx(1.6 + 0.6 * 0.5)
+    assert tokens[4] == tokens[3]  # depth 4 never tested: its raw rate adds nothing
+    smooth = [(a + 1) / (t + 2) for a, t in counts]
+
+    def length(q, arm):
+        out, p = 1.0, 1.0
+        for j in range(arm):
+            p *= q[j]
+            out += p
+        return out
+
+    for arm in range(1, 5):
+        for j in range(arm):
+            bumped = list(smooth)
+            bumped[j] += 1e-6
+            assert grads[arm, j] == pytest.approx((length(bumped, arm) - length(smooth, arm)) / 1e-6, rel=1e-4)
+    assert var_q[3] == pytest.approx(0.25) and var_q[0] == pytest.approx(smooth[0] * (1 - smooth[0]) / 100)
+
+
+def test_estimate_bounds_drop_arms_clearly_behind_the_leader_and_keep_close_ones():
+    """Pairwise against the leader on the chain estimate: an arm far behind with tight times is out, one whose
+    gap is within its error stays, and arms with too few plays stay whatever their estimate."""
+    st = {"n": [30, 30, 30, 3], "lr": [-0.2, 0.15, 0.9, 2.0], "lq": [0.3, 0.3, 0.3, 0.0],
+          "depth": [[500.0, 1000.0], [250.0, 500.0], [0.0, 0.0]]}
+    # l = 1, 1.5, 1.75: log g = 0.2, 0.255, -0.34 (arm 3: 3 plays); leader arm 1, arm 0 0.055 behind (se
+    # ≈ 0.035: within 2 se), arm 2 0.6 behind
+    kept = estimate_surviving_arms(st, 4, z=2.0, min_plays=5, bound_trials=200.0)
+    assert kept == [0, 1, 3]
+    st["lq"] = [60.0, 60.0, 60.0, 0.0]  # times 14x as spread (sd 1.4 in log): nothing is clearly behind
+    assert estimate_surviving_arms(st, 4, z=2.0, min_plays=5, bound_trials=200.0) == [0, 1, 2, 3]
+
+
+def test_bounds_on_the_estimate_explore_the_far_arms_less():
+    """nightjar-lean-bounds against the drift variant on one batch-1 stack (acceptance 0.55, the draft 15 %
+    of a step per token): the exploration draws that go to chains of 6-8, far behind the best, fall."""
+    from tests.scheduler.sim_reports import CHEAP_DRAFT
+
+    far = {}
+    for name in ("nightjar-lean-drift", "nightjar-lean-bounds"):
+        policy = speculation_policy(name)
+        rows = run_steps(policy, requests(1), [0.55], CHEAP_DRAFT, steps=1500, seed=2)
+        far[name] = sum(ks[0] >= 6 for ks in rows[300:])
+    assert far["nightjar-lean-bounds"] < far["nightjar-lean-drift"], far
+    named = speculation_policy("nightjar-lean-bounds")
+    assert named.config.eliminate_on == "estimate" and named.name.endswith("-drift-bounds")
+    with pytest.raises(ValueError):
+        Nightjar(NightjarConfig(estimate="chain", eliminate=2.0, eliminate_on="estimate"))  # needs drift
