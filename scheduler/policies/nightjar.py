@@ -132,6 +132,26 @@ dozen plays each in a run) an early leader of γ = 4-5 kept the draw there and
 the walk down to the best γ = 1 never happened (+11.3 % behind the best fixed
 k against the drift variant's +2.2 %; bench/results/adaptive-eagle-local).
 
+Bounds on the estimate (``eliminate_on="estimate"``, ``nightjar-lean-bounds``; an extension): elimination
+as above compares the arms' *observed* rewards, one step's tokens over its seconds, whose spread is that of
+the accepted length (1 to γ+1 tokens a step): after tens of plays its bounds are still ±20-30 %, so arms
+30 % behind the best stay in the draw. On the stack the drift variant, long settled on γ = 3 at batch 1,
+still spent 8 % of its batch-1 steps on γ = 4-8 and 13 % in all on exploration (adaptive-eagle-local,
+0.5x), ≈ 3 % of goodput. The chain estimate is far tighter than the rewards, so elimination reads it
+instead, pairwise against the leader L (best estimate among arms with ``min_plays`` plays)::
+
+    arm γ out  ⇔  log g̃_L − log g̃_γ  >  z·se
+    se² = Σ_j (∂_j log l(L) − ∂_j log l(γ))²·var(q_j)  +  var(r_L)/n_L  +  var(r_γ)/n_γ
+
+with l the chain length estimate of eq. 1's numerator, the depth rates q_j binomial (taken at
+(a + 1)/(t + 2), over at most ``bound_trials`` = 200 trials: acceptance differs between requests and
+prompts, so thousands of pooled trials would overstate it), and r_γ the arm's log time relative to
+the machine's speed (``drift``; its plays' spread kept by Welford). The arms share the q_j, so only the
+depths where two lengths differ enter their difference. In ``bench.bandit_sim``, of the best fixed k
+(cases of 24 within 5 %), against the drift variant: 400 steps, exact times 0.968 (20) against 0.960
+(17); 400 steps, noisy and drifting 0.955 (16) against 0.952 (14); 1000 steps, noisy 0.972 (22)
+against 0.965 (18); 2000 steps, noisy and drifting 0.979 (24) against 0.976 (22).
+
 Batch-size buckets: 1, 2, 3, 4, then powers of two (5-8 -> 8, 9-16 -> 16,
 ...): exact where the optimum moves fastest, shared where it barely does.
 
