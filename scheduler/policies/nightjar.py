@@ -303,49 +303,42 @@ def estimate_surviving_arms(st: dict[str, Any], num_arms: int, z: float, min_pla
     The arms share the depth rates q_j, so only the depths where their lengths differ count: a pairwise test
     against the leader, much tighter than each arm's bound alone. var(q_j) binomial (``chain_tokens``),
     var(r_γ) the spread of the arm's own relative times (Welford)."""
-    n = _fit(list(st["n"]), num_arms, 0)
-    rel, m2 = _fit(list(st.get("lr") or []), num_arms, 0.0), _fit(list(st.get("lq") or []), num_arms, 0.0)
+    n = np.array(_fit(list(st["n"]), num_arms, 0), dtype=float)
+    rel = np.array(_fit(list(st.get("lr") or []), num_arms, 0.0))
+    m2 = np.array(_fit(list(st.get("lq") or []), num_arms, 0.0))
     counts = _fit(list(st.get("depth") or []), num_arms - 1, (0.0, 0.0))
     tokens, grads, var_q = chain_tokens(counts, bound_trials)
-    known = [k for k in range(num_arms) if n[k] >= min_plays]
-    if len(known) < 2:
+    known = n >= min_plays
+    if known.sum() < 2:
         return list(range(num_arms))
-    log_g = {k: math.log(tokens[k]) - rel[k] for k in known}
-    leader = max(known, key=lambda k: log_g[k])
-
-    def time_var(k: int) -> float:
-        return max(m2[k], 0.0) / (n[k] - 1) / n[k]
-
-    out = set()
-    for k in known:
-        if k == leader:
-            continue
-        d = grads[leader] / tokens[leader] - grads[k] / tokens[k]  # [depths] ∂_j log l(L) − ∂_j log l(γ)
-        se = math.sqrt(float(np.sum(d**2 * var_q)) + time_var(leader) + time_var(k))
-        if log_g[leader] - log_g[k] > z * se:
-            out.add(k)
-    return [k for k in range(num_arms) if k not in out]
+    log_g = np.log(tokens) - rel
+    leader = int(np.argmax(np.where(known, log_g, -np.inf)))
+    time_var = np.where(known, np.maximum(m2, 0.0) / np.maximum(n - 1, 1) / np.maximum(n, 1), 0.0)
+    d = grads[leader] / tokens[leader] - grads / tokens[:, None]  # [arms, depths] ∂_j log l(L) − ∂_j log l(γ)
+    se = np.sqrt(d**2 @ var_q + time_var[leader] + time_var)
+    out = known & (log_g[leader] - log_g > z * se)
+    return [k for k in range(num_arms) if not out[k]]
 
 
-def chain_tokens(counts: Sequence[Sequence[float]], max_trials: float) -> tuple[list[float], np.ndarray, np.ndarray]:
-    """Per arm γ = 0 .. len(counts): l(γ) = 1 + Σ_{d≤γ} Π_{j≤d} q_j, its gradient over the depth rates q_1..q_D
-    ([arms, D]), and each rate's binomial variance ([D]) for the delta method.
+def chain_tokens(counts: Sequence[Sequence[float]], max_trials: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per arm γ = 0 .. len(counts): l(γ) = 1 + Σ_{d≤γ} Π_{j≤d} q_j ([arms]), its gradient over the depth rates
+    q_1..q_D ([arms, D]), and each rate's binomial variance ([D]) for the delta method.
 
-    The gradient and variances are taken at the smoothed rates (accepted + 1) / (trials + 2), over at most
-    ``max_trials`` trials (at least one): a rate seen as 0 or 1 in a few trials is not certain, and a depth
-    never tested adds what the chance of reaching it, Π_{i<j} q_i, allows."""
+    The gradient and variances are taken at the smoothed rates s_j = (accepted + 1) / (trials + 2), over at
+    most ``max_trials`` trials (at least one): a rate seen as 0 or 1 in a few trials is not certain, and a
+    depth never tested adds what the chance of reaching it, Π_{i<j} q_i, allows. With C_d = Π_{i≤d} s_i::
+
+        ∂l(γ)/∂q_j = Σ_{j≤d<γ} C_d / s_j   (j < γ; 0 beyond the arm's depth)"""
+    acc = np.array([c[0] for c in counts], dtype=float)
+    trials = np.array([c[1] for c in counts], dtype=float)
+    q = np.divide(acc, trials, out=np.zeros_like(acc), where=trials > 0)
+    tokens = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(q))])
+    smooth = (acc + 1.0) / (trials + 2.0)
+    var_q = smooth * (1.0 - smooth) / np.clip(trials, 1.0, max_trials)
+    sums = np.concatenate([[0.0], np.cumsum(np.cumprod(smooth))])  # sums[m] = Σ_{d<m} C_d
     depth = len(counts)
-    q = np.array([acc / trials if trials > 0 else 0.0 for acc, trials in counts])
-    tokens = [1.0] + list(1.0 + np.cumsum(np.cumprod(q))) if depth else [1.0]
-    smooth = np.array([(acc + 1.0) / (trials + 2.0) for acc, trials in counts])
-    trials = np.array([min(max(t, 1.0), max_trials) for _, t in counts])
-    var_q = smooth * (1.0 - smooth) / trials if depth else np.zeros(0)
-    grads = np.zeros((depth + 1, depth))
-    for arm in range(1, depth + 1):
-        for j in range(arm):  # ∂l(γ)/∂q_j = Π_{i<j} q_i · (1 + q_{j+1} + ... + q_{j+1}···q_γ)
-            head = float(np.prod(smooth[:j]))
-            tail = 1.0 + float(np.sum(np.cumprod(smooth[j + 1 : arm])))
-            grads[arm, j] = head * tail
+    arm, j = np.arange(depth + 1)[:, None], np.arange(depth)[None, :]
+    grads = np.where(j < arm, (sums[:, None] - sums[None, :depth]) / smooth[None, :], 0.0)
     return tokens, grads, var_q
 
 
