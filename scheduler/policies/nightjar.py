@@ -150,7 +150,12 @@ the machine's speed (``drift``; its plays' spread kept by Welford). The arms sha
 depths where two lengths differ enter their difference. In ``bench.bandit_sim``, of the best fixed k
 (cases of 24 within 5 %), against the drift variant: 400 steps, exact times 0.968 (20) against 0.960
 (17); 400 steps, noisy and drifting 0.955 (16) against 0.952 (14); 1000 steps, noisy 0.972 (22)
-against 0.965 (18); 2000 steps, noisy and drifting 0.979 (24) against 0.976 (22).
+against 0.965 (18); 2000 steps, noisy and drifting 0.979 (24) against 0.976 (22). On the stack not yet
+separable from the drift variant: the one run (bench/results/adaptive-eagle-bounds, 3 repeats) was on a
+machine whose speed swung by 30-40 % within minutes, so that no fixed k would have met the goal against
+the others; it did show a cost of the narrower draw: with two or three survivors left, a uniform
+exploration draw gives a mediocre one half the bins (γ = 5 in 109 of 530 batch-1 steps at 0.5x, where
+the drift variant kept to γ = 3).
 
 Batch-size buckets: 1, 2, 3, 4, then powers of two (5-8 -> 8, 9-16 -> 16,
 ...): exact where the optimum moves fastest, shared where it barely does.
