@@ -34,6 +34,8 @@ VARIANTS = {
                              "neighbors": 2},
     "lean, drift, bounds on the estimate": {"exploration": "global", "eliminate": 2.0, "estimate": "chain",
                                             "drift": True, "eliminate_on": "estimate"},
+    "lean, bounds, weighted draw": {"exploration": "global", "eliminate": 2.0, "estimate": "chain", "drift": True,
+                                    "eliminate_on": "estimate", "draw": "weighted"},
     "lean, pooled time, drift": {"exploration": "global", "eliminate": 2.0, "estimate": "chain",
                                  "chain_time": "pooled", "drift": True},
 }

@@ -181,6 +181,14 @@ from pydantic import BaseModel, Field
 
 from scheduler.policies.depth_acceptance import add_counts, chain_depth_counts, depth_gains
 from scheduler.policies.draft_admission import DraftAdmission
+from scheduler.policies.nightjar_arms import (
+    draw_weights,
+    estimate_gaps,
+    estimate_surviving_arms,
+    fit_arms as _fit,
+    local_arms,
+    surviving_arms,
+)
 from scheduler.policies.shared_state import SharedState
 from scheduler.policies.speculation import SpecContext, SpecShape, SpeculationPolicy
 from scheduler.report import StepReport
@@ -232,6 +240,10 @@ class NightjarConfig(BaseModel):
         200.0, gt=0.0, description="A depth's acceptance rate counts as known from at most this many trials when "
         "the estimate's error is taken (eliminate_on 'estimate'): acceptance differs between requests and "
         "prompts, so thousands of pooled trials would overstate how well the rate is known.")
+    draw: Literal["uniform", "weighted"] = Field(
+        "uniform", description="How an exploration bin picks among the arms in play: uniformly (Alg. 1 line 11), "
+        "or weighted by each arm's chance to beat the leader on the chain estimate (``draw_weights``, "
+        "``nightjar-lean-weighted``). 'weighted' needs eliminate_on 'estimate'.")
     drift_rate: float = Field(0.2, gt=0.0, le=1.0, description="Weight of one play in the speed's log average.")
     chain_time: Literal["arm", "pooled"] = Field(
         "arm", description="The chain estimate's seconds per request of arm γ: the mean of γ's own plays, or a line "
@@ -282,80 +294,6 @@ def exploit(means: Sequence[float], counts: Sequence[int], prev_k: int, c_prefil
         if cost < best_cost:  # ties: the shorter γ
             best, best_cost = k, cost
     return best
-
-
-def surviving_arms(means: Sequence[float], m2: Sequence[float], counts: Sequence[int], z: float,
-                   min_plays: int) -> list[int]:
-    """Successive elimination (module docstring): the arms whose upper bound reaches the best lower bound.
-
-    Bounds are g̃ ± z·s/√n, s² = M2/(n-1); arms with fewer than ``min_plays`` plays always stay in."""
-    bounds = []
-    for g, q, n in zip(means, m2, counts):
-        half = z * math.sqrt(max(q, 0.0) / (n - 1) / n) if n >= min_plays else math.inf
-        bounds.append((g - half, g + half))
-    best_lower = max((lo for lo, _ in bounds if lo > -math.inf), default=-math.inf)
-    return [k for k, (_, hi) in enumerate(bounds) if hi >= best_lower]
-
-
-def estimate_surviving_arms(st: dict[str, Any], num_arms: int, z: float, min_plays: int,
-                            bound_trials: float) -> list[int]:
-    """Elimination on the chain estimate (``eliminate_on="estimate"``, module docstring): the arms not clearly
-    behind the leader L (the best estimate among arms with ``min_plays`` plays); arms with fewer plays stay in::
-
-        arm γ out  ⇔  log g̃_L − log g̃_γ  >  z·se,   log g̃_γ = log l(γ) − (s + r_γ)   (s cancels)
-        se² = Σ_j (∂_j log l(L) − ∂_j log l(γ))²·var(q_j) + var(r_L)/n_L + var(r_γ)/n_γ
-
-    The arms share the depth rates q_j, so only the depths where their lengths differ count: a pairwise test
-    against the leader, much tighter than each arm's bound alone. var(q_j) binomial (``chain_tokens``),
-    var(r_γ) the spread of the arm's own relative times (Welford)."""
-    n = np.array(_fit(list(st["n"]), num_arms, 0), dtype=float)
-    rel = np.array(_fit(list(st.get("lr") or []), num_arms, 0.0))
-    m2 = np.array(_fit(list(st.get("lq") or []), num_arms, 0.0))
-    counts = _fit(list(st.get("depth") or []), num_arms - 1, (0.0, 0.0))
-    tokens, grads, var_q = chain_tokens(counts, bound_trials)
-    known = n >= min_plays
-    if known.sum() < 2:
-        return list(range(num_arms))
-    log_g = np.log(tokens) - rel
-    leader = int(np.argmax(np.where(known, log_g, -np.inf)))
-    time_var = np.where(known, np.maximum(m2, 0.0) / np.maximum(n - 1, 1) / np.maximum(n, 1), 0.0)
-    d = grads[leader] / tokens[leader] - grads / tokens[:, None]  # [arms, depths] ∂_j log l(L) − ∂_j log l(γ)
-    se = np.sqrt(d**2 @ var_q + time_var[leader] + time_var)
-    out = known & (log_g[leader] - log_g > z * se)
-    return [k for k in range(num_arms) if not out[k]]
-
-
-def chain_tokens(counts: Sequence[Sequence[float]], max_trials: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per arm γ = 0 .. len(counts): l(γ) = 1 + Σ_{d≤γ} Π_{j≤d} q_j ([arms]), its gradient over the depth rates
-    q_1..q_D ([arms, D]), and each rate's binomial variance ([D]) for the delta method.
-
-    The gradient and variances are taken at the smoothed rates s_j = (accepted + 1) / (trials + 2), over at
-    most ``max_trials`` trials (at least one): a rate seen as 0 or 1 in a few trials is not certain, and a
-    depth never tested adds what the chance of reaching it, Π_{i<j} q_i, allows. With C_d = Π_{i≤d} s_i::
-
-        ∂l(γ)/∂q_j = Σ_{j≤d<γ} C_d / s_j   (j < γ; 0 beyond the arm's depth)"""
-    acc = np.array([c[0] for c in counts], dtype=float)
-    trials = np.array([c[1] for c in counts], dtype=float)
-    q = np.divide(acc, trials, out=np.zeros_like(acc), where=trials > 0)
-    tokens = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(q))])
-    smooth = (acc + 1.0) / (trials + 2.0)
-    var_q = smooth * (1.0 - smooth) / np.clip(trials, 1.0, max_trials)
-    sums = np.concatenate([[0.0], np.cumsum(np.cumprod(smooth))])  # sums[m] = Σ_{d<m} C_d
-    depth = len(counts)
-    arm, j = np.arange(depth + 1)[:, None], np.arange(depth)[None, :]
-    grads = np.where(j < arm, (sums[:, None] - sums[None, :depth]) / smooth[None, :], 0.0)
-    return tokens, grads, var_q
-
-
-def local_arms(arms: Sequence[int], goodputs: Sequence[float], radius: int) -> list[int]:
-    """The arms in play within ``radius`` of the leader (the arm of best estimate; module docstring), or all
-    of them while no arm has an estimate. Never empty: the leader itself stays, so the draw can confirm it."""
-    known = [k for k, g in enumerate(goodputs) if g > 0]
-    if not known:
-        return list(arms)
-    leader = max(known, key=lambda k: goodputs[k])
-    near = [k for k in arms if abs(k - leader) <= radius]
-    return near or [leader]
 
 
 def _new_bucket(num_arms: int) -> dict[str, Any]:
@@ -414,6 +352,10 @@ class Nightjar(SpeculationPolicy):
             if not cfg.drift or cfg.eliminate is None:
                 raise ValueError("eliminate_on='estimate' needs drift and eliminate")
             self.name += "-bounds"
+        if cfg.draw == "weighted":
+            if cfg.eliminate_on != "estimate":
+                raise ValueError("draw='weighted' needs eliminate_on='estimate'")
+            self.name += "-weighted"
         if cfg.neighbors is not None:
             self.name += f"-local{cfg.neighbors}" + (f"-upto{cfg.neighbors_up_to}" if cfg.neighbors_up_to else "")
         self.state = SharedState(f"policy:{self.name}", STATE_VERSION, self._empty, self._apply)
@@ -519,8 +461,7 @@ class Nightjar(SpeculationPolicy):
         if st["tau"] == 1:  # a new bin: explore with probability 1/√b (line 8; Lemma 2 with "global")
             explore = self._rng.random() < 1.0 / math.sqrt(self.bin_index(st))
         if explore:
-            arms = self.arms_in_play(st, b)
-            k = arms[self._rng.randrange(len(arms))]  # line 11 (over the surviving arms with ``eliminate``)
+            k = self.draw(st, self.arms_in_play(st, b))
         else:
             c_prefill = 0.0
             if self.config.switch_cost and self._prev_k == 0:
@@ -546,6 +487,15 @@ class Nightjar(SpeculationPolicy):
         if self.config.neighbors is not None and (cap is None or bucket_size <= cap):
             arms = local_arms(arms, self.goodputs(st), self.config.neighbors)
         return arms
+
+    def draw(self, st: dict[str, Any], arms: list[int]) -> int:
+        """Line 11: an arm among those in play, uniformly, or weighted toward the leader (``draw_weights``)."""
+        if self.config.draw == "weighted" and self.state.state.get("scale") is not None:
+            gaps = estimate_gaps(st, self.num_arms, self.config.min_plays, self.config.bound_trials)
+            if gaps is not None:
+                weights = draw_weights(*gaps)
+                return self._rng.choices(arms, weights=[float(weights[k]) for k in arms])[0]
+        return arms[self._rng.randrange(len(arms))]  # over the surviving arms with ``eliminate``
 
     def goodputs(self, st: dict[str, Any]) -> list[float]:
         """g̃_{B,γ} per arm of bucket state ``st``: observed means (§4.2) or the chain estimate."""
@@ -590,8 +540,3 @@ class Nightjar(SpeculationPolicy):
                     depth = add_counts(depth, chain_depth_counts(o.num_drafted, o.num_accepted))
             event.update(seconds_per_request=seconds / len(report.outcomes), depth=depth)
         self.state.record(event)
-
-
-def _fit(values: list, size: int, fill: Any) -> list:
-    """``values`` padded or cut to ``size`` (a stored state from another Γ_max)."""
-    return (values + [fill] * size)[:size]

@@ -51,6 +51,9 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                                    the machine's speed tracked over all plays
                   nightjar-lean-bounds[:K]  lean-drift, elimination on the  Nightjar (... drift, eliminate_on
                                    chain estimate's own error bounds         estimate)
+                  nightjar-lean-weighted[:K]  lean-bounds, the exploration draw  Nightjar (... eliminate_on
+                                   weighted by each arm's chance to beat the  estimate, draw weighted)
+                                   leader
                   nightjar-lean-local[:K]  lean-drift, exploration only among  Nightjar (... drift, neighbors 2)
                                    the arms within 2 of the leader (unimodal)
                   nightjar-lean-local-exact[:K]  the same in buckets 1-4 only  Nightjar (... neighbors_up_to 4)
@@ -133,6 +136,10 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     "nightjar-lean-bounds": lambda arg: Nightjar(
         NightjarConfig(max_k=_max_k(arg), exploration="global", estimate="chain", eliminate=2.0, drift=True,
                        eliminate_on="estimate")
+    ),
+    "nightjar-lean-weighted": lambda arg: Nightjar(
+        NightjarConfig(max_k=_max_k(arg), exploration="global", estimate="chain", eliminate=2.0, drift=True,
+                       eliminate_on="estimate", draw="weighted")
     ),
     "nightjar-lean-local": lambda arg: Nightjar(
         NightjarConfig(max_k=_max_k(arg), exploration="global", estimate="chain", eliminate=2.0, drift=True,

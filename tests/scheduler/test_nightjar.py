@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 
 from scheduler.policies.nightjar import (
@@ -12,12 +13,14 @@ from scheduler.policies.nightjar import (
     NightjarConfig,
     SwitchCostTable,
     bucket,
-    chain_tokens,
     draft_lag,
+    draw_weights,
+    estimate_gaps,
     estimate_surviving_arms,
     exploit,
     local_arms,
 )
+from scheduler.policies.nightjar_arms import chain_tokens
 from scheduler.policies.shared_state import SharedState
 from scheduler.policies.speculation import SpecContext, plan_shapes
 from scheduler.report import PhaseTimes, RequestOutcome, StepReport
@@ -446,3 +449,40 @@ def test_bounds_on_the_estimate_explore_the_far_arms_less():
     assert named.config.eliminate_on == "estimate" and named.name.endswith("-drift-bounds")
     with pytest.raises(ValueError):
         Nightjar(NightjarConfig(estimate="chain", eliminate=2.0, eliminate_on="estimate"))  # needs drift
+
+
+def test_draw_weights_follow_each_arms_chance_to_beat_the_leader():
+    """Φ(−gap/se): the leader ½, one se behind ≈ 0.16, two ≈ 0.023; an arm too new to be known ½; a
+    zero-se arm behind 0, level 1/2."""
+    gap = np.array([0.0, 0.1, 0.2, 0.5, 0.3, 0.0])
+    se = np.array([0.05, 0.1, 0.1, 0.0, 0.1, 0.0])
+    known = np.array([True, True, True, True, False, True])
+    w = draw_weights(gap, se, known)
+    assert w == pytest.approx([0.5, 0.1587, 0.0228, 0.0, 0.5, 0.5], abs=1e-3)
+    st = {"n": [30, 30, 30, 3], "lr": [-0.2, 0.15, 0.9, 2.0], "lq": [0.3, 0.3, 0.3, 0.0],
+          "depth": [[500.0, 1000.0], [250.0, 500.0], [0.0, 0.0]]}
+    gap, se, known = estimate_gaps(st, 4, min_plays=5, bound_trials=200.0)
+    assert gap[1] == 0.0 and list(known) == [True, True, True, False]
+    w = draw_weights(gap, se, known)
+    assert w[1] == 0.5 and 0.0 < w[0] < 0.5 and w[2] < 1e-6 and w[3] == 0.5  # arm 0 0.055 behind, se ≈ 0.035
+
+
+def test_weighted_draw_explores_the_survivors_behind_the_leader_less():
+    """nightjar-lean-weighted against the bounds variant on the same stack as above: fewer exploration plays
+    away from the best chain, the same arms still reached, and it asks for the estimate's elimination."""
+    from tests.scheduler.sim_reports import CHEAP_DRAFT
+
+    away, seen = {}, {}
+    for name in ("nightjar-lean-bounds", "nightjar-lean-weighted"):
+        policy = speculation_policy(name)
+        rows = run_steps(policy, requests(1), [0.55], CHEAP_DRAFT, steps=1500, seed=2)
+        ks = [r[0] for r in rows[300:]]
+        best = max(set(ks), key=ks.count)
+        away[name] = sum(k != best for k in ks)
+        seen[name] = set(ks)
+    assert away["nightjar-lean-weighted"] < away["nightjar-lean-bounds"], away
+    assert len(seen["nightjar-lean-weighted"]) >= 2, seen
+    named = speculation_policy("nightjar-lean-weighted")
+    assert named.config.draw == "weighted" and named.name.endswith("-bounds-weighted")
+    with pytest.raises(ValueError):
+        Nightjar(NightjarConfig(estimate="chain", eliminate=2.0, drift=True, draw="weighted"))  # needs the bounds
