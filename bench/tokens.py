@@ -46,12 +46,12 @@ class PromptEncoder:
         """The encoder for the target at ``model_dir`` (its tokenizer when it has one)."""
         import json
 
-        from shared.engine.loading import TOKENIZER_FILES
+        from shared.engine.tokenizer_dir import has_tokenizer
 
         config = json.loads((model_dir / "config.json").read_text())
         vocab = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
         tokenizer = None
-        if any((model_dir / f).is_file() for f in TOKENIZER_FILES):
+        if has_tokenizer(model_dir):
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)

@@ -183,7 +183,7 @@ class GrpcDraftWorker(_GrpcWorker):
     async def speculate(self, items: list[SpecItem]) -> list[TokenTree]:
         reply = await self._call("Speculate", draft_pb2.SpeculateRequest(items=[spec_item_to_pb(i) for i in items]))
         self._check_ids("Speculate", [i.seq_id for i in items], [o.seq_id for o in reply.outputs])
-        return [tree_from_pb(o.tree) for o in reply.outputs]
+        return [tree_from_pb(o.tree, relay=True) for o in reply.outputs]  # passed on to the target as they came
 
     async def offload(self) -> int:
         """Weights to host memory, KV pool freed, every sequence dropped (Nightjar §5); bytes moved."""

@@ -26,12 +26,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Generic, Literal, TypeVar
 
 import shared.rpc  # noqa: F401 - builds the generated code if needed
 from services.settings import ServiceSettings, ngram_name, suffix_name
 from services.spans import annotate
+from services.version import service_version
 from shared.engine.draft_engine import DraftEngine
 from shared.engine.eagle.loading import is_eagle_dir
 from shared.engine.errors import ModelLoadError
@@ -241,21 +241,3 @@ class EngineHost:
     def close(self) -> None:
         """Stop the engine thread once its current call (if any) ends."""
         self._thread.shutdown(wait=False, cancel_futures=True)
-
-
-@lru_cache(maxsize=1)
-def service_version() -> str:
-    """The installed package's version; in a plain checkout, pyproject's."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("tandem")
-    except PackageNotFoundError:
-        import tomllib
-        from pathlib import Path
-
-        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
-        try:
-            return tomllib.loads(pyproject.read_text())["project"]["version"]
-        except (OSError, KeyError, tomllib.TOMLDecodeError):
-            return "unknown"

@@ -24,19 +24,22 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc.aio
 from grpc_health.v1 import health
 
-from services.engine_host import EngineHost
 from services.settings import ServiceSettings
 from shared.rpc.server import add_health, bind, create_server, set_serving
 from shared.rpc.shared_secret import SecretServerInterceptor
 from shared.telemetry import TandemTracerProvider
 
+if TYPE_CHECKING:  # the scheduler serves through this module too and never loads an engine (nor torch)
+    from services.engine_host import EngineHost
+
 log = logging.getLogger(__name__)
 
-Register = Callable[[EngineHost, grpc.aio.Server], None]  # adds the role's servicer over the host to the server
+Register = Callable[["EngineHost", grpc.aio.Server], None]  # adds the role's servicer over the host to the server
 
 # Addresses a server listens on that a client cannot dial; loopback reaches them.
 _WILDCARD_HOSTS = {"0.0.0.0", "::", "[::]", ""}
@@ -77,6 +80,8 @@ class RunningService:
 
 async def start_model_service(settings: ServiceSettings, role: str, service: str, register: Register) -> RunningService:
     """Load the role's model and serve it; returns once health reports SERVING."""
+    from services.engine_host import EngineHost
+
     provider = settings.tracing(role).setup()
     try:
         engine_host = await EngineHost.load(settings, role)

@@ -46,7 +46,7 @@ from scheduler.target_link import TargetRecoveryConfig
 from scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker
 from scheduler.policies.elastic_memory import ElasticDraftMemory, ElasticMemoryConfig, PoolGrowth
 from scheduler.workers import RealClock
-from services.engine_host import service_version
+from services.version import service_version
 from services.runtime import serve_until_stopped
 from services.scheduler.budget import Budget, load_budget, load_draft_cost_model
 from shared.rpc.convert import feature_spec_from_pb

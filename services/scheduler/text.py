@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from shared.engine.loading import TOKENIZER_FILES
+from shared.engine.tokenizer_dir import has_tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +44,10 @@ class TextCodec:
     def load(cls, model_dir: str | Path) -> TextCodec | None:
         """The tokenizer of a Hugging Face model directory; None when it has none (token ids only)."""
         path = Path(model_dir).expanduser()
-        if not path.is_dir() or not any((path / name).is_file() for name in TOKENIZER_FILES):
+        if not has_tokenizer(path):
             log.info("no tokenizer in %s: serving token-id prompts only", path)
             return None
-        from transformers import AutoTokenizer  # seconds to import; only servers with text pay for it
-
-        return cls(AutoTokenizer.from_pretrained(path, local_files_only=True))
+        return cls(load_tokenizer(path))  # seconds to import transformers; only servers with text pay for it
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text)["input_ids"])

@@ -21,6 +21,7 @@ import torch
 
 from shared.engine import vocab_subset
 from shared.engine.errors import ModelLoadError
+from shared.engine.tokenizer_dir import has_tokenizer
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -30,9 +31,6 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
     "fp16": torch.float16,
 }
-
-# Files whose presence means a directory carries its own tokenizer (tiny test models do not).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
 @dataclass
@@ -95,7 +93,7 @@ def load_causal_lm(
         if path.suffix.lower() != ".gguf":
             raise ModelLoadError(f"{str(path)!r} is a file but not a .gguf; pass a model directory or a .gguf file")
         model_dir, load_kwargs, name = path.parent, _gguf_kwargs(path), path.stem
-        has_tokenizer = True  # a GGUF carries its tokenizer (and chat template) in its metadata
+        tokenizer_here = True  # a GGUF carries its tokenizer (and chat template) in its metadata
     else:
         if not (path / "config.json").is_file():
             raise ModelLoadError(
@@ -103,7 +101,7 @@ def load_causal_lm(
                 "pass a directory with config.json + safetensors, or a .gguf file"
             )
         model_dir, load_kwargs, name = path, {}, path.name
-        has_tokenizer = any((path / f).is_file() for f in TOKENIZER_FILES)
+        tokenizer_here = has_tokenizer(path)
 
     # Imported here, not at module top: transformers costs seconds to import, and
     # modules that only need resolve_dtype / LoadedModel should not pay for it.
@@ -126,7 +124,7 @@ def load_causal_lm(
     model.requires_grad_(False)
 
     tokenizer = None
-    if with_tokenizer and has_tokenizer:
+    if with_tokenizer and tokenizer_here:
         tok_kwargs = {"gguf_file": load_kwargs["gguf_file"]} if "gguf_file" in load_kwargs else {}
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, **tok_kwargs)

@@ -16,10 +16,12 @@ of k tokens is the tree with parents [-1, 0, 1, ..., k-2].
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from shared.engine.features import FeatureBlock
+
+if TYPE_CHECKING:  # annotations only: the scheduler carries these types without importing torch
+    import torch
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,8 @@ class SparseDist:
     dense vocabulary vector keeps rejection sampling exact.
     """
 
-    token_ids: torch.Tensor  # [k] int64
-    probs: torch.Tensor  # [k] float32, sums to 1
+    token_ids: torch.Tensor  # [k] int64 (the scheduler, which only relays a tree, keeps the wire's list)
+    probs: torch.Tensor  # [k] float32, sums to 1 (likewise)
 
 
 @dataclass

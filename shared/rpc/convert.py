@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 import shared.rpc  # noqa: F401 - builds the generated code if needed
 from shared.engine.errors import InvalidRequestError
 from shared.engine.features import FeatureBlock, FeatureSpec
@@ -69,12 +67,20 @@ def tree_to_pb(tree: TokenTree) -> common_pb2.TokenTree:
         dist = tree.child_dists[row]
         if dist is None:
             continue
-        msg.child_dists.add(row=row, token_ids=dist.token_ids.tolist(), probs=dist.probs.tolist())
+        msg.child_dists.add(row=row, token_ids=_values(dist.token_ids), probs=_values(dist.probs))
     return msg
 
 
-def tree_from_pb(msg: common_pb2.TokenTree) -> TokenTree:
-    """Structure (parents before children, in range) is the engine's to validate."""
+def _values(x) -> list:
+    """A distribution's numbers for the wire: a tensor's, or the lists a relay kept (``tree_from_pb(relay=True)``)."""
+    return x.tolist() if hasattr(x, "tolist") else list(x)
+
+
+def tree_from_pb(msg: common_pb2.TokenTree, *, relay: bool = False) -> TokenTree:
+    """Structure (parents before children, in range) is the engine's to validate.
+
+    ``relay``: the caller only passes the tree on (the scheduler, draft to target), so each child
+    distribution keeps the wire's lists instead of becoming tensors: the scheduler never imports torch."""
     n = len(msg.token_ids)
     if len(msg.parent_ids) != n:
         raise InvalidRequestError(f"token tree has {n} token_ids but {len(msg.parent_ids)} parent_ids")
@@ -90,6 +96,11 @@ def tree_from_pb(msg: common_pb2.TokenTree) -> TokenTree:
             )
         if entry.row in child_dists:
             raise InvalidRequestError(f"child_dists row {entry.row} given twice")
+        if relay:
+            child_dists[entry.row] = SparseDist(token_ids=list(entry.token_ids), probs=list(entry.probs))
+            continue
+        import torch  # the engines' side only
+
         child_dists[entry.row] = SparseDist(
             token_ids=torch.tensor(list(entry.token_ids), dtype=torch.int64),  # [k]
             probs=torch.tensor(list(entry.probs), dtype=torch.float32),  # [k]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sdk import Client
@@ -27,8 +29,13 @@ def test_launch_generate_stop(tiny_pair, reference, tmp_path):
             info = client.info()
             assert info.target.vocab_size == 512 and info.draft is not None
             result = client.generate([3, 1, 4, 1, 5], max_new_tokens=12, speculation=2)
+            sampled = client.generate([3, 1, 4, 1, 5], max_new_tokens=12, speculation=2, temperature=0.8, seed=1)
         assert result.token_ids == reference.greedy([3, 1, 4, 1, 5], 12)
-        assert result.stats.num_draft_tokens > 0
+        assert result.stats.num_draft_tokens > 0 and sampled.stats.num_draft_tokens > 0
+        maps = Path(f"/proc/{processes['scheduler'].pid}/maps")
+        if maps.exists():  # Linux: the scheduler relays the draft's distributions without loading torch
+            assert "libtorch" not in maps.read_text()
+            assert "libtorch" in Path(f"/proc/{processes['target'].pid}/maps").read_text()
     assert all(p.returncode is not None for p in processes.values())
     assert not redis.running
     assert {p.name for p in (tmp_path / "logs").iterdir()} == {"target.log", "draft.log", "scheduler.log"}
