@@ -157,6 +157,16 @@ the others; it did show a cost of the narrower draw: with two or three survivors
 exploration draw gives a mediocre one half the bins (γ = 5 in 109 of 530 batch-1 steps at 0.5x, where
 the drift variant kept to γ = 3).
 
+Weighted draw (``draw="weighted"``, ``nightjar-lean-weighted``; an extension): line 11 draws among the
+survivors by each arm's chance to beat the leader on the estimate, Φ(−gap/se) (the leader ½, one standard
+error behind 0.16, two 0.02; ``nightjar_arms.draw_weights``), not uniformly: every survivor is still
+reached, but a mediocre one no longer gets half the bins when two or three are left. On one batch-1
+stack in simulation (acceptance 0.55, 1,500 steps, the last 1,200 counted) the plays away from the best
+chain fell from 151 / 122 (bounds, two seeds) to 65 / 90; in ``bench.bandit_sim`` (of the best fixed k,
+cases of 24 within 5 %), against the bounds variant: 400 steps exact 0.971 (21) against 0.968 (20); 400
+noisy and drifting 0.957 (16) against 0.955 (16); 1000 noisy 0.971 (20) against 0.972 (22); 2000 noisy and
+drifting 0.982 (24) against 0.979 (24).
+
 Batch-size buckets: 1, 2, 3, 4, then powers of two (5-8 -> 8, 9-16 -> 16,
 ...): exact where the optimum moves fastest, shared where it barely does.
 

@@ -38,8 +38,8 @@ def test_adaptive_policy_is_lossless_over_grpc(services, reference, policy):  # 
     assert state is not None and state["version"] >= 1  # flushed to Redis when the scheduler stopped
 
 
-@pytest.mark.parametrize("policy", ["nightjar", "nightjar-lean-drift", "nightjar-lean-bounds", "nightjar-lean-local",
-                                    "nightjar-lean-local-exact"])
+@pytest.mark.parametrize("policy", ["nightjar", "nightjar-lean-drift", "nightjar-lean-bounds", "nightjar-lean-weighted",
+                                    "nightjar-lean-local", "nightjar-lean-local-exact"])
 def test_nightjar_is_lossless_over_grpc(services, reference, policy):  # noqa: F811
     """Nightjar's bandit (and its drift-reading variant) chooses lengths only: every output stays greedy, and its
     learned state (under the policy's own state name) is in Redis after the scheduler stops."""
