@@ -52,26 +52,22 @@ def test_feature_draft_is_lossless_over_grpc_and_features_travel(eagle_stack, re
 
 
 def test_a_restarted_feature_draft_is_rebuilt_and_loses_nothing(eagle_stack, reference):
-    lengths = [700, 700, 700]  # long enough that the draft comes back while they run
+    lengths = [700, 700, 700]  # long enough that the draft usually comes back while they run
     sched = eagle_stack.scheduler.scheduler
     # a short retry backoff, as in test_suffix_stack: with the default (1 s, doubling) the requests can finish
     # before the loop retries the restarted draft, and then no running request is rebuilt (a race)
     backoff = sched.link.retry_initial_s, sched.link.retry_max_s
     sched.link.retry_initial_s = sched.link.retry_max_s = 0.05
-    with Client(eagle_stack.address, timeout=180) as client, ThreadPoolExecutor(3) as pool:
-        streams = [client.stream(p, max_new_tokens=n, speculation=3) for p, n in zip(PROMPTS, lengths)]
-        iterators = [iter(s) for s in streams]
-        for it in iterators:
-            next(it)
-        eagle_stack.loop.run(eagle_stack.draft.stop(0))
-        futures = [pool.submit(list, it) for it in iterators]
-        time.sleep(0.3)
-        eagle_stack.restart_draft()
-        for f in futures:
-            f.result(timeout=180)
-    sched.link.retry_initial_s, sched.link.retry_max_s = backoff
-    for s, p, n in zip(streams, PROMPTS, lengths):
-        assert s.result.token_ids == reference.greedy(p, n)
+    try:
+        # On a busy machine (the suite in two workers) the requests can still finish before the new draft
+        # serves; then nothing was left to rebuild, and the scenario runs again (every run must be lossless).
+        for _ in range(3):
+            before = sched.features.recomputed
+            _restart_the_draft_under_running_requests(eagle_stack, reference, lengths)
+            if sched.features.recomputed > before:
+                break
+    finally:
+        sched.link.retry_initial_s, sched.link.retry_max_s = backoff
     deadline = time.time() + 60
     while time.time() < deadline:  # the loop retries the draft after its backoff
         with Client(eagle_stack.address, timeout=60) as client:
@@ -80,7 +76,23 @@ def test_a_restarted_feature_draft_is_rebuilt_and_loses_nothing(eagle_stack, ref
             break
         time.sleep(0.5)
     assert again.stats.num_draft_tokens > 0 and again.token_ids == reference.greedy(PROMPTS[0], 12)
-    assert sched.features.recomputed >= 1  # the running requests were rebuilt from features the target recomputed
+    assert sched.features.recomputed > before  # the running requests were rebuilt from features the target recomputed
+
+
+def _restart_the_draft_under_running_requests(stack: Stack, reference, lengths: list[int]) -> None:
+    with Client(stack.address, timeout=180) as client, ThreadPoolExecutor(3) as pool:
+        streams = [client.stream(p, max_new_tokens=n, speculation=3) for p, n in zip(PROMPTS, lengths)]
+        iterators = [iter(s) for s in streams]
+        for it in iterators:
+            next(it)
+        stack.loop.run(stack.draft.stop(0))
+        futures = [pool.submit(list, it) for it in iterators]
+        time.sleep(0.3)
+        stack.restart_draft()
+        for f in futures:
+            f.result(timeout=180)
+    for s, p, n in zip(streams, PROMPTS, lengths):
+        assert s.result.token_ids == reference.greedy(p, n)
 
 
 def test_bad_features_get_a_clear_status_and_the_services_stay_usable(eagle_stack, reference):
