@@ -20,3 +20,21 @@ def test_every_kind_builds_offline_and_the_training_corpus_is_disjoint():
     for p in kept:
         t = p.text.strip().lower()
         assert not any(t in b or b in t for b in bench), p.text
+
+
+def test_bench_texts_overlap_equals_the_pairwise_check():
+    """BenchTexts' one search over the joined texts plus the shorter needles answers as the pairwise check does
+    (equal, inside or containing, case and surrounding space aside), with NULs, empties and no bench at all."""
+    import random
+
+    rng = random.Random(0)
+    words = ["alpha", "beta", "gamma", "delta", "eps", "zeta"]
+    bench = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 6))) for _ in range(200)] + ["  Gamma Beta  ", ""]
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 6))) for _ in range(500)]
+    texts += ["x\x00y", "", "GAMMA beta", "zeta\x00"]
+    for given in (bench, [b for b in bench if b], []):
+        texts_of = prompts.BenchTexts(given)
+        lowered = [b.strip().lower() for b in given]
+        for text in texts:
+            t = text.strip().lower()
+            assert texts_of.overlaps(text) == any(t in b or b in t for b in lowered), (text, len(given))

@@ -37,16 +37,10 @@ app = typer.Typer(add_completion=False)
 
 def exclude_bench(prompts):
     """Drop every corpus prompt that appears in (or contains) a benchmark prompt."""
-    try:
-        from bench.prompts import all_bench_texts  # grounded and chat bench prompts, when present
-    except ImportError:  # pragma: no cover - older bench module
-        from bench.prompts import CHAT
+    from bench.prompts import BenchTexts  # grounded and chat bench prompts
 
-        def all_bench_texts():
-            return list(CHAT)
-
-    bench = [t.strip().lower() for t in all_bench_texts()]
-    return [p for p in prompts if not any(p.text.strip().lower() in b or b in p.text.strip().lower() for b in bench)]
+    bench = BenchTexts()
+    return [p for p in prompts if not bench.overlaps(p.text)]
 
 
 def save_committed(head, out_dir: Path, report: dict) -> None:
