@@ -47,6 +47,26 @@ def test_tree_round_trip() -> None:
     assert len(empty) == 0 and empty.child_dists == {}
 
 
+def test_a_relayed_tree_keeps_the_wire_lists_and_goes_on_unchanged() -> None:
+    """The scheduler's path (draft -> scheduler -> target): no tensors on the way, the same message out."""
+    tree = TokenTree(
+        token_ids=[5, 6, 7],
+        parent_ids=[-1, -1, 0],
+        draft_probs=[0.5, 0.25, 0.75],
+        child_dists={0: SparseDist(torch.tensor([5, 6, 9]), torch.tensor([0.5, 0.25, 0.25])),
+                     1: SparseDist(torch.tensor([7]), torch.tensor([1.0]))},
+    )
+    sent = _wire(convert.tree_to_pb(tree))
+    relayed = convert.tree_from_pb(sent, relay=True)
+    assert all(isinstance(d.token_ids, list) and isinstance(d.probs, list) for d in relayed.child_dists.values())
+    assert _wire(convert.tree_to_pb(relayed)) == sent
+    at_target = convert.tree_from_pb(_wire(convert.tree_to_pb(relayed)))
+    assert at_target.child_dists[1].token_ids.tolist() == [7] and at_target.child_dists[0].probs.dtype == torch.float32
+    with pytest.raises(InvalidRequestError, match="row 5"):  # validated on the relay too
+        convert.tree_from_pb(common_pb2.TokenTree(token_ids=[1], parent_ids=[-1],
+                                                  child_dists=[common_pb2.ChildDist(row=5)]), relay=True)
+
+
 @pytest.mark.parametrize(
     "msg, match",
     [
