@@ -9,8 +9,9 @@
     grpc_workers.py   the workers over gRPC (deployment): GrpcTargetWorker, GrpcDraftWorker
     local_workers.py  the workers over in-process engines (tests, one process): LocalTargetWorker, LocalDraftWorker
 
-The core imports no grpc, redis or torch (``shared.engine.types`` pulls torch in for SparseDist only);
-only the two worker adapters do, and this package does not import them.
+The core imports no grpc, redis or torch; only the worker adapters do (grpc_workers grpc, local_workers
+torch), and this package does not import them. The scheduler service runs without torch: it relays the
+draft's distributions to the target as the wire's lists (``shared.rpc.convert.tree_from_pb(relay=True)``).
 """
 
 from scheduler.engine_loop import RequestStream, Scheduler, SchedulerConfig, TokenEvent
