@@ -34,7 +34,8 @@ from bench.order_replay import distinct_samples, order_bounds
 RESULTS = Path(__file__).resolve().parent / "results"
 ADAPTIVE_POLICIES = ("policy:smartspec", "policy:smartspec-request", "policy:faser", "policy:faser-joint",
                      "policy:nightjar", "policy:nightjar-global", "policy:nightjar-lean", "policy:nightjar-lean-pooled",
-                     "policy:nightjar-lean-drift", "policy:nightjar-lean-local", "policy:nightjar-lean-bounds")
+                     "policy:nightjar-lean-drift", "policy:nightjar-lean-local", "policy:nightjar-lean-bounds",
+                     "policy:nightjar-lean-weighted")
 SLO_BASELINES = ("target-only", "tandem-k3", "policy:specinfer", "policy:equal_greedy", "policy:global_greedy",
                  "policy:global_greedy:marginal")  # fmt: skip
 ADASERVE = ("policy:adaserve", "policy:adaserve:marginal")
@@ -244,7 +245,9 @@ LARGER_SAMPLE = {"adaptive": {
               ("joint-drift", " (feature draft, open chat, 5 repeats, a prompt sample per repeat)"),
               ("local", " (feature draft, open chat, 5 repeats, a prompt sample per repeat)"),
               ("bounds", " (feature draft, open chat, 3 repeats, a prompt sample per repeat, float32 on an AMD EPYC "
-                         "without AVX-512: no fixed k would meet the goal itself in this run)")],
+                         "without AVX-512: no fixed k would meet the goal itself in this run)"),
+              ("weighted", " (feature draft, open chat, 3 repeats, a prompt sample per repeat, float32 on an AMD EPYC "
+                           "without AVX-512)")],
 }}  # fmt: skip
 
 
