@@ -247,7 +247,7 @@ LARGER_SAMPLE = {"adaptive": {
               ("bounds", " (feature draft, open chat, 3 repeats, a prompt sample per repeat, float32 on an AMD EPYC "
                          "without AVX-512: no fixed k would meet the goal itself in this run)"),
               ("weighted", " (feature draft, open chat, 3 repeats, a prompt sample per repeat, float32 on an AMD EPYC "
-                           "without AVX-512)")],
+                           "without AVX-512: again no fixed k would meet the goal itself in this run)")],
 }}  # fmt: skip
 
 
