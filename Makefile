@@ -19,10 +19,12 @@ PIP := $(PY) -m pip
 TORCH := torch==2.13.0
 PAIR ?= demo
 PYTEST_ARGS ?=
-# Test processes (pytest-xdist), whole files to a worker: their module-scoped stacks start once. Most
-# of the suite waits on processes it starts (services importing torch, loading models), so two workers
-# on two cores overlap one file's waits with another's work (16.3 min serial, 12.6 min with 2, AMD EPYC).
-TEST_WORKERS ?= 2
+# Test processes (pytest-xdist; 0 = serial, in this process), whole files to a worker (--dist loadfile: a
+# module-scoped stack starts once). Two workers overlap one file's waits on the processes it starts with
+# another's work (pytest 12.8 min against 16.3 serial, 2-core AMD EPYC), but in one of three fresh-clone
+# runs a worker died of a segfault in a native thread a finished test had left behind (not understood
+# yet: docs/development.md), so CI runs serially until it is; `make test TEST_WORKERS=2` for the fast way.
+TEST_WORKERS ?= 0
 # OpenMP waits (libgomp): sleep rather than spin for long (the services share the cores), but
 # spin ~0.1 ms first, which keeps a forward's thousands of short parallel regions from paying a
 # wake-up each (SmolLM2-135M decode 34 ms against 59 ms fully passive, 2 cores; docs/engine.md).
