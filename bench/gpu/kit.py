@@ -169,9 +169,15 @@ def wheel_requirements(path: Path) -> list[str]:
     return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Requires-Dist:")]
 
 
-def tree_bytes(repo: Path = REPO_ROOT) -> int:
+# What the GPU sessions move out of the checkout for their calls (docs/gpu.md, "Keeping the tree small"):
+# the GPU run reads none of it, and the whole checkout no longer fits one call beside a load.
+GPU_ASIDE = ("bench/results", "shared/models/weights/tiny-trained", "shared/models/weights/smollm2-eagle3")
+
+
+def tree_bytes(repo: Path = REPO_ROOT, leave_out: tuple[str, ...] = ()) -> int:
     """What a device call sends besides carried paths: tracked and untracked-not-ignored files, and
-    everything under shared/ (the tool sends a checkout's shared/ folder whole, ignored files too)."""
+    everything under shared/ (the tool sends a checkout's shared/ folder whole, ignored files too);
+    ``leave_out``: folders moved aside for the calls (``GPU_ASIDE``)."""
 
     def listed(*args: str) -> set[str]:
         out = subprocess.run(["git", "ls-files", "-z", *args], cwd=repo, capture_output=True, check=True).stdout
@@ -180,6 +186,8 @@ def tree_bytes(repo: Path = REPO_ROOT) -> int:
     paths = listed("-co", "--exclude-standard") | listed("-oi", "--exclude-standard", "--", "shared")
     total = 0
     for rel in paths:
+        if any(rel == f or rel.startswith(f + "/") for f in leave_out):
+            continue
         p = repo / rel
         if p.is_file() and not p.is_symlink():
             total += p.stat().st_size
