@@ -247,7 +247,10 @@ LARGER_SAMPLE = {"adaptive": {
               ("bounds", " (feature draft, open chat, 3 repeats, a prompt sample per repeat, float32 on an AMD EPYC "
                          "without AVX-512: no fixed k would meet the goal itself in this run)"),
               ("weighted", " (feature draft, open chat, 3 repeats, a prompt sample per repeat, float32 on an AMD EPYC "
-                           "without AVX-512: again no fixed k would meet the goal itself in this run)")],
+                           "without AVX-512: again no fixed k would meet the goal itself in this run)"),
+              ("amd-ref", " (feature draft, open chat, 3 repeats, a prompt sample per repeat, float32 on an AMD EPYC "
+                          "without AVX-512, SmartSpec per request beside them as the reference that met the goal on "
+                          "the Intel machines: no fixed k would meet the goal itself in this run)")],
 }}  # fmt: skip
 
 
