@@ -14,6 +14,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shared.models.tiny import FAMILIES  # noqa: E402  (needs the path above)
 
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Hold grpc.aio's process-wide state for the whole run, from the main thread.
+
+    grpc.aio counts its live objects and, when the count drops to zero, shuts its completion queue down and
+    joins the poller thread (a Python thread that runs only native code); the next test's channel or server
+    starts a new one. Tests create and drop loops, channels and servers hundreds of times, and the drop can
+    come from the garbage collector in the middle of an unrelated test. That shutdown/restart cycle races
+    with the poller (grpc/grpc#22365, #43364); one extra reference taken here keeps one poller thread alive
+    for the run, the way a service process (one loop, one server, for its whole life) already runs.
+    """
+    from grpc.experimental.aio import init_grpc_aio
+
+    init_grpc_aio()
+
+
 NOT_PREPARED = "SmolLM2 demo target not prepared under {home}; run `make models` (or `tandem models prepare --pair demo`)"
 
 

@@ -98,59 +98,56 @@ def _restart_the_draft_under_running_requests(stack: Stack, reference, lengths: 
 def test_bad_features_get_a_clear_status_and_the_services_stay_usable(eagle_stack, reference):
     from shared.rpc.gen.tandem.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 
-    tchan = grpc.insecure_channel(eagle_stack.target.address)
-    dchan = grpc.insecure_channel(eagle_stack.draft.address)
-    target, draft = target_pb2_grpc.TargetServiceStub(tchan), draft_pb2_grpc.DraftServiceStub(dchan)
-    dinfo = draft.Info(common_pb2.InfoRequest())
-    spec = dinfo.feature_spec
-    width = dinfo.feature_width
-    assert list(spec.layer_ids) and width == len(spec.layer_ids) * target.Info(common_pb2.InfoRequest()).hidden_size
+    with grpc.insecure_channel(eagle_stack.target.address) as tchan, grpc.insecure_channel(eagle_stack.draft.address) as dchan:
+        target, draft = target_pb2_grpc.TargetServiceStub(tchan), draft_pb2_grpc.DraftServiceStub(dchan)
+        dinfo = draft.Info(common_pb2.InfoRequest())
+        spec = dinfo.feature_spec
+        width = dinfo.feature_width
+        assert list(spec.layer_ids) and width == len(spec.layer_ids) * target.Info(common_pb2.InfoRequest()).hidden_size
 
-    def expect(code, call, *args):
-        with pytest.raises(grpc.RpcError) as err:
-            call(*args)
-        assert err.value.code() == code, err.value.details()
-        return err.value.details()
+        def expect(code, call, *args):
+            with pytest.raises(grpc.RpcError) as err:
+                call(*args)
+            assert err.value.code() == code, err.value.details()
+            return err.value.details()
 
-    prompt = [5, 6, 7, 8]
-    out = target.Prefill(target_pb2.TargetPrefillRequest(items=[common_pb2.PrefillItem(seq_id="x", prompt_ids=prompt)], features=spec))
-    block = out.outputs[0].features
-    assert (block.start, block.num_rows, block.width) == (0, 4, width) and len(block.data) == 4 * width * 2
-    # the draft's prefill: rows 0..2 for prompt[:3]
-    good = common_pb2.FeatureBlock(start=0, num_rows=3, width=width, dtype=block.dtype, data=block.data[: 3 * width * 2])
-    wrong_size = common_pb2.FeatureBlock(start=0, num_rows=3, width=width, dtype=block.dtype, data=block.data[:10])
-    assert "bytes" in expect(grpc.StatusCode.INVALID_ARGUMENT, draft.Prefill, draft_pb2.DraftPrefillRequest(
-        items=[common_pb2.PrefillItem(seq_id="x", prompt_ids=prompt[:3], features=wrong_size)]))
-    wrong_width = common_pb2.FeatureBlock(start=0, num_rows=3, width=width // 2, dtype=block.dtype, data=block.data[: 3 * width])
-    assert "width" in expect(grpc.StatusCode.INVALID_ARGUMENT, draft.Prefill, draft_pb2.DraftPrefillRequest(
-        items=[common_pb2.PrefillItem(seq_id="x", prompt_ids=prompt[:3], features=wrong_width)]))
-    f32 = common_pb2.FeatureBlock(start=0, num_rows=3, width=width // 2, dtype=common_pb2.FEATURE_DTYPE_FLOAT32, data=block.data[: 3 * width])
-    expect(grpc.StatusCode.INVALID_ARGUMENT, draft.Prefill, draft_pb2.DraftPrefillRequest(
-        items=[common_pb2.PrefillItem(seq_id="x", prompt_ids=prompt[:3], features=f32)]))
-    unset = common_pb2.FeatureBlock(start=0, num_rows=3, width=width, data=block.data[: 3 * width * 2])
-    assert "FeatureDtype" in expect(grpc.StatusCode.INVALID_ARGUMENT, draft.Prefill, draft_pb2.DraftPrefillRequest(
-        items=[common_pb2.PrefillItem(seq_id="x", prompt_ids=prompt[:3], features=unset)]))
-    expect(grpc.StatusCode.NOT_FOUND, draft.Speculate, draft_pb2.SpeculateRequest(
-        items=[draft_pb2.SpecItem(seq_id="nobody", new_tokens=[1], chain=draft_pb2.ChainShape(length=2), features=good)]))
-    bad_layers = common_pb2.FeatureSpec(layer_ids=[0, 99], dtype=spec.dtype)
-    expect(grpc.StatusCode.INVALID_ARGUMENT, target.Verify, target_pb2.VerifyRequest(
-        items=[target_pb2.VerifyItem(seq_id="x")], features=bad_layers))
-    expect(grpc.StatusCode.NOT_FOUND, target.Features, target_pb2.FeaturesRequest(seq_ids=["nobody"], spec=spec))
-    # nothing leaked, both still serve: a correct prefill and speculate work, then release
-    draft.Prefill(draft_pb2.DraftPrefillRequest(items=[common_pb2.PrefillItem(seq_id="x", prompt_ids=prompt[:3], features=good)]))
-    tree = draft.Speculate(draft_pb2.SpeculateRequest(items=[draft_pb2.SpecItem(
-        seq_id="x", new_tokens=[prompt[3]], chain=draft_pb2.ChainShape(length=2))])).outputs[0].tree
-    assert len(tree.token_ids) == 2
-    recomputed = target.Features(target_pb2.FeaturesRequest(seq_ids=["x"], spec=spec)).outputs[0].features
-    assert (recomputed.start, recomputed.num_rows) == (0, 4)  # prompt + first token committed: rows 0..3
-    for stub in (target, draft):
-        stub.Release(common_pb2.ReleaseRequest(seq_ids=["x"]))
-    assert draft.Info(common_pb2.InfoRequest()).num_live_seqs == 0
-    assert target.Info(common_pb2.InfoRequest()).num_live_seqs == 0
-    with Client(eagle_stack.address, timeout=60) as client:
-        assert client.generate(PROMPTS[1], max_new_tokens=10, speculation=3).token_ids == reference.greedy(PROMPTS[1], 10)
-    tchan.close()
-    dchan.close()
+        prompt = [5, 6, 7, 8]
+        out = target.Prefill(target_pb2.TargetPrefillRequest(items=[common_pb2.PrefillItem(seq_id="x", prompt_ids=prompt)], features=spec))
+        block = out.outputs[0].features
+        assert (block.start, block.num_rows, block.width) == (0, 4, width) and len(block.data) == 4 * width * 2
+        # the draft's prefill: rows 0..2 for prompt[:3]
+        good = common_pb2.FeatureBlock(start=0, num_rows=3, width=width, dtype=block.dtype, data=block.data[: 3 * width * 2])
+        wrong_size = common_pb2.FeatureBlock(start=0, num_rows=3, width=width, dtype=block.dtype, data=block.data[:10])
+        assert "bytes" in expect(grpc.StatusCode.INVALID_ARGUMENT, draft.Prefill, draft_pb2.DraftPrefillRequest(
+            items=[common_pb2.PrefillItem(seq_id="x", prompt_ids=prompt[:3], features=wrong_size)]))
+        wrong_width = common_pb2.FeatureBlock(start=0, num_rows=3, width=width // 2, dtype=block.dtype, data=block.data[: 3 * width])
+        assert "width" in expect(grpc.StatusCode.INVALID_ARGUMENT, draft.Prefill, draft_pb2.DraftPrefillRequest(
+            items=[common_pb2.PrefillItem(seq_id="x", prompt_ids=prompt[:3], features=wrong_width)]))
+        f32 = common_pb2.FeatureBlock(start=0, num_rows=3, width=width // 2, dtype=common_pb2.FEATURE_DTYPE_FLOAT32, data=block.data[: 3 * width])
+        expect(grpc.StatusCode.INVALID_ARGUMENT, draft.Prefill, draft_pb2.DraftPrefillRequest(
+            items=[common_pb2.PrefillItem(seq_id="x", prompt_ids=prompt[:3], features=f32)]))
+        unset = common_pb2.FeatureBlock(start=0, num_rows=3, width=width, data=block.data[: 3 * width * 2])
+        assert "FeatureDtype" in expect(grpc.StatusCode.INVALID_ARGUMENT, draft.Prefill, draft_pb2.DraftPrefillRequest(
+            items=[common_pb2.PrefillItem(seq_id="x", prompt_ids=prompt[:3], features=unset)]))
+        expect(grpc.StatusCode.NOT_FOUND, draft.Speculate, draft_pb2.SpeculateRequest(
+            items=[draft_pb2.SpecItem(seq_id="nobody", new_tokens=[1], chain=draft_pb2.ChainShape(length=2), features=good)]))
+        bad_layers = common_pb2.FeatureSpec(layer_ids=[0, 99], dtype=spec.dtype)
+        expect(grpc.StatusCode.INVALID_ARGUMENT, target.Verify, target_pb2.VerifyRequest(
+            items=[target_pb2.VerifyItem(seq_id="x")], features=bad_layers))
+        expect(grpc.StatusCode.NOT_FOUND, target.Features, target_pb2.FeaturesRequest(seq_ids=["nobody"], spec=spec))
+        # nothing leaked, both still serve: a correct prefill and speculate work, then release
+        draft.Prefill(draft_pb2.DraftPrefillRequest(items=[common_pb2.PrefillItem(seq_id="x", prompt_ids=prompt[:3], features=good)]))
+        tree = draft.Speculate(draft_pb2.SpeculateRequest(items=[draft_pb2.SpecItem(
+            seq_id="x", new_tokens=[prompt[3]], chain=draft_pb2.ChainShape(length=2))])).outputs[0].tree
+        assert len(tree.token_ids) == 2
+        recomputed = target.Features(target_pb2.FeaturesRequest(seq_ids=["x"], spec=spec)).outputs[0].features
+        assert (recomputed.start, recomputed.num_rows) == (0, 4)  # prompt + first token committed: rows 0..3
+        for stub in (target, draft):
+            stub.Release(common_pb2.ReleaseRequest(seq_ids=["x"]))
+        assert draft.Info(common_pb2.InfoRequest()).num_live_seqs == 0
+        assert target.Info(common_pb2.InfoRequest()).num_live_seqs == 0
+        with Client(eagle_stack.address, timeout=60) as client:
+            assert client.generate(PROMPTS[1], max_new_tokens=10, speculation=3).token_ids == reference.greedy(PROMPTS[1], 10)
 
 
 def test_feature_bytes_show_in_the_metrics(eagle_stack):

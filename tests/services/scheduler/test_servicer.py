@@ -196,9 +196,8 @@ def test_text_prompt_stream_and_eos(text_stack):
     if expected[-1] == EOS:
         assert result.finish_reason == FinishReason.EOS
     # a client stop id that happens to be EOS is a STOP, not an EOS
-    stop_result = Client(text_stack.address, timeout=30).generate(
-        "hello world", max_new_tokens=60, stop_token_ids=[EOS]
-    )
+    with Client(text_stack.address, timeout=30) as client:
+        stop_result = client.generate("hello world", max_new_tokens=60, stop_token_ids=[EOS])
     if expected[-1] == EOS:
         assert stop_result.finish_reason == FinishReason.STOP
 
