@@ -15,7 +15,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from shared.models.tiny import FAMILIES  # noqa: E402  (needs the path above)
 
 
-
 def pytest_configure(config: pytest.Config) -> None:
     """Hold grpc.aio's process-wide state for the whole run, from the main thread.
 
