@@ -22,8 +22,9 @@ PYTEST_ARGS ?=
 # Test processes (pytest-xdist; 0 = serial, in this process), whole files to a worker (--dist loadfile: a
 # module-scoped stack starts once). Two workers overlap one file's waits on the processes it starts with
 # another's work (pytest 12.8 min against 16.3 serial, 2-core AMD EPYC), but in one of three fresh-clone
-# runs a worker died of a segfault in a native thread a finished test had left behind (not understood
-# yet: docs/development.md), so CI runs serially until it is; `make test TEST_WORKERS=2` for the fast way.
+# runs a worker died of a segfault in a native thread (likely grpc.aio's poller restarting; tests/conftest.py
+# now holds it for the run, docs/development.md), and two workers gained little on a faster day (8.6 against
+# 8.9 min), so CI runs serially; `make test TEST_WORKERS=2` for the fast way.
 TEST_WORKERS ?= 0
 # OpenMP waits (libgomp): sleep rather than spin for long (the services share the cores), but
 # spin ~0.1 ms first, which keeps a forward's thousands of short parallel regions from paying a
