@@ -252,7 +252,8 @@ LARGER_SAMPLE = {"adaptive": {
                           "without AVX-512, SmartSpec per request beside them as the reference that met the goal on "
                           "the Intel machines: no fixed k would meet the goal itself in this run)"),
               ("intel", " (feature draft, open chat, 5 repeats, a prompt sample per repeat, bfloat16 on an Intel "
-                        "Xeon: the eleventh and twelfth sessions' Nightjar variants and faser-joint on a quiet machine)")],
+                        "Xeon, the eleventh and twelfth sessions' Nightjar variants and faser-joint: again no fixed k would meet "
+                        "the goal itself in this run)")],
 }}  # fmt: skip
 
 
