@@ -138,6 +138,21 @@ def test_calibration_treats_each_fixed_k_as_a_policy_against_the_other_fixed_one
     assert fixed_calibration(results) == (["tandem-k1"], 3)
 
 
+def test_repeat_noise_is_the_median_per_repeat_misreading_of_fixed_pairs():
+    from bench.goals_table import repeat_noise
+
+    def cell(runs):
+        return {"summary": {"latency_s": {"mean": sum(runs) / len(runs)}}, "latency_mean_by_run_s": runs}
+
+    # k1/k2 pooled 1.0; per repeat 1.1, 0.9, 1.0 -> deviations 10 %, 10 %, 0 %; policies do not count
+    results = {"sweep": {"rate=1": {"tandem-k1": cell([1.1, 0.9, 1.0]), "tandem-k2": cell([1.0, 1.0, 1.0]),
+                                    "policy:faser": cell([5.0, 0.1, 1.0])}}}  # fmt: skip
+    assert repeat_noise(results) == pytest.approx(0.10)
+    results["sweep"]["rate=1"]["tandem-k1"] = cell([1.0, 1.0, 1.0])
+    assert repeat_noise(results) == pytest.approx(0.0)
+    assert repeat_noise({"sweep": {}}) is None
+
+
 def test_a_larger_sample_rerun_adds_its_own_rows_beside_the_first_run(tmp_path):
     from bench.goals_table import collect
 
