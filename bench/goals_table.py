@@ -244,7 +244,8 @@ def _calibration_line(results: dict, folder: Path) -> str:
     return (f"- {folder.name}: treated as a policy against the best of the other fixed configurations, "
             f"{len(passing)} of {tried} fixed configurations would meet the adaptive latency goal"
             + (f" ({', '.join(passing)})" if passing else "")
-            + (f"; one repeat misreads two fixed configurations by {noise:.1%} (median)" if noise is not None else ""))  # fmt: skip
+            + (f"; one repeat misreads two fixed configurations by {noise:.1%} (median)"
+               if noise is not None else ""))  # fmt: skip
 
 
 CALIBRATION_INTRO = ("Calibration of the adaptive latency goal (bench.goals_table.fixed_calibration: its noise floor "
@@ -272,8 +273,8 @@ LARGER_SAMPLE = {"adaptive": {
                           "without AVX-512, SmartSpec per request beside them as the reference that met the goal on "
                           "the Intel machines: no fixed k would meet the goal itself in this run)"),
               ("intel", " (feature draft, open chat, 5 repeats, a prompt sample per repeat, bfloat16 on an Intel "
-                        "Xeon, the eleventh and twelfth sessions' Nightjar variants and faser-joint: again no fixed k would meet "
-                        "the goal itself in this run)")],
+                        "Xeon, the eleventh and twelfth sessions' Nightjar variants and faser-joint: again no fixed k "
+                        "would meet the goal itself in this run)")],
 }}  # fmt: skip
 
 
