@@ -116,6 +116,7 @@ class Harness:
         self.baseline_latency_s: float | None = None
         self.metrics_url: str | None = None  # the stack being measured (one stack at a time)
         self.metrics_urls: dict[str, str | None] = {}  # config -> its stack's, when interleaved
+        self.configs: tuple[list[Config], list[Config]] = ([], [])
 
     def log(self, msg: str) -> None:
         self.console.log(msg)
@@ -164,6 +165,7 @@ class Harness:
         self.token_budget = await token_budget(o.models, self.target_dir)
         self.eos = self.encoder.eos_token_ids
         b1, sw = self._configs()
+        self.configs = (b1, sw)  # what a checkpoint reports on
         hf_configs = [c for c in b1 if not c.is_tandem]
         self.hf = None
         if hf_configs:
@@ -217,6 +219,7 @@ class Harness:
                 await self._phases(b1, sw, senders, requests)
         for n, stack in enumerate(stacks):
             self._collect_overheads(n, stack, requests)
+        self._checkpoint()
 
     async def _on_stack(self, key: StackKey, n: int, b1: list[Config], sw: list[Config]) -> None:
         o = self.opts
@@ -234,6 +237,7 @@ class Harness:
                         senders[c.name] = self.hf.sender(c, self.eos)
                 await self._phases(b1, sw, senders, requests)
         self._collect_overheads(n, stack, requests)
+        self._checkpoint()
 
     def _collect_overheads(self, n: int, stack, requests: dict[str, tuple[str, str, str]]) -> None:
         """The overhead breakdown of each (phase, load, config) whose requests this stack served."""
@@ -294,6 +298,7 @@ class Harness:
         for r in run.records:
             if r.error:
                 self.log(f"[red]{r.job.request_id}: {r.error}")
+        self._checkpoint()
         return run
 
     async def _warmup(self, configs: list[Config], senders) -> None:
@@ -412,6 +417,21 @@ class Harness:
                     self.log(f"closed {load} {c.name}: {run.wall_s:.1f} s")
 
     # ------------------------------------------------------------------ results
+    def _checkpoint(self) -> None:
+        """results.json as measured so far, marked ``"partial": true``: a run stopped before its end (a
+        GPU stage at its time budget, a crash, Ctrl-C an hour in) keeps every configuration it finished.
+        run_bench overwrites it with the whole run's results. Written to a temporary file and renamed,
+        so a run killed mid-write leaves the previous checkpoint, never half a file."""
+        try:
+            out = self._results(*self.configs)
+            out["partial"] = True
+            path = self.out_dir / "results.json"
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps(out, indent=2, default=str) + "\n")
+            tmp.replace(path)
+        except Exception as exc:  # noqa: BLE001 - a checkpoint must never stop the measurement it saves
+            self.log(f"[yellow]checkpoint not written: {type(exc).__name__}: {exc}")
+
     def _results(self, b1: list[Config], sw: list[Config]) -> dict:
         o = self.opts
         out: dict = {
@@ -439,7 +459,8 @@ class Harness:
         b1_records = self.records["batch1"].get("batch=1", {})
         for recs in b1_records.values():  # SLOs known only now: the baseline was measured in this phase
             for r in recs:
-                r.trace.tpot_slo_ms = r.job.encoded.item.slo.tpot_ms(self.baseline_tpot_ms)
+                if self.baseline_tpot_ms is not None:  # None at a checkpoint before the baseline's run
+                    r.trace.tpot_slo_ms = r.job.encoded.item.slo.tpot_ms(self.baseline_tpot_ms)
         out["batch1"] = {}
         for c in b1:
             recs = b1_records.get(c.name, [])

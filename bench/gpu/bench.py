@@ -16,9 +16,13 @@ not get its minimum is "skipped"; what finished stays)::
                                  Llama-8B shape, SDPA and flashinfer
     decode           90    30    tok/s Tandem vs HF generate at batch 1/16/64,           decode.json
                                  SDPA and flashinfer
-    faser           180   100    bench-faser, batch 1 (TPOT), MPS split                  faser/results.json
+    faser           230   100    bench-faser, batch 1 (TPOT), MPS split                  faser/results.json
     sm_split        150    60    draft+target at once: time-slicing, MPS, green ctx      sm_split.json
     slo             270   150    bench-slo at 2x and 4x capacity                         slo/results.json
+
+A serving stage (faser, slo) starts one stack per configuration, ~25 s each on an H200 (2026-11-28)
+before 7-13 s of serving; the harness checkpoints results.json ("partial": true) after every
+configuration, so a stage stopped at its budget keeps what it measured.
 
 then plots (verify_curve.png, decode.png, sm_split.png; the harness draws its own) and the
 summary with highlights (results.py). Stages left out are named in the summary's "rerun": the
@@ -57,7 +61,7 @@ def plan_stages(work: Path, python: str = sys.executable, pair: str = "demo") ->
               "verify_curve.json"),  # fmt: skip
         Stage("decode", [*m, "bench.gpu.decode", "--out", str(work / "decode.json")], 90, 30, "decode.json"),
         Stage("faser", [*m, "bench.gpu.serving", "--preset", "faser", "--pair", pair, "--out-dir", str(work / "faser")],
-              180, 100, "faser/results.json"),  # fmt: skip
+              230, 100, "faser/results.json"),  # fmt: skip  # 4 stacks x ~45 s on an H200 (2026-11-28)
         Stage("sm_split", [*m, "bench.gpu.sm_split", "--out", str(work / "sm_split.json")], 150, 60, "sm_split.json"),
         Stage("slo", [*m, "bench.gpu.serving", "--preset", "slo", "--pair", pair, "--out-dir", str(work / "slo")],
               270, 150, "slo/results.json"),  # fmt: skip

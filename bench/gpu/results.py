@@ -319,14 +319,15 @@ def slo_highlights(data: dict, ours: str = "policy:adaserve", threshold: float =
                 row["goal_met"] = best == 0 and att[ours] > 0 or (best > 0 and att[ours] >= 1.3 * best)
             loads.append(row)
     judged = [r for r in loads if "goal_met" in r]
-    return {"loads": loads, "judged": len(judged), "goal_met": all(r["goal_met"] for r in judged) if judged else None}
+    return {"loads": loads, "judged": len(judged), "goal_met": all(r["goal_met"] for r in judged) if judged else None,
+            "partial": bool(data.get("partial"))}  # a stage stopped at its budget: what it measured before
 
 
 def faser_highlights(data: dict, base: str = "faser:serial", ours: str = "faser:all") -> dict:
     """FASER's goal: pipelining + early exit >= 15 % lower TPOT than serial SD at batch 1."""
     tpot = {name: c["summary"]["tpot_s"]["mean"] * 1e3 for name, c in (data.get("batch1") or {}).items()
             if c.get("summary") and c["summary"].get("tpot_s")}  # fmt: skip
-    out = {"tpot_ms": {k: round(v, 3) for k, v in tpot.items()}}
+    out = {"tpot_ms": {k: round(v, 3) for k, v in tpot.items()}, "partial": bool(data.get("partial"))}
     if base in tpot and ours in tpot:
         change = tpot[ours] / tpot[base] - 1.0
         out["all_vs_serial"] = round(change, 4)

@@ -74,3 +74,35 @@ def test_load_phases_and_files(results):
     assert saved["batch1"].keys() == res["batch1"].keys()
     for png in ("batch1_throughput.png", "load_sweep.png", "load_closed.png", "acceptance.png"):
         assert (out / png).stat().st_size > 1000
+
+
+def test_a_finished_run_is_not_marked_partial(results):
+    _, out = results
+    assert "partial" not in json.loads((out / "results.json").read_text())
+
+
+def test_a_run_stopped_midway_keeps_what_it_measured(tmp_path, monkeypatch):
+    """A GPU stage stopped at its budget (SIGINT), a crash an hour in: results.json holds every
+    configuration measured before the stop, marked partial."""
+    from bench.harness import Harness
+
+    target, draft = save_tiny_pair(tmp_path / "models")
+    opts = BenchOptions(name="stopped", models=Models(target=target, draft=draft), batch1=["target-only"],
+                        sweep=["target-only", "tandem-k2"], num_prompts=1, max_new_tokens=6, sweep_requests=2,
+                        sweep_max_new_tokens=4, rates=[30.0], bursty=True, max_prompt_tokens=48)  # fmt: skip
+
+    async def stopped(self, *args, **kwargs):
+        raise KeyboardInterrupt  # what the stage runner's SIGINT raises in the harness
+
+    monkeypatch.setattr(Harness, "_bursty", stopped)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(opts, out)
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["partial"] is True
+    assert saved["baseline_tpot_ms"] > 0
+    assert saved["batch1"]["target-only"]["summary"]["num_ok"] == 1
+    (rate,) = saved["sweep"]
+    assert {name: row["summary"]["num_ok"] for name, row in saved["sweep"][rate].items()} == {
+        "target-only": 2, "tandem-k2": 2}  # fmt: skip
+    assert not list(out.glob("*.tmp"))

@@ -151,7 +151,18 @@ def test_highlights_from_every_stage(tmp_path):
     judged = {r["load"]: r["goal_met"] for r in slo["loads"] if "goal_met" in r}
     assert judged == {"rate=2": True, "rate=4": False} and slo["goal_met"] is False and slo["judged"] == 2
     assert h["faser"] == {"tpot_ms": {"faser:serial": 10.0, "faser:pipe": 9.0, "faser:ee": 9.5, "faser:all": 8.0},
-                          "all_vs_serial": -0.2, "goal_met": True}  # fmt: skip
+                          "all_vs_serial": -0.2, "goal_met": True, "partial": False}  # fmt: skip
+    assert slo["partial"] is False
+
+
+def test_a_stage_stopped_at_its_budget_is_highlighted_as_partial(tmp_path):
+    work = bench_work(tmp_path)
+    data = json.loads((work / "faser" / "results.json").read_text())
+    del data["batch1"]["faser:all"]  # the fourth variant's stack was still starting
+    results.write_json(work / "faser" / "results.json", {**data, "partial": True})
+    h = results.highlights(work, [stage("faser", "timeout", result="faser/results.json")])
+    assert h["faser"]["partial"] is True and "goal_met" not in h["faser"]
+    assert set(h["faser"]["tpot_ms"]) == {"faser:serial", "faser:pipe", "faser:ee"}
 
 
 def test_a_malformed_stage_result_is_reported_not_raised(tmp_path):
