@@ -13,6 +13,8 @@ and failures, and call logs to assert on.
 
 from __future__ import annotations
 
+import asyncio
+
 from collections.abc import Sequence
 
 from scheduler.workers import Clock
@@ -88,6 +90,7 @@ class _FakeWorker:
         self.seqs: dict[str, list[int]] = {}  # seq id -> committed tokens
         self.calls: list[tuple[str, int]] = []  # (method, number of items), for assertions
         self.down = False  # every call raises ConnectionError while set
+        self.held = False  # prefill/verify/speculate calls wait while set (a test holds work in flight)
 
     def crash(self) -> None:
         """Go down and lose all state, like a restarted service."""
@@ -96,6 +99,8 @@ class _FakeWorker:
 
     async def _enter(self, method: str, n: int, cost_s: float) -> None:
         self.calls.append((method, n))
+        while self.held and method not in ("info", "release"):
+            await asyncio.sleep(0.001)
         if self.clock is not None and cost_s > 0:
             await self.clock.sleep(cost_s)
         if self.down:

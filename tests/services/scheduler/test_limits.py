@@ -74,9 +74,10 @@ def test_a_full_queue_answers_resource_exhausted_with_a_retry_hint_and_loses_not
     config = SchedulerConfig(max_batch_size=1)
     with fake_stack(None, max_queue=2, config=config) as stack, grpc.insecure_channel(stack.address) as channel:
         stub = tandem_pb2_grpc.TandemStub(channel)
+        stack.target.held = True  # the first request cannot finish before the queue is seen full
         calls = [stub.GenerateUnary.future(tandem_pb2.GenerateRequest(token_ids=_ids(i + 1, 2), max_new_tokens=60),
                                            timeout=30) for i in range(3)]
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 20
         while len(stack.scheduler.waiting) < 2 and time.monotonic() < deadline:
             time.sleep(0.005)
         assert len(stack.scheduler.waiting) == 2 and len(stack.scheduler.running) == 1
@@ -86,6 +87,7 @@ def test_a_full_queue_answers_resource_exhausted_with_a_retry_hint_and_loses_not
         assert "TANDEM_MAX_QUEUE=2" in info.value.details()
         hint = dict(info.value.trailing_metadata())["grpc-retry-pushback-ms"]
         assert int(hint) > 0
+        stack.target.held = False
         results = [c.result() for c in calls]  # the queued ones are all served in full
         assert [len(r.token_ids) for r in results] == [60, 60, 60]
         for i, r in enumerate(results):
