@@ -53,12 +53,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
-import platform
 import statistics
 import sys
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import asdict
 from pathlib import Path
@@ -84,6 +83,7 @@ from bench.options import (  # noqa: F401 - presets re-exported: tests and the C
     share_mix,
     slo_options,
 )
+from bench.run_info import jsonable, machine, token_budget  # noqa: F401 - machine re-exported (bench.drafts, ...)
 from bench.stack import Models, bench_stack
 from bench.tandem_sender import tandem_sender
 from bench.tokens import EncodedItem, PromptEncoder
@@ -91,6 +91,7 @@ from bench.workload import build
 from sdk.client import AsyncClient
 
 RESULTS_ROOT = Path(__file__).resolve().parent / "results"
+MAX_PARALLEL_STARTS = 8  # stacks an interleaved run starts at once
 
 
 # --- one run --------------------------------------------------------------------------------------
@@ -197,14 +198,10 @@ class Harness:
         requests: dict[str, tuple[str, str, str]] = {}
         senders: dict[str, object] = {}
         self.metrics_urls = {}
-        stacks = []
         with ExitStack() as on_exit:
+            stacks = self._start_all(keys, on_exit)  # blocking, as starting one stack always was: nothing else runs yet
             async with AsyncExitStack() as clients:
-                for n, key in enumerate(keys):
-                    log_dir = self.out_dir / "logs" / f"stack{n}"
-                    self.log(f"starting stack {n} ({key.speculation_policy}, {key.queue_policy}); logs in {log_dir}")
-                    stack = on_exit.enter_context(bench_stack(o.models, key, log_dir, traces=o.traces))
-                    stacks.append(stack)
+                for n, (key, stack) in enumerate(zip(keys, stacks)):
                     client = await clients.enter_async_context(AsyncClient(stack.endpoints.scheduler, timeout=1800))
                     here = [c for c in b1 + sw if c.is_tandem and c.stack == key]
                     if n == 0:
@@ -220,6 +217,32 @@ class Harness:
         for n, stack in enumerate(stacks):
             self._collect_overheads(n, stack, requests)
         self._checkpoint()
+
+    def _start_all(self, keys: list[StackKey], on_exit: ExitStack) -> list:
+        """Every stack at once, one thread each: their imports, model loading and (on a GPU) CUDA start-up
+        overlap, which one after the other cost ~25 s a stack on an H200. Each stack that came up is
+        registered on ``on_exit`` (stopped on the way out) even when another failed or the run is stopped
+        while they start; the first failure is raised."""
+        o = self.opts
+
+        def start_one(n: int, key: StackKey):
+            log_dir = self.out_dir / "logs" / f"stack{n}"
+            self.log(f"starting stack {n} ({key.speculation_policy}, {key.queue_policy}); logs in {log_dir}")
+            cm = bench_stack(o.models, key, log_dir, traces=o.traces)
+            return cm, cm.__enter__()
+
+        t = time.monotonic()
+        pool = ThreadPoolExecutor(max_workers=min(len(keys), MAX_PARALLEL_STARTS), thread_name_prefix="stack-start")
+        futures = [pool.submit(start_one, n, key) for n, key in enumerate(keys)]
+        try:
+            stacks = [f.result()[1] for f in futures]
+        finally:
+            pool.shutdown(wait=True)  # a stack still starting finishes starting, so that it can be stopped
+            for f in futures:
+                if not f.cancelled() and f.exception() is None:
+                    on_exit.push(f.result()[0].__exit__)
+        self.log(f"{len(keys)} stacks up in {time.monotonic() - t:.1f} s")
+        return stacks
 
     async def _on_stack(self, key: StackKey, n: int, b1: list[Config], sw: list[Config]) -> None:
         o = self.opts
@@ -442,7 +465,7 @@ class Harness:
             "duration_s": time.time() - self.t_start,
             "pair": o.models.pair if o.models.target is None else "custom",
             "models": {"target": str(self.target_dir), "draft": o.stack_draft or (str(self.draft_dir) if self.draft_dir else None)},
-            "options": _jsonable(asdict(o)),
+            "options": jsonable(asdict(o)),
             "baseline_tpot_ms": self.baseline_tpot_ms,
             "workload": {
                 "batch1": {"num_requests": len(self.b1_items), "repeats": o.repeats, "max_new_tokens": o.max_new_tokens,
@@ -513,55 +536,6 @@ class Harness:
         if timeline := self.timelines.get((phase, load, name)):
             extra["timeline"] = timeline
         return extra
-
-
-async def token_budget(models: Models, target_dir: Path) -> dict:
-    """B as the launched scheduler will find it (TANDEM_TOKEN_BUDGET, else the target's profile on disk)."""
-    from types import SimpleNamespace
-
-    from services.scheduler.budget import load_budget
-    from services.settings import ServiceSettings
-
-    name = target_dir.stem if target_dir.suffix == ".gguf" else target_dir.name  # what the target reports
-    info = SimpleNamespace(model_name=name, device=models.device, dtype=models.dtype)
-    budget = await load_budget(ServiceSettings.from_env(home=models.home), info)
-    return {"value": budget.token_budget, "source": budget.source}
-
-
-def cpu_model() -> str | None:
-    """The CPU's model name (/proc/cpuinfo): absolute figures move between machines of the same kind."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
-def machine(threads: int) -> dict:
-    import torch
-    import transformers
-
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "load_average_at_end": os.getloadavg(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "hf_peer_threads": threads,
-    }
-
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_jsonable(v) for v in x]
-    return str(x) if isinstance(x, Path) else x
 
 
 def run_bench(opts: BenchOptions, out_dir: Path | None = None, console: Console | None = None) -> dict:

@@ -3,18 +3,16 @@
     with bench_stack(models, StackKey("fixed:4"), log_dir) as stack:
         stack.endpoints.scheduler, stack.endpoints.metrics_url, stack.sink.spans()
 
-The launcher hands its own environment to the children, so the trace
-exporter and the queue policy are set in this process's environment for the
-duration of the launch (restored right after), as are the scheduler's frontier
-pipelining, the target's early exit and the scheduler's draft offload (TANDEM_FRONTIER, TANDEM_EARLY_EXIT,
-TANDEM_DRAFT_OFFLOAD);
+The trace exporter and the queue policy reach the children through the launcher's
+``extra_env`` (never this process's environment, so several stacks may start at once from
+threads), as do the scheduler's frontier pipelining, the target's early exit and the
+scheduler's draft offload (TANDEM_FRONTIER, TANDEM_EARLY_EXIT, TANDEM_DRAFT_OFFLOAD);
 the draft's share of the machine goes to the launcher (``draft_share``). Stopping the stack (SIGTERM)
 makes every service flush its spans into the sink before ``spans()`` is read.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -69,22 +67,14 @@ class BenchStack:
 
 
 @contextmanager
-def _environ(extra: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@contextmanager
 def bench_stack(models: Models, key: StackKey, log_dir: Path, *, traces: bool = True) -> Iterator[BenchStack]:
     sink = SpanSink().start() if traces else None
+    env = {"TANDEM_QUEUE_POLICY": key.queue_policy, "TANDEM_LOG_LEVEL": "warning"}
+    for var, value in (("TANDEM_FRONTIER", key.frontier), ("TANDEM_EARLY_EXIT", key.early_exit),
+                       ("TANDEM_DRAFT_OFFLOAD", key.draft_offload)):  # fmt: skip
+        if value is not None:
+            env[var] = value
+    env.update(sink.service_env() if sink else {"TANDEM_TRACE_EXPORTER": "none"})
     config = LaunchConfig(
         pair=models.pair,
         home=models.home,
@@ -97,16 +87,10 @@ def bench_stack(models: Models, key: StackKey, log_dir: Path, *, traces: bool = 
         dtype=models.dtype,
         log_dir=log_dir,
         draft_share=key.draft_share,
+        extra_env=env,
     )
-    env = {"TANDEM_QUEUE_POLICY": key.queue_policy, "TANDEM_LOG_LEVEL": "warning"}
-    for var, value in (("TANDEM_FRONTIER", key.frontier), ("TANDEM_EARLY_EXIT", key.early_exit),
-                       ("TANDEM_DRAFT_OFFLOAD", key.draft_offload)):  # fmt: skip
-        if value is not None:
-            env[var] = value
-    env.update(sink.service_env() if sink else {"TANDEM_TRACE_EXPORTER": "none"})
     try:
-        with _environ(env):
-            launched = start(config)
+        launched = start(config)
         try:
             yield BenchStack(launched, sink)
         finally:

@@ -41,7 +41,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -54,6 +53,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
+from shared.free_ports import free_ports
 from shared.omp_wait import apply_defaults
 from shared.rpc.health_probe import check
 from shared.rpc.server import DRAFT_SERVICE, TANDEM_SERVICE, TARGET_SERVICE
@@ -108,6 +108,10 @@ class LaunchConfig(BaseModel):
     log_dir: Path | None = Field(None, description="Where the children's logs go; unset = a new temp dir.")
     startup_timeout_s: float = Field(600.0, gt=0, description="How long model loading may take.")
     stop_timeout_s: float = Field(15.0, gt=0, description="How long a child may take to stop before SIGKILL.")
+    extra_env: dict[str, str] = Field(
+        default_factory=dict, description="Variables every child gets on top of this process's environment (per-stack "
+        "settings when several stacks start at once, so none is set process-wide).",
+    )
 
 
 @dataclass
@@ -373,7 +377,7 @@ def _vocab_size(target_path: Path) -> str:
 
 
 def _env(config: LaunchConfig, address: str, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {**os.environ, **config.extra_env}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env.update(
         TANDEM_HOST=config.host,
@@ -439,18 +443,9 @@ def _wait_or_kill(proc: subprocess.Popen, timeout_s: float) -> None:
 
 
 def _free_ports(host: str, count: int) -> list[int]:
-    """``count`` distinct free ports: every socket stays bound until all are chosen, since
-    the kernel may hand a port that was just released to the next bind (two services on one
-    port left a launch waiting for a scheduler that could not listen)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    socks = [socket.socket(family, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in socks:
-            sock.bind((host, 0))
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
+    """``count`` distinct free ports, none handed out before in this process (shared/free_ports.py): two
+    services on one port left a launch waiting for a scheduler that could not listen."""
+    return free_ports(host, count)
 
 
 def _dial(host: str) -> str:

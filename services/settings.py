@@ -233,6 +233,11 @@ class ServiceSettings(BaseModel):
         ge=1,
         description="Row count from which the prepacked weights are used; unset = measured at load on this CPU.",
     )
+    attention_backend: Literal["auto", "sdpa", "flashinfer"] = Field(
+        "auto",
+        description="Target and draft: attention kernels; auto = flashinfer on CUDA when it is installed, else "
+        "PyTorch SDPA. sdpa on a GPU skips flashinfer's JIT compile (minutes on a fresh machine).",
+    )
 
     api_keys: SecretStr | None = Field(
         None, description="Scheduler: API keys the public endpoint accepts (comma-separated; clients send "
@@ -398,7 +403,8 @@ class ServiceSettings(BaseModel):
         fields = {"block_size": self.block_size, "num_blocks": self.num_blocks, "kv_cache_bytes": self.kv_cache_bytes}
         return EngineConfig(
             kv_grow_blocks=self.kv_grow_blocks, cpu_prepack=self.cpu_prepack,
-            cpu_prepack_min_rows=self.cpu_prepack_min_rows, **{k: v for k, v in fields.items() if v is not None}
+            cpu_prepack_min_rows=self.cpu_prepack_min_rows, attention_backend=self.attention_backend,
+            **{k: v for k, v in fields.items() if v is not None}
         )
 
     def ngram(self, role: Literal["target", "draft"]) -> tuple[int, int] | None:

@@ -20,9 +20,11 @@ not get its minimum is "skipped"; what finished stays)::
     sm_split        150    60    draft+target at once: time-slicing, MPS, green ctx      sm_split.json
     slo             270   150    bench-slo at 2x and 4x capacity                         slo/results.json
 
-A serving stage (faser, slo) starts one stack per configuration, ~25 s each on an H200 (2026-11-28)
-before 7-13 s of serving; the harness checkpoints results.json ("partial": true) after every
-configuration, so a stage stopped at its budget keeps what it measured.
+A serving stage (faser, slo) runs one stack per policy, ~25 s each to start on an H200 (2026-11-28)
+before 7-13 s of serving: they are interleaved and started at once, and the harness checkpoints
+results.json ("partial": true) after every configuration, so a stage stopped at its budget keeps
+what it measured. ``--attention sdpa`` serves them with PyTorch SDPA and drops ``warm`` (no
+flashinfer JIT compile, ~6 minutes on a fresh machine).
 
 then plots (verify_curve.png, decode.png, sm_split.png; the harness draws its own) and the
 summary with highlights (results.py). Stages left out are named in the summary's "rerun": the
@@ -68,12 +70,13 @@ def plan_stages(work: Path, python: str = sys.executable, pair: str = "demo") ->
     ]
 
 
-def rerun_command(records: list[dict]) -> str | None:
+def rerun_command(records: list[dict], attention: str = "auto") -> str | None:
     """The call that runs the stages this one skipped or cut short (device and warm come along)."""
     left = [r["name"] for r in records if r["status"] in ("skipped", "timeout") and r["name"] not in ("device", "warm")]
     if not left:
         return None
-    return f"PYTHONUNBUFFERED=1 python3 -m bench.gpu bench --stages {','.join(left)}"
+    flag = "" if attention == "auto" else f" --attention {attention}"
+    return f"PYTHONUNBUFFERED=1 python3 -m bench.gpu bench --stages {','.join(left)}{flag}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pair", default=os.environ.get("TANDEM_GPU_PAIR", "demo"),
                         help="model pair of bench-faser/bench-slo (default demo; TANDEM_GPU_PAIR)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=os.environ.get("OUT") or None, help="default: $OUT")
+    parser.add_argument("--attention", choices=("auto", "sdpa"), default="auto",
+                        help="the serving stages' services (TANDEM_ATTENTION_BACKEND); sdpa also drops the warm stage: "
+                        "no flashinfer JIT compile (~6 min on a fresh machine) before faser/slo")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="print the stages as JSON; run nothing")
     args = parser.parse_args(argv)
     work = work_dir()
@@ -93,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown stages {sorted(unknown)}; known: {[s.name for s in stages]}")
         stages = [s for s in stages if s.name in wanted]
+    if args.attention == "sdpa":
+        stages = [s for s in stages if s.name != "warm"]
     if args.dry_run:
         print(json.dumps([s.__dict__ for s in stages], indent=1))
         return 0
@@ -102,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     log = RunLog(work / "log.txt")
     summary = {"run": RUN, "version": results.SUMMARY_VERSION, "started_at": results.now(), "elapsed_s": 0.0,
-               "device": {}, "setup": {}, "stages": [], "highlights": {}, "pair": args.pair}  # fmt: skip
+               "device": {}, "setup": {}, "stages": [], "highlights": {}, "pair": args.pair,
+               "attention": args.attention}  # fmt: skip
 
     def save(records=None) -> None:
         if records is not None:
@@ -125,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         summary["stages"] = [setup.to_dict()]
         save()
         env = kit.site_env()
+        if args.attention != "auto":  # the launched services read it (services/settings.py)
+            env["TANDEM_ATTENTION_BACKEND"] = args.attention
         if not _has_flashinfer(env):
             stages = [s for s in stages if s.name != "warm"]
         records = run_stages(stages, deadline=deadline, out_dir=work, env=env, cwd=kit.REPO_ROOT, log=log,
@@ -133,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         if (work / "device.json").is_file():
             summary["device"] = json.loads((work / "device.json").read_text())
         summary["highlights"] = results.highlights(work, summary["stages"])
-        summary["rerun"] = rerun_command(summary["stages"])
+        summary["rerun"] = rerun_command(summary["stages"], attention=args.attention)
         left = deadline - time.monotonic()
         if left > 15:
             plots = subprocess.run([sys.executable, "-m", "bench.gpu.plots", str(work)], cwd=kit.REPO_ROOT, env=env,

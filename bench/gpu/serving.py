@@ -14,6 +14,8 @@ installed) and fewer requests::
             60/20/20 mix, Poisson at 2x and 4x the batch-1 capacity, 12 requests each, no share phase;
             the tree policies' budget B is the GPU profile verify_curve stored
 
+Both interleave (every stack up at once, started together: one after the other, each took ~25 s
+on an H200, 2026-11-28, and the stage's budget ran out before the last configurations).
 ``--long`` keeps the presets' full sizes (for a session with device time to spare). The harness
 writes results.json and its plots into --out-dir; a summary of what ran is added as gpu_serving.
 """
@@ -39,13 +41,15 @@ def options(preset: str, pair: str, *, long: bool, budget_s: float, device: str 
     if preset == "faser":
         opts = faser_options(name=f"gpu-faser-{pair}", models=models)
         if not long:
-            opts = replace(opts, batch1=list(FASER_SWEEP), sweep=[], num_prompts=4, max_new_tokens=64, repeats=1)
+            opts = replace(opts, batch1=list(FASER_SWEEP), sweep=[], num_prompts=4, max_new_tokens=64, repeats=1,
+                           interleave=True)
         return opts
     if preset == "slo":
         opts = slo_options(name=f"gpu-slo-{pair}", models=models)
         if not long:
             factors = [2.0, 4.0] if budget_s >= 200 else [3.0]
-            opts = replace(opts, sweep=list(SLO_SWEEP), sweep_requests=12, rate_factors=factors, stringent_shares=[])
+            opts = replace(opts, sweep=list(SLO_SWEEP), sweep_requests=12, rate_factors=factors, stringent_shares=[],
+                           interleave=True)
         return opts
     raise ValueError(f"unknown preset {preset!r}: faser or slo")
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -25,6 +24,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 import redis
+
+from shared.free_ports import free_ports
 
 
 class RedisStartError(RuntimeError):
@@ -48,9 +49,8 @@ def find_redis_server() -> str:
 
 
 def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    (port,) = free_ports(host, 1)  # never one another launch of this process was just given
+    return port
 
 
 def _kill(proc: subprocess.Popen, workdir: str) -> None:

@@ -72,7 +72,8 @@ def test_bench_stack_passes_the_settings_on(monkeypatch, tmp_path):
 
     def fake_start(config):
         seen["config"] = config
-        seen["env"] = {k: os.environ.get(k) for k in ("TANDEM_FRONTIER", "TANDEM_EARLY_EXIT")}
+        seen["env"] = {k: config.extra_env.get(k) for k in ("TANDEM_FRONTIER", "TANDEM_EARLY_EXIT")}
+        seen["process_env"] = os.environ.get("TANDEM_FRONTIER")
         return Launched()
 
     monkeypatch.setattr(stack_mod, "start", fake_start)
@@ -81,4 +82,5 @@ def test_bench_stack_passes_the_settings_on(monkeypatch, tmp_path):
         pass
     assert seen["config"].draft_share == FASER_DRAFT_SHARE
     assert seen["env"] == {"TANDEM_FRONTIER": FASER_FRONTIER, "TANDEM_EARLY_EXIT": "on"}
-    assert "TANDEM_FRONTIER" not in os.environ  # restored
+    assert seen["process_env"] is None  # the children's settings, never this process's (stacks start from threads)
+    assert "TANDEM_FRONTIER" not in os.environ

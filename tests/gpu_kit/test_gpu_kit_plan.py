@@ -259,17 +259,22 @@ def test_bench_plan_budgets_and_modules(tmp_path):
                                 {"name": "faser", "status": "timeout"}]) == \
         "PYTHONUNBUFFERED=1 python3 -m bench.gpu bench --stages slo,faser"  # fmt: skip
     assert bench.rerun_command([{"name": "decode", "status": "ok"}]) is None
+    assert bench.rerun_command([{"name": "slo", "status": "timeout"}], attention="sdpa") == \
+        "PYTHONUNBUFFERED=1 python3 -m bench.gpu bench --stages slo --attention sdpa"  # fmt: skip
 
 
 @pytest.mark.parametrize("command", [["check", "--dry-run"], ["bench", "--dry-run"], ["bench", "--dry-run",
-                                                                                      "--stages", "slo"]])
+                                                                                      "--stages", "slo"],
+                                     ["bench", "--dry-run", "--stages", "slo", "--attention", "sdpa"]])
 def test_dry_runs_print_the_stages(command):
     out = subprocess.run([sys.executable, "-m", "bench.gpu", *command], cwd=REPO, capture_output=True, text=True,
                          timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr
     stages = json.loads(out.stdout)
     assert stages and all({"name", "cmd", "budget_s", "min_s"} <= s.keys() for s in stages)
-    if "--stages" in command:
+    if "--attention" in command:  # SDPA services: no flashinfer compile to wait for
+        assert [s["name"] for s in stages] == ["device", "slo"]
+    elif "--stages" in command:
         assert [s["name"] for s in stages] == ["device", "warm", "slo"]
 
 

@@ -49,6 +49,14 @@ def test_engine_config_keeps_engine_defaults_for_unset_fields():
     assert (config.num_blocks, config.block_size) == (9, 4)
 
 
+def test_attention_backend_setting():
+    assert ServiceSettings().engine_config().attention_backend == "auto"
+    env = {"TANDEM_ATTENTION_BACKEND": "sdpa"}
+    assert ServiceSettings.from_env(env=env).engine_config().attention_backend == "sdpa"
+    with pytest.raises(pydantic.ValidationError, match="attention_backend"):
+        ServiceSettings.from_env(env={"TANDEM_ATTENTION_BACKEND": "triton"})
+
+
 def test_model_path_resolution(tmp_path):
     home = tmp_path / "home"
     target = home / "models" / "tiny-target"
