@@ -1,6 +1,8 @@
 """Row-exact attention against its first formula, interleaved (`python -m bench.attention_rows`).
 
     rows=3 old 98.7 us new 86.9 us per layer      medians over interleaved repeats, N = 200 positions, bf16
+    python -m bench.attention_rows --shape tree --positions 1024 --rows 4,16
+                                                  tree rows (3 branches from the root): old = a gather per row
 
 ``reference_rows`` is attend_rows as first written (matmul, then the scaling, softmax, matmul, a copy
 per row); tests/shared/engine/test_matmul_attention.py checks the two agree bit for bit, this times them.
@@ -40,7 +42,18 @@ def _median_us(fn, args, calls: int) -> float:
     return statistics.median(times) / 1e3
 
 
-def main(positions: int = 200, repeats: int = 5, calls: int = 1500, rows: str = "1,3,5") -> None:
+def tree_rows(positions: int, n_rows: int) -> list[int | torch.Tensor]:
+    """The root row (the context), then nodes 0 .. n_rows - 2 of a 3-branch tree (node i's parent is i - 3):
+    each node row sees the context and its ancestors."""
+    out: list[int | torch.Tensor] = [positions]
+    for i in range(n_rows - 1):
+        path = sorted(range(i, -1, -3))
+        out.append(positions + 1 if path == [0] else torch.tensor([*range(positions), *(positions + j for j in path)]))
+    return out
+
+
+def main(positions: int = 200, repeats: int = 5, calls: int = 1500, rows: str = "1,3,5",
+         shape: str = typer.Option("chain", help="chain (row t sees the first N + t + 1) or tree (tree_rows)")) -> None:
     """SmolLM2-135M's shapes (9 query heads, 3 KV heads of 64), bf16; old and new alternate within each repeat."""
     torch.manual_seed(0)
     results: dict[tuple[int, str], list[float]] = {}
@@ -48,7 +61,8 @@ def main(positions: int = 200, repeats: int = 5, calls: int = 1500, rows: str = 
         for n_rows in (int(r) for r in rows.split(",")):
             q = torch.randn(1, 9, n_rows, 64, dtype=torch.bfloat16)
             k, v = (torch.randn(positions + n_rows, 3, 64, dtype=torch.bfloat16) for _ in range(2))
-            args = (q, k, v, [positions + t + 1 for t in range(n_rows)], 0.125)
+            slots = tree_rows(positions, n_rows) if shape == "tree" else [positions + t + 1 for t in range(n_rows)]
+            args = (q, k, v, slots, 0.125)
             for name, fn in (("old", reference_rows), ("new", attend_rows)):
                 results.setdefault((n_rows, name), []).append(_median_us(fn, args, calls))
     for (n_rows, name), values in sorted(results.items()):

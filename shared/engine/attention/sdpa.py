@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from shared.engine.attention.layout import BatchLayout
 from shared.engine.attention.padded_matmul import attend_padded
-from shared.engine.attention.row_exact import attend_rows
+from shared.engine.attention.row_exact import attend_rows, split_row
 from shared.engine.kv_cache import PagedKVCache
 
 
@@ -52,10 +52,6 @@ def _packed_in_order(layout: BatchLayout) -> bool:
     return True
 
 
-def _prefix_or_index(seen: torch.Tensor) -> int | torch.Tensor:
-    """A row's visible positions: their count when they are the first ones (0 … n-1), else the positions."""
-    n = int(seen.numel())
-    return n if n and int(seen[-1]) == n - 1 else seen
 
 
 class SdpaBackend:
@@ -104,8 +100,8 @@ class SdpaBackend:
             unpad[rows] = b * max_q + torch.arange(s.q_len)
         if self.single and small_cpu16:
             s = layout.seqs[0]
-            seen = [_prefix_or_index(s.mask[t].nonzero().squeeze(1)) for t in range(s.q_len)]
-            self.row_slots = [x if isinstance(x, int) else x.to(device) for x in seen]
+            seen = [split_row(s.mask[t].nonzero().squeeze(1)) for t in range(s.q_len)]
+            self.row_slots = [x if isinstance(x, int) else (x[0], x[1].to(device)) for x in seen]
         self.gather = gather.to(device)
         self.gather_flat = self.gather.reshape(-1)
         self.mask = mask.to(device) if mask is not None else None

@@ -83,3 +83,35 @@ def test_the_fused_scaling_is_the_reference_formula(dtype):
         got = attend_rows(q, keys, values, row_slots, scaling).float()
         want = reference_rows(q, keys, values, row_slots, scaling).float()
         assert (got - want).abs().max() <= tol * want.abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_a_tree_row_is_bit_for_bit_a_decode_over_its_positions(dtype):
+    """A tree row (a prefix, then ancestors further on) computes what a plain decode over exactly those
+    positions, gathered in order, computes; its ancestors are moved in behind the prefix for the row and
+    put back, so the other rows and the caller's keys see the context unchanged."""
+    g = torch.Generator().manual_seed(3)
+    prefix, nodes = 300, 12
+    keys, values = (torch.randn(prefix + nodes, 3, 64, generator=g).to(dtype) for _ in range(2))
+    saved = keys.clone(), values.clone()
+    rows = [torch.tensor([*range(prefix), prefix + 2, prefix + 5]),  # skips nodes 0, 1, 3, 4
+            prefix + 1,  # a chain row between two tree rows: reads the context as it was
+            torch.tensor([*range(prefix + 1), prefix + 3, prefix + 7, prefix + 11]),
+            torch.tensor([prefix + 4, prefix + 9])]  # fmt: skip  # no prefix at all
+    q = torch.randn(1, 9, len(rows), 64, generator=g).to(dtype)
+    got = attend_rows(q, keys, values, rows, 0.125)
+    assert torch.equal(keys, saved[0]) and torch.equal(values, saved[1])
+    for t, seen in enumerate(rows):
+        idx = torch.arange(seen) if isinstance(seen, int) else seen
+        decode = attend_rows(q[:, :, t : t + 1], keys[idx].contiguous(), values[idx].contiguous(), [len(idx)], 0.125)
+        assert torch.equal(got[:, t : t + 1], decode), t
+
+
+def test_split_row():
+    from shared.engine.attention.row_exact import split_row
+
+    assert split_row(torch.arange(5)) == 5
+    p, tail = split_row(torch.tensor([0, 1, 2, 5, 7]))
+    assert p == 3 and tail.tolist() == [5, 7]
+    p, tail = split_row(torch.tensor([2, 3]))
+    assert p == 0 and tail.tolist() == [2, 3]
