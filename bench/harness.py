@@ -83,7 +83,7 @@ from bench.options import (  # noqa: F401 - presets re-exported: tests and the C
     share_mix,
     slo_options,
 )
-from bench.run_info import jsonable, machine, token_budget  # noqa: F401 - machine re-exported (bench.drafts, ...)
+from bench.run_info import ensure_profiles, jsonable, machine, token_budget  # noqa: F401 - machine re-exported (bench.drafts, ...)
 from bench.stack import Models, bench_stack
 from bench.tandem_sender import tandem_sender
 from bench.tokens import EncodedItem, PromptEncoder
@@ -163,7 +163,13 @@ class Harness:
         self.target_dir = o.models.target_dir()
         self.draft_dir = o.models.draft_dir()
         self.encoder = PromptEncoder.for_model(self.target_dir, o.max_prompt_tokens)
+        if o.profile_first:
+            self.notes += ensure_profiles(o.models, self.log)
         self.token_budget = await token_budget(o.models, self.target_dir)
+        if self.token_budget["source"] == "none":
+            self.notes.append("no target profile on this machine: no budget B, the policies' cost models start from "
+                              "the generic prior (`tandem profile`, or the presets' --profile)")
+            self.log(f"[yellow]{self.notes[-1]}")
         self.eos = self.encoder.eos_token_ids
         b1, sw = self._configs()
         self.configs = (b1, sw)  # what a checkpoint reports on

@@ -101,6 +101,8 @@ def main(
                                "policies, 10,30,50 requests at once, 8..256 new tokens (log-uniform); options refine it."),
     elastic: bool = typer.Option(False, "--offload", help="Draft offload under a small KV pool (make bench-offload): "
                                  "offload:on vs offload:off, closed loop at 4 and 12; options refine it."),
+    profile: bool = typer.Option(True, help="With a preset (--adaptive, --slo, --order, --faser, --offload): profile "
+                                 "the target and the draft first when this machine has no profile of them."),
 ) -> None:
     from bench import harness
 
@@ -166,6 +168,7 @@ def main(
         pool = offload.pool_env(opts.models.target_dir(), opts.models.draft_dir(), opts.models.dtype)
         for var, value in pool.items():
             os.environ.setdefault(var, value)  # both stacks launch with them; set one to override it
+    opts.profile_first = profile and (slo or adaptive or order or faser or elastic)
     results = harness.run_bench(opts)  # looked up at call time: tests replace it
     if elastic:
         offload.write(results, RESULTS_ROOT / opts.name, pool={var: os.environ[var] for var in pool})

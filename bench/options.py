@@ -59,6 +59,9 @@ class BenchOptions:
     warmup: int = 1  # requests per configuration before anything is recorded
     threads: int = 2  # torch threads of the HF peers (the services use torch's default)
     traces: bool = True  # span sink + overhead breakdown
+    # profile the target and the draft first when this machine has none (`tandem profile --if-missing`): the
+    # policies' cost models and AdaServe's budget B start from them (the CLI's presets set it)
+    profile_first: bool = False
     max_prompt_tokens: int = 768
     queue_policy: str = "fcfs"
     stringent_shares: list[float] = field(default_factory=list)  # mix phase: shares of stringent requests

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
+import sys
 from pathlib import Path
 
 from bench.stack import Models
@@ -21,6 +23,34 @@ async def token_budget(models: Models, target_dir: Path) -> dict:
     info = SimpleNamespace(model_name=name, device=models.device, dtype=models.dtype)
     budget = await load_budget(ServiceSettings.from_env(home=models.home), info)
     return {"value": budget.token_budget, "source": budget.source}
+
+
+def ensure_profiles(models: Models, log=print) -> list[str]:
+    """``tandem profile --if-missing`` for the target and the draft, as `make bench-slo` and friends run it
+    first: without a profile the scheduler has no budget B and the cost-model policies (SmartSpec, FASER,
+    Nightjar, AdaServe, LAPS-SD's eq. 6) start from a weak generic prior (step_cost.py), which runs launched
+    straight through `python -m bench.harness` on a fresh machine did for weeks unnoticed. Returns notes
+    for results.json (a failed profile is noted, not raised: the run goes on as the services would)."""
+    notes = []
+    base = [sys.executable, "-c", "from sdk.cli import app; app()", "profile", "--device", models.device,
+            "--dtype", models.dtype, "--if-missing"]  # fmt: skip
+    base += ["--model", str(models.target)] if models.target is not None else ["--pair", models.pair]
+    if models.home is not None:
+        base += ["--home", str(models.home)]
+    for what, extra in (("target", []), ("draft", ["--draft"])):
+        if what == "draft" and models.target is not None:
+            continue  # an explicit target path: its draft is not a pair's to profile
+        out = subprocess.run([*base, *extra], capture_output=True, text=True,
+                             env={**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")})  # fmt: skip
+        text = " ".join(out.stdout.split())  # rich wraps its lines at the terminal's width
+        if out.returncode != 0:
+            notes.append(f"profile of the {what} failed (exit {out.returncode}): {(out.stderr or text)[-300:]}")
+            log(f"[yellow]{notes[-1]}")
+        elif "already profiled" not in text and "not profiled alone" not in text:  # a feature draft fits online
+            budget = text[text.find("B = "):][:80] if "B = " in text else ""
+            notes.append(f"profiled the {what} first (none on this machine){': ' + budget if budget else ''}")
+            log(notes[-1])
+    return notes
 
 
 def cpu_model() -> str | None:

@@ -81,6 +81,12 @@ def test_a_finished_run_is_not_marked_partial(results):
     assert "partial" not in json.loads((out / "results.json").read_text())
 
 
+def test_a_run_without_a_target_profile_says_so(results):
+    res, _ = results
+    assert res["token_budget"]["source"] == "none"
+    assert any("no target profile" in note for note in res["notes"])
+
+
 def test_a_run_stopped_midway_keeps_what_it_measured(tmp_path, monkeypatch):
     """A GPU stage stopped at its budget (SIGINT), a crash an hour in: results.json holds every
     configuration measured before the stop, marked partial."""
