@@ -77,8 +77,10 @@ def tandem_decode(engine: TargetEngine, prompts: list[list[int]], new_tokens: in
 
 
 def speculative_decode(target: TargetEngine, draft: DraftEngine, prompts: list[list[int]], new_tokens: int, *,
-                       k: int = 4, tag: str = "sd") -> tuple[list[list[int]], dict]:  # fmt: skip
-    """Greedy speculative decoding with a chain of ``k`` per step; returns outputs and acceptance stats."""
+                       k: int = 4, tree: tuple[int, int] | None = None,
+                       tag: str = "sd") -> tuple[list[list[int]], dict]:  # fmt: skip
+    """Greedy speculative decoding with a chain of ``k`` per step, or a beam-search tree of ``tree`` =
+    (depth, width) (AdaServe's candidate trees); returns outputs and acceptance stats."""
     ids = [f"{tag}-{i}" for i in range(len(prompts))]
     outs = {s: [] for s in ids}
     new = {}
@@ -89,11 +91,12 @@ def speculative_decode(target: TargetEngine, draft: DraftEngine, prompts: list[l
     steps = proposed = accepted = 0
     try:
         while live := [s for s in ids if len(outs[s]) < new_tokens]:
-            trees = draft.speculate([SpecItem(s, new[s], chain_len=k) for s in live])
-            for s, tree, res in zip(live, trees, target.verify([VerifyItem(s, t) for s, t in zip(live, trees)])):
+            shape = {"chain_len": k} if tree is None else {"tree_depth": tree[0], "tree_width": tree[1]}
+            trees = draft.speculate([SpecItem(s, new[s], **shape) for s in live])
+            for s, proposal, res in zip(live, trees, target.verify([VerifyItem(s, t) for s, t in zip(live, trees)])):
                 outs[s] += res.tokens
                 new[s] = res.tokens
-                proposed += len(tree)
+                proposed += len(proposal)
                 accepted += len(res.tokens) - 1
             steps += 1
     finally:

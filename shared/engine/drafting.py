@@ -101,21 +101,22 @@ class BeamDrafter:
         """logits [1, vocab] for the root, or [w, vocab] for the beam just run."""
         probs = _draft_probs(logits, self.seq.sampling)  # [num_parents, vocab]
         if self.beam:
-            parent_path = torch.tensor([self.path_probs[j] for j in self.beam])  # [num_parents]
+            parent_path = torch.tensor([self.path_probs[j] for j in self.beam], device=probs.device)  # [num_parents]
             parents = self.beam
         else:
-            parent_path = torch.ones(1)
+            parent_path = torch.ones(1, device=probs.device)
             parents = [-1]
         scores = parent_path[:, None] * probs  # [num_parents, vocab] path probability of each child
         top_scores, flat = scores.flatten().topk(min(self.width, scores.numel()))
         vocab = probs.shape[-1]
+        picked = probs.flatten()[flat].tolist()  # one device read for the whole layer
         self.beam = []
-        for score, index in zip(top_scores.tolist(), flat.tolist()):
+        for score, index, prob in zip(top_scores.tolist(), flat.tolist(), picked):
             b, token = divmod(index, vocab)
             self.beam.append(len(self.tree))
             self.tree.token_ids.append(token)
             self.tree.parent_ids.append(parents[b])
-            self.tree.draft_probs.append(float(probs[b, token]))
+            self.tree.draft_probs.append(prob)
             self.path_probs.append(score)
         self.num_layers += 1
         self.done = self.num_layers >= self.depth

@@ -84,10 +84,13 @@ def test_greedy_equals_hf_generate(models, dtype, backend):
 
 
 @pytest.mark.parametrize(
-    "dtype,backend",
-    [("float32", "sdpa"), ("bfloat16", "flashinfer")],
+    "dtype,backend,tree",
+    # trees: AdaServe's beam-search candidates (BeamDrafter); on the 2026-11-28 H200 run they failed on CUDA
+    # (a CPU tensor met the draft's CUDA probabilities) and every tree policy fell back to plain decoding
+    [("float32", "sdpa", None), ("bfloat16", "flashinfer", None), ("float32", "sdpa", (3, 2)),
+     ("bfloat16", "sdpa", (3, 2))],
 )
-def test_speculative_greedy_equals_hf_generate(models, dtype, backend):
+def test_speculative_greedy_equals_hf_generate(models, dtype, backend, tree):
     from bench.gpu.greedy import chat_prompts, hf_generate, speculative_decode, target_engine
     from shared.engine.config import EngineConfig
     from shared.engine.draft_engine import DraftEngine
@@ -99,12 +102,13 @@ def test_speculative_greedy_equals_hf_generate(models, dtype, backend):
     prompts = chat_prompts(tokenizer, NUM_PROMPTS)
     target = target_engine(tandem_model, backend, num_blocks=512)
     draft = DraftEngine(ModelRunner(draft_model, EngineConfig(block_size=16, num_blocks=512, attention_backend=backend)))
-    outs, stats = speculative_decode(target, draft, prompts, NEW_TOKENS, k=4)
-    record_measurement(f"speculative-{dtype}-{backend}-acceptance", stats)
+    outs, stats = speculative_decode(target, draft, prompts, NEW_TOKENS, k=4, tree=tree)
+    name = f"speculative-{dtype}-{backend}" + (f"-tree{tree[0]}x{tree[1]}" if tree else "")
+    record_measurement(f"{name}-acceptance", stats)
     assert stats["accepted"] > 0  # the distilled draft agrees about half the time (docs/models.md)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     refs = [hf_generate(hf_model, [p], NEW_TOKENS, pad, exact=False)[0] for p in prompts]
     fp32 = models("float32")[1] if dtype != "float32" else None
-    _check(f"speculative-{dtype}-{backend}", dtype, outs, refs, prompts, hf_model, target.runner, fp32)
+    _check(name, dtype, outs, refs, prompts, hf_model, target.runner, fp32)
     target.runner.check_accounting()
     draft.runner.check_accounting()
