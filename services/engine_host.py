@@ -33,6 +33,7 @@ from services.settings import ServiceSettings, ngram_name, suffix_name
 from services.spans import annotate
 from services.version import service_version
 from shared.engine.draft_engine import DraftEngine
+from shared.engine.early_exit import EarlyExitConfig
 from shared.engine.eagle.loading import is_eagle_dir
 from shared.engine.errors import ModelLoadError
 from shared.engine.factory import (
@@ -137,8 +138,34 @@ class EngineHost:
             with_tokenizer=False,  # the services see token ids only
         )
         if role == "target":
-            engine.set_early_exit(settings.early_exit_config())
+            engine.set_early_exit(EngineHost._early_exit_with_profile(settings, engine, loaded))
         return engine, loaded, None
+
+    @staticmethod
+    def _early_exit_with_profile(settings: ServiceSettings, engine, loaded: LoadedModel) -> EarlyExitConfig | None:
+        """Early exit's settings with the target's marginal per-token cost (its profile's gamma), when it is profiled
+        on this device type and dtype: eq. 9 of FASER prices a pruned row at that slope (early_exit.py)."""
+        config = settings.early_exit_config()
+        if config is None or not config.enabled or config.token_cost_s is not None:
+            return config
+        from types import SimpleNamespace
+
+        from services.scheduler.budget import profile_from_files
+
+        runner = engine.runner
+        info = SimpleNamespace(model_name=loaded.name, device=str(runner.device),
+                               dtype=str(runner.dtype).removeprefix("torch."))  # fmt: skip
+        try:
+            profile, where = profile_from_files(settings, info)
+        except (OSError, ValueError) as exc:
+            log.warning("early exit: no target profile (%s); the per-token cost is fitted online", exc)
+            return config
+        if profile is None:
+            log.info("early exit: no target profile; the per-token cost is fitted online")
+            return config
+        gamma = profile.cost_model.gamma_s
+        log.info("early exit: per-token cost %.3g ms from %s", gamma * 1e3, where)
+        return config.model_copy(update={"token_cost_s": gamma})
 
     @staticmethod
     def _load_feature_draft(settings: ServiceSettings, head_dir, engine_config) -> tuple[object, LoadedModel, None]:

@@ -62,7 +62,7 @@ async def load_budget(settings: ServiceSettings, target_info, store=None) -> Bud
     unreadable profile found by looking is skipped (the scheduler serves
     without one); one named by ``settings.profile`` must load, or this raises.
     """
-    profile, where = await asyncio.to_thread(_from_files, settings, target_info)
+    profile, where = await asyncio.to_thread(profile_from_files, settings, target_info)
     if profile is None and store is not None:
         profile, where = await _from_redis(store, target_info)
     if settings.token_budget is not None:
@@ -105,7 +105,9 @@ def load_draft_cost_model(settings: ServiceSettings, draft_info) -> CostModel | 
     return None
 
 
-def _from_files(settings: ServiceSettings, target_info) -> tuple[Profile | None, str | None]:
+def profile_from_files(settings: ServiceSettings, target_info) -> tuple[Profile | None, str | None]:
+    """The newest profile under <home>/profiles/<model>/ measured on ``target_info``'s device type and dtype
+    (``settings.profile`` when set); also read by the target service for early exit's per-token cost."""
     from shared.models.paths import Paths
 
     if settings.profile is not None:  # named explicitly: it must be readable

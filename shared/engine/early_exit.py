@@ -27,9 +27,19 @@ When to prune (eq. 5-10), per forward, before each check layer ``l``::
     T_save  = L_r' / L * T_t(k_rej)                     eq. 9
     prune iff T_save > T_pr (+ T_ee when the check runs on the critical path)   eq. 10
 
-``T_t(n)`` is the measured verify cost of ``n`` tokens (per-token, per-layer
-cost times n times L), ``T_ee`` the measured cost of one check, ``T_pr`` the
-measured cost of dropping rows (re-planning attention, gathering rows). The
+``T_t(k_rej)`` in eq. 9 is what the k_rej rows add to a verify: the *marginal*
+per-token cost (the slope of T(n)), not a forward's time divided by its tokens.
+The two differ by the per-forward fixed cost (weights, launches, host work): at
+batch 1 a 5-token verify on 2 CPU cores costs ~54 ms of which ~40 ms a 1-token
+decode costs too, and on a host-bound GPU T(n) is flat (H200, 2026-11-27:
+T(1) 24.7 ms, T(256) 37.7 ms), so there pruning saves nothing while the average
+said 5 ms per token (the 2026-11-28 H200 run: early exit +32 % TPOT). The slope
+comes, first match wins, from the target's profile (``gamma``, seconds per batched
+token through all layers, given as ``token_cost_s``), from a least-squares line
+through this controller's own forwards once their sizes vary enough, or from the
+average per token-layer (an upper bound) until then. ``T_ee`` is the measured cost
+of one check, ``T_pr`` the measured cost of dropping rows (re-planning attention,
+gathering rows). The
 paper runs the checker on a side CUDA stream, so only eq. 7 charges it; on
 CPU (and in this implementation generally) the check runs inline, so its cost
 is charged in full as well (``inline_check``).
@@ -61,6 +71,10 @@ class EarlyExitConfig(BaseModel):
     inline_check: bool = Field(True, description="The check runs on the critical path: charge T_ee in full in eq. 10.")
     prior_accept: float = Field(0.5, ge=0.0, le=1.0, description="Acceptance estimate a_i of a request not seen yet.")
     ema: float = Field(0.2, gt=0.0, le=1.0, description="Weight of a new sample in the running cost and acceptance estimates.")
+    token_cost_s: float | None = Field(
+        None, ge=0.0,
+        description="Marginal seconds per verified token through all layers (the profile's gamma); None: fitted online.",
+    )  # fmt: skip
 
 
 def init_layer(config: EarlyExitConfig, num_layers: int) -> int:
@@ -86,26 +100,65 @@ def expected_rejected(num_drafted: list[int], accept_rates: list[float]) -> floa
     return sum(s * (1.0 - a) for s, a in zip(num_drafted, accept_rates))
 
 
-def time_saved(layer: int, num_layers: int, t_token_layer: float, num_tokens: int, k_rej: float, t_ee: float) -> float:
+def time_saved(layer: int, num_layers: int, t_token_layer: float, num_tokens: int, k_rej: float, t_ee: float,
+               marginal_token_layer: float | None = None) -> float:  # fmt: skip
     """eq. 7-9: verify time of the k_rej likely-rejected tokens over the layers still left after ``layer``.
 
-    ``t_token_layer`` is the cost of one token through one layer, so
-    T_t(n) = n * L * t_token_layer; ``num_tokens`` is the forward's batch (for eq. 7's T_t).
+    ``t_token_layer`` is a forward's time over its token-layers, so the forward costs
+    T_t = n * L * t_token_layer (eq. 7's T_t, ``num_tokens`` = n); ``marginal_token_layer`` is what one
+    more token adds per layer (eq. 9's T_t(k_rej) = k_rej * L * it; default: the average).
     """
+    marginal = t_token_layer if marginal_token_layer is None else marginal_token_layer
     t_verify = max(1, num_tokens) * num_layers * t_token_layer
     dl_ee = num_layers * t_ee / t_verify if t_verify > 0 else float(num_layers)  # eq. 7
     remaining = max(num_layers - layer - 1 - dl_ee, 0.0)  # eq. 8
-    return remaining / num_layers * (k_rej * num_layers * t_token_layer)  # eq. 9
+    return remaining / num_layers * (k_rej * num_layers * marginal)  # eq. 9
+
+
+@dataclass
+class MarginalCost:
+    """Exponentially weighted least-squares line seconds = c0 + c1 * token_layers through the forwards seen.
+
+    ``slope()`` is c1, the marginal seconds per token-layer, once the forwards' sizes vary enough to tell it
+    from the fixed cost c0 (coefficient of variation of token_layers >= ``min_spread``); clipped to
+    [0, the average per token-layer], the average being the slope of a line through the origin."""
+
+    weight: float = 0.2
+    min_spread: float = 0.1
+    n: float = 0.0
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        keep = 1.0 - self.weight
+        self.n = keep * self.n + 1.0
+        self.sx = keep * self.sx + x
+        self.sy = keep * self.sy + y
+        self.sxx = keep * self.sxx + x * x
+        self.sxy = keep * self.sxy + x * y
+
+    def slope(self) -> float | None:
+        if self.n <= 0.0 or self.sx <= 0.0:
+            return None
+        mx, my = self.sx / self.n, self.sy / self.n
+        var = self.sxx / self.n - mx * mx
+        if var < (self.min_spread * mx) ** 2:
+            return None  # every forward about as big: the slope cannot be told from the fixed cost
+        c1 = (self.sxy / self.n - mx * my) / var
+        return min(max(c1, 0.0), my / mx)
 
 
 @dataclass
 class EarlyExitStats:
     """Running estimates the gate needs: measured costs and per-request acceptance."""
 
-    t_token_layer: float = 0.0  # s per token per layer (from full forwards)
+    t_token_layer: float = 0.0  # s per token per layer: a forward's time over its token-layers (the average)
     t_check: float = 0.0  # s per check (norm + LM head + top-K count), per parent row
     t_prune: float = 0.0  # s per prune (row gather + attention re-plan)
     accept: dict[str, float] = field(default_factory=dict)  # seq id -> acceptance rate estimate
+    line: MarginalCost = field(default_factory=MarginalCost)  # the forwards' time against their token-layers
 
     @staticmethod
     def _mix(old: float, new: float, w: float) -> float:
@@ -119,13 +172,22 @@ class EarlyExitController:
         self.config = config
         self.num_layers = num_layers
         self.layers = set(check_layers(config, num_layers))
-        self.stats = EarlyExitStats()
+        self.stats = EarlyExitStats(line=MarginalCost(weight=config.ema))
         self.num_checks = 0  # checks run in the last forward, for reports
         self._k_rej = 0.0
         self._num_tokens = 0
 
     def k_at(self, layer: int) -> int:
         return k_at(self.config, layer, self.num_layers)
+
+    def marginal_token_layer(self) -> tuple[float, str]:
+        """eq. 9's per-token cost per layer, and where it came from: "profile", "fitted" or "average"."""
+        if self.config.token_cost_s is not None:
+            return self.config.token_cost_s / max(1, self.num_layers), "profile"
+        fitted = self.stats.line.slope()
+        if fitted is not None:
+            return fitted, "fitted"
+        return self.stats.t_token_layer, "average"
 
     def begin(self, seq_ids: list[str], num_drafted: list[int]) -> float:
         """Start a verify step; returns k_rej (eq. 6) for its requests."""
@@ -148,7 +210,8 @@ class EarlyExitController:
         if s.t_token_layer <= 0.0:
             return True  # nothing measured yet: check once so the costs get measured
         t_ee = s.t_check * num_parent_rows
-        saved = time_saved(layer, self.num_layers, s.t_token_layer, self._num_tokens, self._k_rej, t_ee)
+        saved = time_saved(layer, self.num_layers, s.t_token_layer, self._num_tokens, self._k_rej, t_ee,
+                           marginal_token_layer=self.marginal_token_layer()[0])  # fmt: skip
         cost = s.t_prune + (t_ee if self.config.inline_check else 0.0)
         return saved > cost
 
@@ -163,6 +226,7 @@ class EarlyExitController:
         """A forward's layer time over the token-layers it ran (pruned rows ran fewer layers)."""
         if token_layers > 0:
             self.stats.t_token_layer = EarlyExitStats._mix(self.stats.t_token_layer, seconds / token_layers, self.config.ema)
+            self.stats.line.add(token_layers, seconds)
 
     def observe_accept(self, seq_id: str, num_drafted: int, num_accepted: int) -> None:
         if num_drafted <= 0:

@@ -101,3 +101,21 @@ def test_redis_down_or_garbage_means_no_profile(tmp_path):
 
     assert _load(ServiceSettings(home=tmp_path), Down()).source == "none"
     assert _load(ServiceSettings(home=tmp_path), _store({"token_budget": "many"})).source == "none"
+
+
+def test_the_target_prices_early_exit_at_its_profiled_per_token_cost(tmp_path):
+    """The target service hands early exit its profile's gamma (FASER eq. 9's marginal cost), when there is one
+    for its device type and dtype; without one (or early exit off) the settings pass through unchanged."""
+    from services.engine_host import EngineHost
+
+    engine = SimpleNamespace(runner=SimpleNamespace(device="cpu", dtype="torch.float32"))
+    loaded = SimpleNamespace(name="tiny-target")
+    on = ServiceSettings(home=tmp_path, early_exit="on")
+    assert EngineHost._early_exit_with_profile(on, engine, loaded).token_cost_s is None  # nothing profiled yet
+    save_profile(_profile(24), tmp_path)
+    assert EngineHost._early_exit_with_profile(on, engine, loaded).token_cost_s == pytest.approx(1e-3)
+    gpu = SimpleNamespace(runner=SimpleNamespace(device="cuda:0", dtype="torch.bfloat16"))
+    assert EngineHost._early_exit_with_profile(on, gpu, loaded).token_cost_s is None  # a CPU profile: not for a GPU
+    fixed = ServiceSettings(home=tmp_path, early_exit="on:token_cost_s=0.002")
+    assert EngineHost._early_exit_with_profile(fixed, engine, loaded).token_cost_s == pytest.approx(2e-3)
+    assert EngineHost._early_exit_with_profile(ServiceSettings(home=tmp_path), engine, loaded) is None

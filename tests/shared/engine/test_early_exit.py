@@ -213,3 +213,48 @@ def test_gate_follows_eq_10():
         ctrl.observe_accept("b", 8, 8)
     ctrl.begin(["a", "b"], [8, 8])  # everything gets accepted: nothing to save
     assert not ctrl.should_check(4, 2)
+
+
+def _gate_at_batch_1(config: EarlyExitConfig) -> EarlyExitController:
+    """A batch-1 verify of a 5-node tree on an 8-layer target, costs as measured there."""
+    ctrl = EarlyExitController(config, 8)
+    ctrl.stats.t_prune, ctrl.stats.t_check = 1e-4, 1e-5
+    ctrl.begin(["a"], [5])  # prior acceptance 0.5: k_rej = 2.5
+    ctrl.begin_forward(6)
+    return ctrl
+
+
+def test_a_flat_forward_cost_closes_the_gate():
+    """eq. 9 prices a pruned row at the marginal cost: on a host-bound GPU (T(n) flat) pruning saves nothing,
+    even though a forward's time over its rows says each row costs a lot (the 2026-11-28 H200 run)."""
+    config = EarlyExitConfig(enabled=True, init_layer=0.5)
+    fitted = _gate_at_batch_1(config)
+    for n in (2, 6, 10, 4, 8, 3, 9):  # verify sizes vary (FASER's lengths); 25 ms a forward whatever the size
+        fitted.observe_forward(25e-3, n * 8)
+    slope, source = fitted.marginal_token_layer()
+    assert source == "fitted" and slope < 1e-12
+    assert fitted.stats.t_token_layer > 3e-4  # the average: what the gate used before
+    assert not fitted.should_check(4, 1)
+    profiled = _gate_at_batch_1(config.model_copy(update={"token_cost_s": 1e-6}))  # the profile's gamma
+    profiled.observe_forward(25e-3, 6 * 8)
+    assert profiled.marginal_token_layer() == (1e-6 / 8, "profile")
+    assert not profiled.should_check(4, 1)
+
+
+def test_a_per_token_forward_cost_keeps_the_gate_open():
+    """Where every row costs compute (T = 2 ms + 1 ms per row), pruning likely-rejected rows pays."""
+    ctrl = _gate_at_batch_1(EarlyExitConfig(enabled=True, init_layer=0.5))
+    for n in (2, 6, 10, 4, 8, 3, 9):
+        ctrl.observe_forward(2e-3 + n * 1e-3, n * 8)
+    slope, source = ctrl.marginal_token_layer()
+    assert source == "fitted" and abs(slope - 1e-3 / 8) < 1e-9
+    assert ctrl.should_check(4, 1)
+
+
+def test_forwards_of_one_size_fall_back_to_the_average():
+    """With every forward the same size the slope cannot be told from the fixed cost: the average stays."""
+    ctrl = _gate_at_batch_1(EarlyExitConfig(enabled=True, init_layer=0.5))
+    for _ in range(5):
+        ctrl.observe_forward(12e-3, 6 * 8)
+    slope, source = ctrl.marginal_token_layer()
+    assert source == "average" and abs(slope - 12e-3 / 48) < 1e-12
