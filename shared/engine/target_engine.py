@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from shared.engine.acceptance import _validate_child_dists, accept_tree
-from shared.engine.early_exit import EarlyExitConfig, EarlyExitController
+from shared.engine.early_exit import EarlyExitConfig, EarlyExitController, prune_outcome
 from shared.engine.errors import ContextLengthError, DuplicateSequenceError, InvalidRequestError, KVPoolSizeError
 from shared.engine.features import FeatureBlock, FeatureSpec
 from shared.engine.runner import ModelRunner, Work
@@ -187,8 +187,11 @@ class TargetEngine:
             accepted = accept_tree(v.tree, rows, seq.sampling, seq.generator, pruned=out.pruned[i])
             accepted.features = _committed_features(out, i, accepted.accepted_nodes, features)
             self.runner.commit(seq, accepted.tokens)
-            if ee is not None:
-                ee.observe_accept(seq.seq_id, len(v.tree), accepted.num_accepted)
+            if ee is not None and len(v.tree):
+                outcome = prune_outcome(v.tree.parent_ids, v.tree.token_ids, accepted.accepted_nodes,
+                                        accepted.tokens[-1], accepted.pruned_nodes)  # fmt: skip
+                ee.observe_outcome(outcome)
+                ee.observe_accept(seq.seq_id, len(v.tree), accepted.num_accepted, outcome.pruned_passed)
             result.verifies.append(accepted)
         return result
 

@@ -7,7 +7,15 @@ import torch
 
 from shared.engine.acceptance import REJECTED, accept_tree
 from shared.engine.draft_engine import DraftEngine
-from shared.engine.early_exit import EarlyExitConfig, EarlyExitController, check_layers, k_at, time_saved
+from shared.engine.early_exit import (
+    EarlyExitConfig,
+    EarlyExitController,
+    PruneOutcome,
+    check_layers,
+    k_at,
+    prune_outcome,
+    time_saved,
+)
 from shared.engine.runner import Work
 from shared.engine.target_engine import TargetEngine
 from shared.engine.types import PrefillItem, SamplingParams, SparseDist, SpecItem, TokenTree, VerifyItem
@@ -233,6 +241,9 @@ def test_a_flat_forward_cost_closes_the_gate():
         fitted.observe_forward(25e-3, n * 8)
     slope, source = fitted.marginal_token_layer()
     assert source == "fitted" and slope < 1e-12
+    for _ in range(40):  # the gate closed, so no more pruning: every forward now the same size
+        fitted.observe_forward(25e-3, 6 * 8)
+    assert fitted.marginal_token_layer()[1] == "fitted" and not fitted.should_check(4, 1)  # the slope is kept
     assert fitted.stats.t_token_layer > 3e-4  # the average: what the gate used before
     assert not fitted.should_check(4, 1)
     profiled = _gate_at_batch_1(config.model_copy(update={"token_cost_s": 1e-6}))  # the profile's gamma
@@ -258,3 +269,40 @@ def test_forwards_of_one_size_fall_back_to_the_average():
         ctrl.observe_forward(12e-3, 6 * 8)
     slope, source = ctrl.marginal_token_layer()
     assert source == "average" and abs(slope - 12e-3 / 48) < 1e-12
+
+
+def test_prune_outcome_counts_reached_and_passed_nodes():
+    #        root
+    #      n0    n1(pruned)       n0 accepted; n2 (under n0) pruned and equal to the bonus: it passed
+    #     n2(p) n3
+    parents, tokens = [-1, -1, 0, 0], [10, 11, 12, 13]
+    out = prune_outcome(parents, tokens, accepted_nodes=[0], bonus=12, pruned=[1, 2])
+    assert (out.pruned_reached, out.pruned_passed, out.kept_reached, out.kept_passed) == (2, 1, 2, 1)
+    out = prune_outcome(parents, tokens, accepted_nodes=[], bonus=11, pruned=[1, 2])  # n1 passed at the root
+    assert (out.pruned_reached, out.pruned_passed, out.kept_reached, out.kept_passed) == (1, 1, 1, 0)
+
+
+def test_pruning_without_an_exit_signal_closes_the_gate():
+    """Pruned nodes pass as often as kept ones (SmolLM2's middle layers): the gate closes but for exploration;
+    a wrong prune counts as accepted in a_i, so it does not feed k_rej."""
+    config = EarlyExitConfig(enabled=True, init_layer=0.5, signal_min=10, explore_every=4)
+    ctrl = _gate_at_batch_1(config)
+    for n in (2, 6, 10, 4, 8, 3, 9):  # compute-bound: the cost alone would keep pruning
+        ctrl.observe_forward(2e-3 + n * 1e-3, n * 8)
+    assert ctrl.should_check(4, 1)
+    for _ in range(12):
+        ctrl.observe_outcome(PruneOutcome(pruned_reached=2, pruned_passed=1, kept_reached=2, kept_passed=1))
+    assert ctrl.stats.has_signal(config) is False
+    checks = []
+    for _ in range(8):
+        ctrl.observe_outcome(PruneOutcome(kept_reached=1, kept_passed=1))
+        checks.append(ctrl.should_check(4, 1))
+    assert checks.count(True) == 2  # every explore_every-th verify still checks
+    good = _gate_at_batch_1(config)
+    for n in (2, 6, 10, 4, 8, 3, 9):
+        good.observe_forward(2e-3 + n * 1e-3, n * 8)
+    for _ in range(12):  # pruned nodes rarely pass: a real exit signal keeps the gate open
+        good.observe_outcome(PruneOutcome(pruned_reached=3, pruned_passed=0, kept_reached=2, kept_passed=1))
+    assert good.stats.has_signal(config) is True and good.should_check(4, 1)
+    ctrl.observe_accept("r", 4, 1, pruned_passed=1)
+    assert ctrl.stats.accept["r"] == 0.5
