@@ -276,7 +276,10 @@ LARGER_SAMPLE = {"adaptive": {
                         "Xeon, the eleventh and twelfth sessions' Nightjar variants and faser-joint: again no fixed k "
                         "would meet the goal itself in this run)"),
               ("intel-quiet", " (feature draft, open chat, 5 repeats, a prompt sample per repeat, bfloat16 on an Intel "
-                              "Xeon that a short probe first read as quiet: one repeat misread two fixed k by 6.1 %)")],
+                              "Xeon that a short probe first read as quiet: one repeat misread two fixed k by 6.1 %)"),
+              ("profiled", " (feature draft, open chat, 3 repeats, a prompt sample per repeat, bfloat16 on an Intel "
+                           "Xeon, with the target's profile, which the runs from the ninth session on lacked; the first "
+                           "repeat's first three configurations at the lowest load ran beside unit tests)")],
 }}  # fmt: skip
 
 
