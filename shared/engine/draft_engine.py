@@ -136,7 +136,7 @@ class DraftEngine:
             out = self.runner.forward(works)
             self.costs.append(out.cost)
             for i, (d, w) in enumerate(zip(active, works)):
-                d.absorb(out.root(i)[None] if w.want_root else out.nodes(i, len(w.new_nodes)))
+                d.absorb(out.root(i)[None] if w.want_root else out.nodes(i, len(w.new_nodes)), out.vocab_ids)
         return [d.tree for d in drafters]
 
 

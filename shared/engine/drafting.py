@@ -23,7 +23,7 @@ import torch
 from shared.engine.runner import Work
 from shared.engine.sampling import draft_dist, make_generator, probs_from_logits, sample_sparse
 from shared.engine.sequence import Sequence
-from shared.engine.types import SamplingParams, TokenTree
+from shared.engine.types import SamplingParams, SparseDist, TokenTree
 
 
 def draft_generator(seq: Sequence) -> torch.Generator:
@@ -56,17 +56,20 @@ class ChainDrafter:
             return Work(self.seq, want_root=True)
         return Work(self.seq, new_nodes=[(self.tree.token_ids[-1], k - 2)], want_nodes=True)
 
-    def absorb(self, logits: torch.Tensor) -> None:
-        """logits [1, vocab] at the newest row."""
+    def absorb(self, logits: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> None:
+        """logits [1, vocab] at the newest row; ``vocab_ids``: the token id of each column (a reduced vocabulary)."""
         logits = logits[-1]  # [vocab]
         params = self.seq.sampling
         row = len(self.tree)  # row j+1 predicts node j's children; row 0 is the root
         if params.greedy:
             probs = _draft_probs(logits, params)  # [vocab]
-            token = int(probs.argmax())
-            prob = float(probs[token])
+            column = int(probs.argmax())
+            prob = float(probs[column])
+            token = column if vocab_ids is None else int(vocab_ids[column])
         else:
             dist = draft_dist(logits, params, self.top_k)
+            if vocab_ids is not None:
+                dist = SparseDist(token_ids=vocab_ids[dist.token_ids.cpu()], probs=dist.probs)
             token = sample_sparse(dist, draft_generator(self.seq))
             prob = float(dist.probs[dist.token_ids == token].sum())
         if prob < self.threshold:  # SmartSpec App. A: stop once the draft is unsure
@@ -97,8 +100,8 @@ class BeamDrafter:
         nodes = [(self.tree.token_ids[j], self.tree.parent_ids[j]) for j in self.beam]
         return Work(self.seq, new_nodes=nodes, want_nodes=True)
 
-    def absorb(self, logits: torch.Tensor) -> None:
-        """logits [1, vocab] for the root, or [w, vocab] for the beam just run."""
+    def absorb(self, logits: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> None:
+        """logits [1, vocab] for the root, or [w, vocab] for the beam just run; ``vocab_ids`` as for chains."""
         probs = _draft_probs(logits, self.seq.sampling)  # [num_parents, vocab]
         if self.beam:
             parent_path = torch.tensor([self.path_probs[j] for j in self.beam], device=probs.device)  # [num_parents]
@@ -113,6 +116,7 @@ class BeamDrafter:
         self.beam = []
         for score, index, prob in zip(top_scores.tolist(), flat.tolist(), picked):
             b, token = divmod(index, vocab)
+            token = token if vocab_ids is None else int(vocab_ids[token])
             self.beam.append(len(self.tree))
             self.tree.token_ids.append(token)
             self.tree.parent_ids.append(parents[b])

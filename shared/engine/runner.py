@@ -61,6 +61,9 @@ class ForwardOutput:
     fed: list[tuple[int, int, int]] = field(default_factory=list)
     node_packed: list[int] = field(default_factory=list)  # per work: packed row of its first new node
     features: torch.Tensor | None = None  # [T, width] hidden states at the asked layers (feature_layers)
+    # the token id of each logits column when the model scores a reduced vocabulary (an EAGLE-3 head's draft
+    # vocabulary); None: column j is token j
+    vocab_ids: torch.Tensor | None = None
 
     def root(self, i: int) -> torch.Tensor:
         return self.logits[self.root_rows[i]]
@@ -334,6 +337,7 @@ class ModelRunner:
             fed=fed_info,
             node_packed=node_packed,
             features=features,
+            vocab_ids=self.logit_ids,
         )
 
     # ------------------------------------------------------------------ what a subclass may change (eagle/runner.py)
@@ -345,6 +349,9 @@ class ModelRunner:
         """ids, pos [1, T] → final hidden states [T, hidden]."""
         hidden = self.decoder(input_ids=ids, position_ids=pos, use_cache=False, tandem_backend=self.backend)
         return hidden.last_hidden_state[0]
+
+    # the token ids of the logits' columns (ForwardOutput.vocab_ids); None: the whole vocabulary in order
+    logit_ids: torch.Tensor | None = None
 
     def _logits(self, works: list[Work], hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden[rows]).float()  # [num_rows, vocab]

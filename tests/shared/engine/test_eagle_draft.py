@@ -286,3 +286,40 @@ def test_a_published_layout_head_serves_llama_and_qwen_targets(tmp_path, family)
     reqs = [Request(id=f"r{i}", prompt_ids=p, max_new_tokens=10) for i, p in enumerate(PROMPTS[:2])]
     for req, out in zip(reqs, run(sched, reqs)):
         assert out == ref.greedy(req.prompt_ids, req.max_new_tokens)
+
+
+@pytest.mark.parametrize("shape", [{"chain_len": 4}, {"tree_depth": 3, "tree_width": 3}], ids=["chain", "tree"])
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, seed=3)], ids=["greedy", "sampled"])
+def test_drafting_over_the_draft_vocabulary_picks_what_the_full_vocabulary_would(dirs, shape, sampling):
+    """The head's logits stay over its draft vocabulary (ForwardOutput.vocab_ids); the drafters map the columns they
+    pick. Same trees, token ids and probabilities as the logits scattered into the whole vocabulary (-inf elsewhere)."""
+    target, compact, _ = engines(dirs)
+    _, full, _ = engines(dirs)
+    ids = full.runner.logit_ids
+    assert ids is not None and len(ids) < full.runner.vocab_size
+
+    def scattered(works, hidden, rows, runner=full.runner):
+        logits = runner.lm_head(runner.head.norm(hidden[rows])).float()
+        out = logits.new_full((logits.shape[0], runner.vocab_size), float("-inf"))
+        out[:, ids] = logits
+        return out
+
+    full.runner._logits = scattered
+    full.runner.logit_ids = None
+    spec = compact.spec
+    prompt = PROMPTS[1]
+    res = target.prefill([PrefillItem("s", prompt, sampling)], features=spec)[0]
+    rows = res.features.rows(0, len(prompt) - 1)
+    trees = []
+    for draft in (compact, full):
+        draft.prefill([PrefillItem("s", prompt, sampling, features=rows)])
+        step = res.features.rows(len(prompt) - 1, len(prompt))
+        trees.append(draft.speculate([SpecItem("s", [res.first_token], features=step, **shape)])[0])
+    a, b = trees
+    assert a.token_ids == b.token_ids and a.parent_ids == b.parent_ids
+    assert all(t in set(ids.tolist()) for t in a.token_ids)
+    torch.testing.assert_close(torch.tensor(a.draft_probs), torch.tensor(b.draft_probs))
+    for row, dist in a.child_dists.items():
+        other = b.child_dists[row]
+        assert dist.token_ids.tolist() == other.token_ids.tolist()
+        torch.testing.assert_close(dist.probs, other.probs)
