@@ -293,19 +293,13 @@ def test_a_published_layout_head_serves_llama_and_qwen_targets(tmp_path, family)
 def test_drafting_over_the_draft_vocabulary_picks_what_the_full_vocabulary_would(dirs, shape, sampling):
     """The head's logits stay over its draft vocabulary (ForwardOutput.vocab_ids); the drafters map the columns they
     pick. Same trees, token ids and probabilities as the logits scattered into the whole vocabulary (-inf elsewhere)."""
+    from bench.draft_trees import scatter_to_full_vocabulary
+
     target, compact, _ = engines(dirs)
     _, full, _ = engines(dirs)
     ids = full.runner.logit_ids
     assert ids is not None and len(ids) < full.runner.vocab_size
-
-    def scattered(works, hidden, rows, runner=full.runner):
-        logits = runner.lm_head(runner.head.norm(hidden[rows])).float()
-        out = logits.new_full((logits.shape[0], runner.vocab_size), float("-inf"))
-        out[:, ids] = logits
-        return out
-
-    full.runner._logits = scattered
-    full.runner.logit_ids = None
+    scatter_to_full_vocabulary(full)  # the logits as before: every column, -inf outside the draft vocabulary
     spec = compact.spec
     prompt = PROMPTS[1]
     res = target.prefill([PrefillItem("s", prompt, sampling)], features=spec)[0]
