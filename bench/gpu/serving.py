@@ -10,7 +10,8 @@ installed) and fewer requests::
     faser   FASER_SWEEP (serial, +pipelining, +early exit, both) at batch 1 only: 4 prompts x 64 tokens
             (issue 8's goal is batch-1 TPOT); the stacks' draft share 0.5 is an MPS split, so an MPS
             daemon runs for the stage (its own pipe directory; recorded as "mps" in the result)
-    slo     SLO_SWEEP (target-only, a chain of 3, SpecInfer, EqualGreedy, GlobalGreedy, AdaServe) on the
+    slo     SLO_SWEEP less AdaServe with triage (target-only, a chain of 3, SpecInfer, EqualGreedy,
+            GlobalGreedy, AdaServe: triage acts only where B binds, and the GPU's host-bound B did not) on the
             60/20/20 mix, Poisson at 2x and 4x the batch-1 capacity, 12 requests each, no share phase;
             the tree policies' budget B is the GPU profile verify_curve stored
 
@@ -38,6 +39,13 @@ from pathlib import Path
 GPU_WARMUP = 3
 
 
+def gpu_slo_sweep() -> list[str]:
+    """SLO_SWEEP without the triage variant: a seventh stack would not fit the stage's device time."""
+    from bench.harness import SLO_SWEEP
+
+    return [c for c in SLO_SWEEP if c != "policy:adaserve:triage"]
+
+
 def options(preset: str, pair: str, *, long: bool, budget_s: float, device: str = "cuda"):
     from bench.harness import FASER_SWEEP, SLO_SWEEP, faser_options, slo_options
     from bench.stack import Models
@@ -53,7 +61,7 @@ def options(preset: str, pair: str, *, long: bool, budget_s: float, device: str 
         opts = slo_options(name=f"gpu-slo-{pair}", models=models)
         if not long:
             factors = [2.0, 4.0] if budget_s >= 200 else [3.0]
-            opts = replace(opts, sweep=list(SLO_SWEEP), sweep_requests=12, rate_factors=factors, stringent_shares=[],
+            opts = replace(opts, sweep=gpu_slo_sweep(), sweep_requests=12, rate_factors=factors, stringent_shares=[],
                            interleave=True, warmup=GPU_WARMUP)
         return opts
     raise ValueError(f"unknown preset {preset!r}: faser or slo")

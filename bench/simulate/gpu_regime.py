@@ -51,7 +51,7 @@ def experiments(trace_path: Path, requests: int) -> dict[str, list[tuple[str, Si
     trace = load_trace(trace_path)
     out: dict[str, list] = {}
     ada = ["target-only", "tandem-k3", "policy:specinfer", "policy:equal_greedy", "policy:global_greedy",
-           "policy:adaserve"]  # fmt: skip
+           "policy:adaserve", "policy:adaserve:triage"]  # fmt: skip
     out["adaserve"] = [
         (f"adaserve-{p}", _stack(p, trace, max_batch_size=256),
          SimOptions(name=f"adaserve-{p}", batch1=[], sweep=ada, sweep_requests=requests, sweep_max_new_tokens=128,

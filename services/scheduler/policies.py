@@ -5,8 +5,9 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
 
     speculation   fixed, fixed:K   every AUTO request drafts a chain of K (4)   FixedChain(K)
                   none, off        plain decoding unless a request asks         NoSpeculation
-                  adaserve[:marginal]  SLO-customized trees under the budget B  AdaServe (marginal: a node
-                                   only while it raises expected goodput)
+                  adaserve[:marginal][+triage]  SLO-customized trees under B   AdaServe (marginal: a node
+                                   only while it raises expected goodput; triage: requests
+                                   past saving get no SLO-customized nodes)
                   global_greedy[:marginal]  most probable nodes under B, no SLOs  GlobalGreedy
                   equal_greedy     B split evenly, greedy per request           EqualGreedy
                   specinfer[:E]    fixed tree, expansion E (1-1-3-1-1-1-1-1)    SpecInferTree(E)
@@ -178,9 +179,11 @@ def _chain_length(arg: str | None) -> int:
 
 
 def _tree_config(arg: str | None) -> TreePolicyConfig:
-    if arg not in (None, "marginal"):
-        raise ValueError(f"adaserve/global_greedy take no option or 'marginal', got {arg!r}")
-    return TreePolicyConfig(marginal_cost=arg == "marginal")
+    """``marginal``, ``triage`` (AdaServe only) or both joined by ``+``."""
+    flags = set(arg.split("+")) if arg else set()
+    if not flags <= {"marginal", "triage"}:
+        raise ValueError(f"adaserve/global_greedy take no option, 'marginal', 'triage' or 'marginal+triage', got {arg!r}")
+    return TreePolicyConfig(marginal_cost="marginal" in flags, triage="triage" in flags)
 
 
 def _max_k(arg: str | None, default: int = 8) -> int:

@@ -12,6 +12,8 @@ from scheduler.policies.adaserve import (
     GlobalGreedy,
     SpecInferTree,
     TreePolicyConfig,
+    best_emission,
+    recoverable,
     required_tokens,
     speculation_shape,
 )
@@ -270,5 +272,57 @@ def test_tree_policy_options_by_name():
     assert speculation_policy("adaserve:marginal").config.marginal_cost
     assert speculation_policy("global_greedy:marginal").config.marginal_cost
     assert not speculation_policy("adaserve").config.marginal_cost
+    assert speculation_policy("adaserve:triage").config.triage
+    both = speculation_policy("adaserve:marginal+triage").config
+    assert both.marginal_cost and both.triage
+    assert not speculation_policy("adaserve").config.triage
     with pytest.raises(ValueError, match="marginal"):
         speculation_policy("adaserve:cheap")
+    with pytest.raises(ValueError, match="triage"):
+        speculation_policy("adaserve:triage+cheap")
+
+
+def test_best_emission_is_the_bonus_plus_the_n_max_likeliest_nodes():
+    assert best_emission(FIG2_R0, 2) == pytest.approx(1 + 0.7 + 0.56)
+    assert best_emission(FIG2_R0, 0) == 1.0
+    assert best_emission(FIG2_R0, 99) == pytest.approx(1 + sum(path_probs(FIG2_R0)))
+
+
+def test_recoverable_asks_whether_the_best_pace_can_still_meet_the_slo():
+    # 100 ms SLO, 100 ms iterations (rho = 1 token per iteration to keep pace), a_max = 2 tokens per iteration:
+    # a request catches up (a_max - rho) / a_max = half a token per token it still emits
+    def req(now_behind: float, remaining: int) -> tuple[Request, float]:
+        r = running("r", 100.0, 11)  # 10 tokens after the first at t = 1.0 s: on pace
+        r.max_new_tokens = 11 + remaining
+        return r, 1.0 + now_behind * 0.1
+    r, now = req(0.0, 4)
+    assert recoverable(r, now, t_spec=0.1, a_max=2.0)
+    r, now = req(2.0, 4)  # 2 behind, 4 left: 4 x 1/2 = 2 can be made up
+    assert recoverable(r, now, t_spec=0.1, a_max=2.0)
+    r, now = req(2.1, 4)
+    assert not recoverable(r, now, t_spec=0.1, a_max=2.0)
+    r, now = req(2.1, 40)  # the same deficit with a long way to go
+    assert recoverable(r, now, t_spec=0.1, a_max=2.0)
+    r, now = req(0.5, 40)
+    assert not recoverable(r, now, t_spec=0.1, a_max=1.0)  # cannot outpace the iterations: any deficit is final
+    assert recoverable(running("effort", None, 11), 9.0, t_spec=0.1, a_max=1.0)  # no SLO: nothing to lose
+    fresh = running("fresh", 100.0, 0)
+    fresh.first_token_time = None
+    assert recoverable(fresh, 9.0, t_spec=0.1, a_max=1.0)  # TPOT starts at the first token
+
+
+def test_triage_gives_the_slo_step_to_requests_that_can_still_make_it():
+    # both stringent (100 ms), iterations of 100 ms; "lost" is 20 tokens behind with 5 left to emit, "late"
+    # is 1 behind with 100 left. The paper's order serves the larger A first: the lost cause takes the budget.
+    lost, late = running("lost", 100.0, 11), running("late", 100.0, 11)
+    lost.max_new_tokens, late.max_new_tokens = 16, 111
+    lost.first_token_time, late.first_token_time = -2.0, -0.1
+    ctx = SpecContext(now=1.0, step=0, draft_available=True, token_budget=4)  # 2 roots + 2 nodes
+    paper = AdaServe(TreePolicyConfig(iteration_ema=1.0))
+    triage = AdaServe(TreePolicyConfig(iteration_ema=1.0, triage=True))
+    for policy in (paper, triage):
+        report = StepReport(step=0, started_at=0.0, batch_size=2)
+        report.times.total = 0.1
+        policy.observe(report)
+    assert [len(t) for t in paper.select([lost, late], [FIG2_R1, FIG2_R1], ctx)] == [2, 0]
+    assert [len(t) for t in triage.select([lost, late], [FIG2_R1, FIG2_R1], ctx)] == [0, 2]
