@@ -32,6 +32,14 @@ what the verify step emits (accepted nodes + the bonus token). Requests
 without a TPOT SLO are best effort: A = 0, so they only get
 throughput-optimized nodes.
 
+``paced`` (``adaserve:paced``; eq. 5 with the step's time priced): A(r) uses t_spec, the iteration's
+time, as if it did not depend on the tokens selected, which holds below B on a GPU. Where each verified
+token adds c to the step (a CPU: the profile's gamma), every node taken raises every request's A by
+c / t_TPOT, so filling the budget for throughput (the relaxed requests' nodes as much as anyone's) can
+push the stringent requests that meet their SLO this step below it. With ``paced`` the
+throughput-optimized step skips such a node (selection.SloPace), with
+T(N) = t_spec - c * (nodes verified lately) + c * N.
+
 ``triage`` (``adaserve:triage``; not in the paper): Algorithm 2 serves the
 largest A(r) first, and a request far behind its SLO has the largest A, so
 under overload the requests that can no longer make their SLO take their
@@ -62,6 +70,7 @@ from pydantic import BaseModel, Field
 
 from scheduler.policies.selection import (
     MarginalCost,
+    SloPace,
     TreeSelector,
     path_probs,
     select_equal_greedy,
@@ -93,6 +102,12 @@ class TreePolicyConfig(BaseModel):
     max_width: int = Field(4, ge=1, le=16, description="W_max of eq. 9: widest beam.")
     n_max: int = Field(
         8, ge=0, description="Most nodes one request may take in the SLO-customized selection (Algorithm 2)."
+    )
+    paced: bool = Field(
+        False,
+        description="Price the step's time in A(r): the throughput-optimized selection skips a node that would "
+        "push a request meeting its SLO this step below it (selection.SloPace; module docstring). Needs the "
+        "profiled cost model. AdaServe only.",
     )
     triage: bool = Field(
         False,
@@ -165,6 +180,7 @@ class _BudgetedTrees(SpeculationPolicy):
         self.t_draft = 0.0  # EMA of the observed drafting time (sunk when the selection runs)
         self.used_depth: int | None = None  # marginal_cost: deepest node the last selection kept
         self.used_width = 0  # marginal_cost: most nodes the last selection kept in one layer of one tree
+        self.nodes_verified = 0.0  # EMA of the drafted nodes a step verified (paced: t_spec's token-proportional part)
 
     def budget(self, ctx: SpecContext) -> int:
         return ctx.token_budget if ctx.token_budget else self.config.token_budget
@@ -212,6 +228,8 @@ class _BudgetedTrees(SpeculationPolicy):
         out = list(trees)
         for i, nodes in zip(auto, keep):
             out[i] = subtree(trees[i], nodes)
+        a = self.config.iteration_ema
+        self.nodes_verified = a * sum(len(t) for t in out) + (1 - a) * self.nodes_verified
         if cost is not None and auto:
             self.used_depth = max(tree_depth(out[i]) for i in auto)
             self.used_width = max(tree_width(out[i]) for i in auto)
@@ -235,13 +253,37 @@ class AdaServe(_BudgetedTrees):
         cost: MarginalCost | None = None,
     ) -> list[list[int]]:  # fmt: skip
         required = [required_tokens(r, ctx.now, self.t_spec) for r in batch]
+        lost = [False] * len(batch)
         if self.config.triage:  # lost causes get throughput-optimized nodes only (module docstring)
             n_max = self.config.n_max
-            required = [
-                a if recoverable(r, ctx.now, self.t_spec, best_emission(tree, n_max)) else 0.0
-                for a, r, tree in zip(required, batch, trees)
-            ]
-        return select_slo_customized(trees, required, budget, self.config.n_max, cost)
+            lost = [not recoverable(r, ctx.now, self.t_spec, best_emission(t, n_max)) for r, t in zip(batch, trees)]
+            required = [0.0 if x else a for a, x in zip(required, lost)]
+        pace = self.pace(batch, lost, ctx)
+        return select_slo_customized(trees, required, budget, self.config.n_max, cost, pace)
+
+    def pace(self, batch: Sequence[Request], lost: Sequence[bool], ctx: SpecContext) -> SloPace | None:
+        """A(r) with the step's time as a function of the nodes taken (``paced``; None: off or not profiled).
+
+        T(N) = t_spec - c * (nodes a step verified lately) + c * N: the observed iteration time, its
+        token-proportional part moved to this selection's N; c = the profile's gamma. Best-effort requests,
+        requests before their first token and ``lost`` ones (triaged) are not protected.
+        """
+        cm = ctx.cost_model
+        if not self.config.paced or cm is None or cm.gamma_s <= 0 or self.t_spec <= 0:
+            return None
+        c = cm.gamma_s
+        base: list[float | None] = []
+        inv: list[float] = []
+        for r, gone in zip(batch, lost):
+            if gone or r.slo.tpot_ms is None or r.first_token_time is None:
+                base.append(None)
+                inv.append(0.0)
+                continue
+            tpot = r.slo.tpot_ms / 1e3
+            base.append((ctx.now - r.first_token_time) / tpot - (r.num_generated - 1))
+            inv.append(1.0 / tpot)
+        step_s = max(0.0, self.t_spec - c * self.nodes_verified)
+        return SloPace(per_token_s=c, step_s=step_s, base=tuple(base), inv_tpot=tuple(inv))
 
 
 class GlobalGreedy(_BudgetedTrees):

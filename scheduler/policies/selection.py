@@ -163,20 +163,62 @@ class MarginalCost:
         return f * (self.step_s + self.per_token_s * num_taken) > self.per_token_s * expected
 
 
-def _take_globally(frontiers: list[_Frontier], budget: int, cost: MarginalCost | None = None) -> int:
+@dataclass(frozen=True)
+class SloPace:
+    """AdaServe's TPOT constraint with the step's time depending on what is verified (``adaserve:paced``).
+
+    Eq. 5 asks E[acc(T_i)] >= A(r_i) = (l_i + t_spec) / t_TPOT_i - o_i with t_spec fixed: below B a GPU
+    verifies a node for free. Where every verified token adds ``per_token_s`` to the step (a CPU), each
+    node taken raises every request's A by per_token_s / t_TPOT_i, so filling the budget for throughput can
+    push a request that meets its SLO this step below it. With a pace, the throughput-optimized step skips
+    a node that would do so::
+
+        A_j(N) = base_j + (step_s + per_token_s * N) * inv_tpot_j,   base_j = l_j / t_TPOT_j - o_j
+
+    N: the drafted nodes taken so far; a request j is protected while 1 + sum f of its nodes >= A_j(N).
+    ``base``/``inv_tpot`` hold None/0 for requests without a TPOT constraint (best effort, triaged).
+    """
+
+    per_token_s: float  # c: seconds one more verified token adds to the step
+    step_s: float  # T(0): the step's time with no drafted node taken
+    base: tuple[float | None, ...]  # per request: l / t_TPOT - o, or None (no constraint)
+    inv_tpot: tuple[float, ...]  # per request: 1 / t_TPOT (s^-1), 0 without a constraint
+
+    def required(self, j: int, taken: int) -> float:
+        base = self.base[j]
+        return 0.0 if base is None else base + (self.step_s + self.per_token_s * taken) * self.inv_tpot[j]
+
+    def allows(self, emitted: Sequence[float], taken: int, owner: int, f: float) -> bool:
+        """May a node of request ``owner`` with path probability ``f`` be taken, ``taken`` nodes in?"""
+        for j, base in enumerate(self.base):
+            if base is None or emitted[j] < self.required(j, taken):
+                continue  # no constraint, or not met anyway: nothing to protect
+            if emitted[j] + (f if j == owner else 0.0) < self.required(j, taken + 1):
+                return False
+        return True
+
+
+def _take_globally(
+    frontiers: list[_Frontier], budget: int, cost: MarginalCost | None = None, pace: SloPace | None = None
+) -> int:
     """Algorithm 2 lines 18-23: the globally most probable available nodes, over all trees, until the
-    budget is spent (or, with ``cost``, until a node no longer pays); returns the budget left."""
+    budget is spent (or, with ``cost``, until a node no longer pays; with ``pace``, skipping a node that
+    would push a request that meets its SLO this step below it); returns the budget left."""
     heap = [(neg_f, i, node) for i, fr in enumerate(frontiers) for neg_f, node in fr.heap]
     heapq.heapify(heap)
     for fr in frontiers:
         fr.heap = []  # the global heap owns the available nodes from here on
     taken = sum(len(fr.taken) for fr in frontiers)
-    expected = len(frontiers) + sum(fr.f[n] for fr in frontiers for n in fr.taken)  # bonus tokens + sum f
+    emitted = [1.0 + sum(fr.f[n] for n in fr.taken) for fr in frontiers]  # bonus token + sum f, per request
+    expected = sum(emitted)
     while budget > 0 and heap:
         if cost is not None and not cost.pays(-heap[0][0], expected, taken):
             break
         neg_f, i, node = heapq.heappop(heap)
+        if pace is not None and not pace.allows(emitted, taken, i, -neg_f):
+            continue  # skipped, and its subtree with it
         taken, expected = taken + 1, expected - neg_f
+        emitted[i] -= neg_f
         fr = frontiers[i]
         fr.taken.append(node)
         for child in fr.children[node + 1]:
@@ -191,7 +233,7 @@ def _take_globally(frontiers: list[_Frontier], budget: int, cost: MarginalCost |
 
 def select_slo_customized(
     candidates: Sequence[TokenTree], required: Sequence[float], budget: int, n_max: int,
-    cost: MarginalCost | None = None,
+    cost: MarginalCost | None = None, pace: SloPace | None = None,
 ) -> list[list[int]]:  # fmt: skip
     """AdaServe's selection (Algorithm 2, lines 3-23) under a budget of ``budget`` verify tokens.
 
@@ -201,7 +243,8 @@ def select_slo_customized(
     1 + sum f < A_cap = min(A, d + 1) (§4.3 step 2; d = the depth of its
     candidate), at most ``n_max`` of them, most urgent request first (line 9).
     The rest of the budget goes to the globally most probable nodes (step 3); with ``cost``, only
-    while a node raises the step's expected goodput (``MarginalCost``).
+    while a node raises the step's expected goodput (``MarginalCost``); with ``pace``, none that would
+    push a request meeting its SLO this step below it (``SloPace``).
 
     The sum is of path probabilities f(v), as eq. (5) and Theorem 3.1 have
     it; line 15 of Algorithm 2 writes the conditional M_q(v | ...), which only
@@ -218,7 +261,7 @@ def select_slo_customized(
         while n_acc < a_cap and len(fr.taken) < n_max and left > 0 and fr:  # line 12
             n_acc += fr.take()
             left -= 1
-    _take_globally(frontiers, left, cost)
+    _take_globally(frontiers, left, cost, pace)
     return [fr.taken for fr in frontiers]
 
 

@@ -5,9 +5,10 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
 
     speculation   fixed, fixed:K   every AUTO request drafts a chain of K (4)   FixedChain(K)
                   none, off        plain decoding unless a request asks         NoSpeculation
-                  adaserve[:marginal][+triage]  SLO-customized trees under B   AdaServe (marginal: a node
-                                   only while it raises expected goodput; triage: requests
-                                   past saving get no SLO-customized nodes)
+                  adaserve[:OPTS]  SLO-customized trees under the budget B      AdaServe; OPTS joined by +:
+                                   marginal (a node only while it raises expected goodput),
+                                   paced (none that pushes a request below its SLO),
+                                   triage (requests past saving get no SLO-customized nodes)
                   global_greedy[:marginal]  most probable nodes under B, no SLOs  GlobalGreedy
                   equal_greedy     B split evenly, greedy per request           EqualGreedy
                   specinfer[:E]    fixed tree, expansion E (1-1-3-1-1-1-1-1)    SpecInferTree(E)
@@ -101,7 +102,7 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     "none": lambda arg: NoSpeculation(),
     "off": lambda arg: NoSpeculation(),
     "adaserve": lambda arg: AdaServe(_tree_config(arg)),
-    "global_greedy": lambda arg: GlobalGreedy(_tree_config(arg)),
+    "global_greedy": lambda arg: GlobalGreedy(_tree_config(arg, allowed=("marginal",))),
     "equal_greedy": lambda arg: EqualGreedy(),
     "specinfer": lambda arg: SpecInferTree(_expansion(arg)) if arg else SpecInferTree(),
     "smartspec": lambda arg: SmartSpec(SmartSpecConfig(max_k=_max_k(arg))),
@@ -178,12 +179,12 @@ def _chain_length(arg: str | None) -> int:
     return int(arg)
 
 
-def _tree_config(arg: str | None) -> TreePolicyConfig:
-    """``marginal``, ``triage`` (AdaServe only) or both joined by ``+``."""
+def _tree_config(arg: str | None, allowed: tuple[str, ...] = ("marginal", "paced", "triage")) -> TreePolicyConfig:
+    """``marginal``, and for AdaServe ``paced`` and ``triage``, alone or joined by ``+`` (``paced+triage``)."""
     flags = set(arg.split("+")) if arg else set()
-    if not flags <= {"marginal", "triage"}:
-        raise ValueError(f"adaserve/global_greedy take no option, 'marginal', 'triage' or 'marginal+triage', got {arg!r}")
-    return TreePolicyConfig(marginal_cost="marginal" in flags, triage="triage" in flags)
+    if not flags <= set(allowed):
+        raise ValueError(f"this tree policy takes no option or {', '.join(map(repr, allowed))} joined by '+', got {arg!r}")
+    return TreePolicyConfig(marginal_cost="marginal" in flags, paced="paced" in flags, triage="triage" in flags)
 
 
 def _max_k(arg: str | None, default: int = 8) -> int:

@@ -19,6 +19,7 @@ from scheduler.policies.adaserve import (
 )
 from scheduler.policies.selection import (
     MarginalCost,
+    SloPace,
     is_valid_subset,
     path_probs,
     select_equal_greedy,
@@ -280,6 +281,9 @@ def test_tree_policy_options_by_name():
         speculation_policy("adaserve:cheap")
     with pytest.raises(ValueError, match="triage"):
         speculation_policy("adaserve:triage+cheap")
+    assert speculation_policy("adaserve:paced+triage").config.paced
+    with pytest.raises(ValueError, match="marginal"):
+        speculation_policy("global_greedy:paced")  # no SLOs to pace by
 
 
 def test_best_emission_is_the_bonus_plus_the_n_max_likeliest_nodes():
@@ -326,3 +330,66 @@ def test_triage_gives_the_slo_step_to_requests_that_can_still_make_it():
         policy.observe(report)
     assert [len(t) for t in paper.select([lost, late], [FIG2_R1, FIG2_R1], ctx)] == [2, 0]
     assert [len(t) for t in triage.select([lost, late], [FIG2_R1, FIG2_R1], ctx)] == [0, 2]
+
+
+def test_a_pace_protects_requests_that_meet_their_slo_this_step():
+    # request 0: 100 ms SLO, on pace (base 0), step of 100 ms + 1 ms per node: A_0(N) = 1 + 0.01 N
+    # request 1: no constraint
+    pace = SloPace(per_token_s=0.001, step_s=0.1, base=(0.0, None), inv_tpot=(10.0, 0.0))
+    assert pace.required(0, 0) == pytest.approx(1.0) and pace.required(1, 5) == 0.0
+    emitted = [1.05, 1.0]  # request 0 meets A with 0.05 to spare: five more nodes of anyone's
+    assert pace.allows(emitted, 4, owner=1, f=0.9)
+    assert not pace.allows(emitted, 5, owner=1, f=0.9)  # the sixth would push it under
+    assert pace.allows(emitted, 5, owner=0, f=0.02)  # its own node pays for its share of the step
+    assert not pace.allows(emitted, 5, owner=0, f=0.005)
+    assert pace.allows([0.5, 1.0], 50, owner=1, f=0.9)  # a request that misses anyway is not protected
+
+
+def test_paced_selection_stops_filling_for_throughput_where_a_stringent_request_would_miss():
+    stringent = tree([(-1, 0.9), (0, 0.9)])  # f = .9, .81
+    relaxed = tree([(-1, 0.8), (0, 0.8), (1, 0.8), (2, 0.8)])  # f = .8, .64, .51, .41
+    # the stringent request (100 ms SLO, steps of 100 ms + 1 ms a node: A grows by 0.01 a node) emits 2.71
+    # with its two nodes; base 1.7: A = 1.7 + 1 + 0.01 N
+    pace = SloPace(per_token_s=0.001, step_s=0.1, base=(1.7, None), inv_tpot=(10.0, 0.0))
+    required = [2.7, 0.0]
+    plain = select_slo_customized([stringent, relaxed], required, budget=16, n_max=8)
+    assert [len(k) for k in plain] == [2, 4]
+    paced = select_slo_customized([stringent, relaxed], required, budget=16, n_max=8, pace=pace)
+    # with 2 nodes A = 2.72 > 2.71 already: not met, so nothing to protect; all taken as before
+    assert [len(k) for k in paced] == [2, 4]
+    # base 1.655: after its two nodes A = 2.675 (met, 0.035 to spare): three relaxed nodes fit, the fourth does not
+    pace = SloPace(per_token_s=0.001, step_s=0.1, base=(1.655, None), inv_tpot=(10.0, 0.0))
+    paced = select_slo_customized([stringent, relaxed], required, budget=16, n_max=8, pace=pace)
+    assert [len(k) for k in paced] == [2, 3]
+
+
+def test_adaserve_paced_keeps_the_throughput_fill_off_a_stringent_request_s_slo():
+    from shared.profiling.cost_model import CostModel
+
+    cm = CostModel(alpha_s=0.0, gamma_s=1e-3, delta_s=28e-3)  # 1 ms a verified token
+    ctx = SpecContext(now=1.0, step=0, draft_available=True, token_budget=64, cost_model=cm)
+    stringent = running("stringent", 100.0, 7, first_token_time=0.2275)  # l / t_TPOT - o = 7.725 - 6
+    relaxed = running("relaxed", 1000.0, 3)
+    batch = [stringent, relaxed]
+    trees = [tree([(-1, 0.9), (0, 0.9)]), tree([(-1, 0.8), (0, 0.8), (1, 0.8), (2, 0.8)])]  # f .9 .81 / .8 ...
+
+    def policy(**options) -> AdaServe:
+        p = AdaServe(TreePolicyConfig(iteration_ema=1.0, **options))
+        report = StepReport(step=0, started_at=0.0, batch_size=2)
+        report.times.total = 0.1  # t_spec: 100 ms steps, 6 of their nodes verified
+        p.observe(report)
+        p.nodes_verified = 6.0
+        return p
+
+    paced = policy(paced=True)
+    pace = paced.pace(batch, [False, False], ctx)
+    assert pace.step_s == pytest.approx(0.1 - 6e-3) and pace.base == (pytest.approx(1.725), pytest.approx(-1.0))
+    assert paced.pace(batch, [True, False], ctx).base[0] is None  # triaged: not protected
+    # the stringent request emits 2.71 with its two nodes; A(N) = 1.725 + 10 * (0.094 + 0.001 N) = 2.685 at
+    # N = 2: two of the relaxed request's nodes fit, the third would push it to 2.715
+    assert [len(t) for t in paced.select(batch, trees, ctx)] == [2, 2]
+    assert paced.nodes_verified == pytest.approx(4.0)
+    # the paper's AdaServe fills the budget whatever it does to the stringent request
+    assert [len(t) for t in policy().select(batch, trees, ctx)] == [2, 4]
+    # without a profile there is no price of a token: no pace
+    assert paced.pace(batch, [False, False], SpecContext(now=1.0, step=0, draft_available=True)) is None
