@@ -39,7 +39,8 @@ ADAPTIVE_POLICIES = ("policy:smartspec", "policy:smartspec-request", "policy:fas
                      "policy:nightjar-lean-weighted")
 SLO_BASELINES = ("target-only", "tandem-k3", "policy:specinfer", "policy:equal_greedy", "policy:global_greedy",
                  "policy:global_greedy:marginal")  # fmt: skip
-ADASERVE = ("policy:adaserve", "policy:adaserve:marginal", "policy:adaserve:triage", "policy:adaserve:marginal+triage")
+ADASERVE = ("policy:adaserve", "policy:adaserve:marginal", "policy:adaserve:triage", "policy:adaserve:paced",
+            "policy:adaserve:paced+triage", "policy:adaserve:marginal+paced+triage")  # fmt: skip
 LAPS = ("order:laps-sd", "order:laps-sd:est=1", "order:laps-sd:est=1+share=1")
 ORDER_SLOTS = 4  # bench-order's batch cap (bench/options.py ORDER_MAX_BATCH_SIZE)
 
