@@ -10,8 +10,8 @@ installed) and fewer requests::
     faser   FASER_SWEEP (serial, +pipelining, +early exit, both) at batch 1 only: 4 prompts x 64 tokens
             (issue 8's goal is batch-1 TPOT); the stacks' draft share 0.5 is an MPS split, so an MPS
             daemon runs for the stage (its own pipe directory; recorded as "mps" in the result)
-    slo     SLO_SWEEP less AdaServe with triage (target-only, a chain of 3, SpecInfer, EqualGreedy,
-            GlobalGreedy, AdaServe: triage acts only where B binds, and the GPU's host-bound B did not) on the
+    slo     SLO_SWEEP less AdaServe's options (target-only, a chain of 3, SpecInfer, EqualGreedy,
+            GlobalGreedy, AdaServe as printed: a seventh stack would not fit the stage's device time) on the
             60/20/20 mix, Poisson at 2x and 4x the batch-1 capacity, 12 requests each, no share phase;
             the tree policies' budget B is the GPU profile verify_curve stored
 
@@ -40,10 +40,10 @@ GPU_WARMUP = 3
 
 
 def gpu_slo_sweep() -> list[str]:
-    """SLO_SWEEP without the triage variant: a seventh stack would not fit the stage's device time."""
+    """SLO_SWEEP with AdaServe as printed only: a seventh stack would not fit the stage's device time."""
     from bench.harness import SLO_SWEEP
 
-    return [c for c in SLO_SWEEP if c != "policy:adaserve:triage"]
+    return [c for c in SLO_SWEEP if not c.startswith("policy:adaserve:")]
 
 
 def options(preset: str, pair: str, *, long: bool, budget_s: float, device: str = "cuda"):

@@ -10,7 +10,8 @@ from bench.harness import FASER_SWEEP, SLO_SWEEP
 def test_slo_preset_fits_a_call_and_interleaves():
     opts = options("slo", "demo", long=False, budget_s=270, device="cpu")
     assert opts.interleave and opts.sweep_requests == 12
-    assert opts.sweep == [c for c in SLO_SWEEP if c != "policy:adaserve:triage"]  # six stacks fit the call
+    assert opts.sweep == [c for c in SLO_SWEEP if not c.startswith("policy:adaserve:")]  # six stacks fit the call
+    assert "policy:adaserve" in opts.sweep and len(opts.sweep) == 6
     assert opts.rate_factors == [2.0, 4.0] and opts.stringent_shares == []
     assert options("slo", "demo", long=False, budget_s=150, device="cpu").rate_factors == [3.0]  # one load
     assert opts.models.dtype == "float32"
