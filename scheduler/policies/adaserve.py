@@ -181,6 +181,7 @@ class _BudgetedTrees(SpeculationPolicy):
         self.used_depth: int | None = None  # marginal_cost: deepest node the last selection kept
         self.used_width = 0  # marginal_cost: most nodes the last selection kept in one layer of one tree
         self.nodes_verified = 0.0  # EMA of the drafted nodes a step verified (paced: t_spec's token-proportional part)
+        self.fixed_nodes = 0  # this step's nodes of FIXED-mode requests (select() sets it before choose())
 
     def budget(self, ctx: SpecContext) -> int:
         return ctx.token_budget if ctx.token_budget else self.config.token_budget
@@ -224,6 +225,7 @@ class _BudgetedTrees(SpeculationPolicy):
         # the fixed requests' roots and nodes come off the budget first
         budget = self.budget(ctx) - (len(batch) - len(auto)) - fixed_nodes
         cost = self.marginal_cost(batch, fixed_nodes, ctx)
+        self.fixed_nodes = fixed_nodes  # paced: verified this step whatever the selection takes
         keep = self.choose([batch[i] for i in auto], [trees[i] for i in auto], budget, ctx, cost)
         out = list(trees)
         for i, nodes in zip(auto, keep):
@@ -264,8 +266,8 @@ class AdaServe(_BudgetedTrees):
     def pace(self, batch: Sequence[Request], lost: Sequence[bool], ctx: SpecContext) -> SloPace | None:
         """A(r) with the step's time as a function of the nodes taken (``paced``; None: off or not profiled).
 
-        T(N) = t_spec - c * (nodes a step verified lately) + c * N: the observed iteration time, its
-        token-proportional part moved to this selection's N; c = the profile's gamma. Best-effort requests,
+        T(N) = t_spec - c * (nodes a step verified lately) + c * (N + FIXED-mode nodes): the observed iteration
+        time, its token-proportional part moved to this step's nodes; c = the profile's gamma. Best-effort requests,
         requests before their first token and ``lost`` ones (triaged) are not protected.
         """
         cm = ctx.cost_model
@@ -282,7 +284,7 @@ class AdaServe(_BudgetedTrees):
             tpot = r.slo.tpot_ms / 1e3
             base.append((ctx.now - r.first_token_time) / tpot - (r.num_generated - 1))
             inv.append(1.0 / tpot)
-        step_s = max(0.0, self.t_spec - c * self.nodes_verified)
+        step_s = max(0.0, self.t_spec - c * (self.nodes_verified - self.fixed_nodes))
         return SloPace(per_token_s=c, step_s=step_s, base=tuple(base), inv_tpot=tuple(inv))
 
 

@@ -385,6 +385,9 @@ def test_adaserve_paced_keeps_the_throughput_fill_off_a_stringent_request_s_slo(
     pace = paced.pace(batch, [False, False], ctx)
     assert pace.step_s == pytest.approx(0.1 - 6e-3) and pace.base == (pytest.approx(1.725), pytest.approx(-1.0))
     assert paced.pace(batch, [True, False], ctx).base[0] is None  # triaged: not protected
+    paced.fixed_nodes = 2  # a FIXED-mode request's 2 nodes are verified whatever the selection takes
+    assert paced.pace(batch, [False, False], ctx).step_s == pytest.approx(0.1 - 4e-3)
+    paced.fixed_nodes = 0
     # the stringent request emits 2.71 with its two nodes; A(N) = 1.725 + 10 * (0.094 + 0.001 N) = 2.685 at
     # N = 2: two of the relaxed request's nodes fit, the third would push it to 2.715
     assert [len(t) for t in paced.select(batch, trees, ctx)] == [2, 2]
