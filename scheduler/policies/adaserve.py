@@ -72,6 +72,7 @@ from scheduler.policies.selection import (
     MarginalCost,
     SloPace,
     TreeSelector,
+    node_depths,
     path_probs,
     select_equal_greedy,
     select_expansion,
@@ -124,6 +125,11 @@ class TreePolicyConfig(BaseModel):
         "priced by the profiled cost model: for hardware whose verify time grows from the first token (a CPU). "
         "Off = the paper's rule, fill B. AdaServe and GlobalGreedy.",
     )
+    price_depth: bool = Field(
+        False,
+        description="With marginal_cost: also price the drafting of each beam level (priced_depth()), so the next "
+        "candidate is drafted only as deep as its levels pay for their drafting. AdaServe and GlobalGreedy.",
+    )
 
 
 def speculation_shape(num_requests: int, budget: int, max_depth: int, max_width: int) -> SpecShape:
@@ -164,6 +170,36 @@ def recoverable(req: Request, now: float, t_spec: float, a_max: float) -> bool:
 def best_emission(tree: TokenTree, n_max: int) -> float:
     """a_max: 1 (the bonus token) + the n_max largest f(v) of ``tree`` (a valid subtree: f(child) <= f(parent))."""
     return 1.0 + sum(sorted(path_probs(tree), reverse=True)[:n_max])
+
+
+def priced_depth(trees: Sequence[TokenTree], cost: MarginalCost, level_s: float) -> int:
+    """The deepest level k such that every level up to k paid for itself in this selection (``price_depth``).
+
+    A level pays when its nodes raise the step's expected goodput, the marginal rule's test with the level's
+    drafting added to its verify tokens (SmartSpec eq. 3 for a whole level)::
+
+        mass_k * T > (level_s + c * nodes_k) * E
+
+    mass_k: the summed f(v) of the kept nodes at depth k, nodes_k: how many; E: the step's expected tokens
+    (a bonus token per request + every kept node's f); T: the step's time (drafting + the verify of
+    everything kept); level_s: one beam level's drafting (the observed drafting over the depth drafted).
+    0 when not even the first level paid.
+    """
+    mass: dict[int, float] = {}
+    nodes: dict[int, int] = {}
+    for tree in trees:
+        for depth, f in zip(node_depths(tree), path_probs(tree)):
+            mass[depth] = mass.get(depth, 0.0) + f
+            nodes[depth] = nodes.get(depth, 0) + 1
+    c = cost.per_token_s
+    expected = len(trees) + sum(mass.values())
+    step = cost.step_s + c * sum(nodes.values())
+    deepest = 0
+    for k in range(1, max(mass, default=0) + 1):
+        if mass.get(k, 0.0) * step <= (level_s + c * nodes.get(k, 0)) * expected:
+            break
+        deepest = k
+    return deepest
 
 
 class _BudgetedTrees(SpeculationPolicy):
@@ -235,6 +271,10 @@ class _BudgetedTrees(SpeculationPolicy):
         if cost is not None and auto:
             self.used_depth = max(tree_depth(out[i]) for i in auto)
             self.used_width = max(tree_width(out[i]) for i in auto)
+            drafted = max(tree_depth(trees[i]) for i in auto)
+            if self.config.price_depth and drafted > 0 and self.t_draft > 0:
+                kept = [out[i] for i in auto]
+                self.used_depth = min(self.used_depth, max(1, priced_depth(kept, cost, self.t_draft / drafted)))
         return out
 
     def choose(

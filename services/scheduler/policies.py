@@ -7,6 +7,7 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                   none, off        plain decoding unless a request asks         NoSpeculation
                   adaserve[:OPTS]  SLO-customized trees under the budget B      AdaServe; OPTS joined by +:
                                    marginal (a node only while it raises expected goodput),
+                                   depth (with marginal: draft a level only while it pays),
                                    paced (none that pushes a request below its SLO),
                                    triage (requests past saving get no SLO-customized nodes)
                   global_greedy[:marginal]  most probable nodes under B, no SLOs  GlobalGreedy
@@ -102,7 +103,7 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     "none": lambda arg: NoSpeculation(),
     "off": lambda arg: NoSpeculation(),
     "adaserve": lambda arg: AdaServe(_tree_config(arg)),
-    "global_greedy": lambda arg: GlobalGreedy(_tree_config(arg, allowed=("marginal",))),
+    "global_greedy": lambda arg: GlobalGreedy(_tree_config(arg, allowed=("marginal", "depth"))),
     "equal_greedy": lambda arg: EqualGreedy(),
     "specinfer": lambda arg: SpecInferTree(_expansion(arg)) if arg else SpecInferTree(),
     "smartspec": lambda arg: SmartSpec(SmartSpecConfig(max_k=_max_k(arg))),
@@ -179,12 +180,17 @@ def _chain_length(arg: str | None) -> int:
     return int(arg)
 
 
-def _tree_config(arg: str | None, allowed: tuple[str, ...] = ("marginal", "paced", "triage")) -> TreePolicyConfig:
-    """``marginal``, and for AdaServe ``paced`` and ``triage``, alone or joined by ``+`` (``paced+triage``)."""
+def _tree_config(
+    arg: str | None, allowed: tuple[str, ...] = ("marginal", "depth", "paced", "triage")
+) -> TreePolicyConfig:
+    """``marginal`` (and with it ``depth``), and for AdaServe ``paced`` and ``triage``, joined by ``+``."""
     flags = set(arg.split("+")) if arg else set()
     if not flags <= set(allowed):
         raise ValueError(f"this tree policy takes no option or {', '.join(map(repr, allowed))} joined by '+', got {arg!r}")
-    return TreePolicyConfig(marginal_cost="marginal" in flags, paced="paced" in flags, triage="triage" in flags)
+    if "depth" in flags and "marginal" not in flags:
+        raise ValueError(f"'depth' prices the drafting beside the marginal rule: write 'marginal+depth', got {arg!r}")
+    return TreePolicyConfig(marginal_cost="marginal" in flags, price_depth="depth" in flags, paced="paced" in flags,
+                            triage="triage" in flags)  # fmt: skip
 
 
 def _max_k(arg: str | None, default: int = 8) -> int:

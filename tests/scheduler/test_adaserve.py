@@ -13,6 +13,7 @@ from scheduler.policies.adaserve import (
     SpecInferTree,
     TreePolicyConfig,
     best_emission,
+    priced_depth,
     recoverable,
     required_tokens,
     speculation_shape,
@@ -284,6 +285,9 @@ def test_tree_policy_options_by_name():
     assert speculation_policy("adaserve:paced+triage").config.paced
     with pytest.raises(ValueError, match="marginal"):
         speculation_policy("global_greedy:paced")  # no SLOs to pace by
+    assert speculation_policy("global_greedy:marginal+depth").config.price_depth
+    with pytest.raises(ValueError, match="marginal\\+depth"):
+        speculation_policy("adaserve:depth")
 
 
 def test_best_emission_is_the_bonus_plus_the_n_max_likeliest_nodes():
@@ -396,3 +400,34 @@ def test_adaserve_paced_keeps_the_throughput_fill_off_a_stringent_request_s_slo(
     assert [len(t) for t in policy().select(batch, trees, ctx)] == [2, 4]
     # without a profile there is no price of a token: no pace
     assert paced.pace(batch, [False, False], SpecContext(now=1.0, step=0, draft_available=True)) is None
+
+
+def test_a_beam_level_is_drafted_only_while_it_pays_for_its_drafting():
+    # two chains of 4 with f = .8, .4, .2, .1 each: per level mass 1.6, .8, .4, .2 and 2 nodes
+    chains = [tree([(-1, 0.8), (0, 0.5), (1, 0.5), (2, 0.5)])] * 2
+    cost = MarginalCost(per_token_s=0.001, step_s=0.1)  # T = 0.1 + 8 nodes = 0.108 s, E = 2 + 3.0 = 5.0
+    # level k pays while mass_k * 0.108 > (level_s + 0.002) * 5
+    assert priced_depth(chains, cost, level_s=0.0) == 4  # drafting free: every level pays its verify
+    assert priced_depth(chains, cost, level_s=0.006) == 3  # .4 * .108 = .043 > .040; .2 * .108 = .022 < .040
+    assert priced_depth(chains, cost, level_s=0.02) == 1  # 1.6 * .108 = .173 > .11; .8 * .108 = .086 < .11
+    assert priced_depth(chains, cost, level_s=0.05) == 0  # not even the first level: .173 < .26
+    assert priced_depth([], cost, level_s=0.01) == 0
+
+
+def test_marginal_with_depth_drafts_no_deeper_than_its_levels_pay():
+    from shared.profiling.cost_model import CostModel
+
+    cm = CostModel(alpha_s=0.0, gamma_s=1e-3, delta_s=28e-3)
+    ctx = SpecContext(now=1.0, step=0, draft_available=True, token_budget=64, cost_model=cm)
+    batch = [running("a", None, 3), running("b", None, 3)]
+    chains = [tree([(-1, 0.8), (0, 0.5), (1, 0.5), (2, 0.5)])] * 2
+    # T = 60 ms drafting + 30 ms roots + 8 ms nodes, E = 5.0; a level's drafting 15 ms: the second level's
+    # .8 * .098 = .078 < (.015 + .002) * 5 = .085
+    for price, depth in ((False, 4), (True, 1)):
+        policy = AdaServe(TreePolicyConfig(marginal_cost=True, price_depth=price, iteration_ema=1.0))
+        report = StepReport(step=0, started_at=0.0, batch_size=2)
+        report.times.total, report.times.speculate = 0.1, 0.06  # 15 ms a level of the 4 drafted
+        policy.observe(report)
+        assert [len(t) for t in policy.select(batch, chains, ctx)] == [4, 4]  # the verify pricing keeps all
+        assert policy.used_depth == depth
+        assert policy.decide(batch, ctx)[0].depth == depth + 1  # one level deeper than priced, to keep measuring
