@@ -38,9 +38,10 @@ ADAPTIVE_POLICIES = ("policy:smartspec", "policy:smartspec-request", "policy:fas
                      "policy:nightjar-lean-drift", "policy:nightjar-lean-local", "policy:nightjar-lean-bounds",
                      "policy:nightjar-lean-weighted")
 SLO_BASELINES = ("target-only", "tandem-k3", "policy:specinfer", "policy:equal_greedy", "policy:global_greedy",
-                 "policy:global_greedy:marginal")  # fmt: skip
+                 "policy:global_greedy:marginal", "policy:global_greedy:marginal+depth")  # fmt: skip
 ADASERVE = ("policy:adaserve", "policy:adaserve:marginal", "policy:adaserve:triage", "policy:adaserve:paced",
-            "policy:adaserve:paced+triage", "policy:adaserve:marginal+paced+triage")  # fmt: skip
+            "policy:adaserve:paced+triage", "policy:adaserve:marginal+paced+triage",
+            "policy:adaserve:marginal+depth+paced+triage")  # fmt: skip
 LAPS = ("order:laps-sd", "order:laps-sd:est=1", "order:laps-sd:est=1+share=1")
 ORDER_SLOTS = 4  # bench-order's batch cap (bench/options.py ORDER_MAX_BATCH_SIZE)
 
@@ -281,6 +282,11 @@ LARGER_SAMPLE = {"adaptive": {
               ("profiled", " (feature draft, open chat, 3 repeats, a prompt sample per repeat, bfloat16 on an Intel "
                            "Xeon, with the target's profile, which the runs from the ninth session on lacked; the first "
                            "repeat's first three configurations at the lowest load ran beside unit tests)")],
+}, "slo": {
+    "eagle": [("3x", " (feature draft, open chat, 5 repeats at 3x)"),
+              ("depth", " (feature draft, open chat, 3 repeats at 2x and 3x, the drafting depth priced beside the "
+                        "marginal rule)"),
+              ("paced", " (feature draft, open chat, 5 repeats at 3x and 3.5x, SpecInfer left out)")],
 }}  # fmt: skip
 
 

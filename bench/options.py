@@ -26,9 +26,10 @@ WORKLOADS = {
 GROUNDED_MAX_PROMPT_TOKENS = 1536  # grounded prompts carry a passage, a file or a transcript
 # AdaServe's comparison (§6.2): no speculation, a fixed chain, the fixed SpecInfer tree, the two
 # budgeted greedy baselines, and AdaServe itself, as printed and with this project's options for hardware
-# where a verified token is not free (marginal, paced) and for overload (triage): scheduler/policies/adaserve.py.
+# where a verified token and a drafted beam level are not free (marginal, depth, paced) and for overload
+# (triage): scheduler/policies/adaserve.py.
 SLO_SWEEP = ("target-only", "tandem-k3", "policy:specinfer", "policy:equal_greedy", "policy:global_greedy",
-             "policy:adaserve", "policy:adaserve:marginal+paced+triage")  # fmt: skip
+             "policy:adaserve", "policy:adaserve:marginal+depth+paced+triage")  # fmt: skip
 SLO_STRINGENT_SHARES = (0.2, 0.4, 0.6, 0.8, 1.0)
 # Adaptive speculation length (issues 6, 20): fixed k in {0, 1, 2, 3, 5, 7} against the learning policies.
 ADAPTIVE_SWEEP = ("target-only", "tandem-k1", "tandem-k2", "tandem-k3", "tandem-k5", "tandem-k7", "policy:smartspec",
