@@ -10,7 +10,7 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                                    depth (with marginal: draft a level only while it pays),
                                    paced (none that pushes a request below its SLO),
                                    triage (requests past saving get no SLO-customized nodes)
-                  global_greedy[:marginal]  most probable nodes under B, no SLOs  GlobalGreedy
+                  global_greedy[:marginal[+depth]]  most probable nodes under B, no SLOs  GlobalGreedy
                   equal_greedy     B split evenly, greedy per request           EqualGreedy
                   specinfer[:E]    fixed tree, expansion E (1-1-3-1-1-1-1-1)    SpecInferTree(E)
                   smartspec[:K]    goodput-optimal k for the batch, k <= K (8)  SmartSpec (granularity batch)
