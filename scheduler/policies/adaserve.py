@@ -141,16 +141,22 @@ def speculation_shape(num_requests: int, budget: int, max_depth: int, max_width:
     return SpecShape.tree(d, w)
 
 
+def behind(req: Request, now: float) -> float | None:
+    """l / t_TPOT - o: how many tokens ``req`` is behind its SLO's pace now (negative: ahead); None for
+    best-effort requests (no TPOT SLO) and before the first token (TPOT starts there)."""
+    if req.slo.tpot_ms is None or req.first_token_time is None:
+        return None
+    # l: since the first token; o: tokens after the first
+    return (now - req.first_token_time) / (req.slo.tpot_ms / 1e3) - (req.num_generated - 1)
+
+
 def required_tokens(req: Request, now: float, t_spec: float) -> float:
     """A(r) = (l + t_spec) / t_TPOT - o: tokens ``req`` must emit this iteration for its TPOT SLO (§3).
 
     0 for best-effort requests (no TPOT SLO) and before the first token (TPOT starts there).
     """
-    if req.slo.tpot_ms is None or req.first_token_time is None:
-        return 0.0
-    latency = now - req.first_token_time  # l: since the first token
-    decoded = req.num_generated - 1  # o: tokens after the first
-    return (latency + t_spec) / (req.slo.tpot_ms / 1e3) - decoded
+    deficit = behind(req, now)
+    return 0.0 if deficit is None else deficit + t_spec / (req.slo.tpot_ms / 1e3)
 
 
 def recoverable(req: Request, now: float, t_spec: float, a_max: float) -> bool:
@@ -159,12 +165,11 @@ def recoverable(req: Request, now: float, t_spec: float, a_max: float) -> bool:
     l / t_TPOT - o <= R * (1 - rho / a_max), rho = t_spec / t_TPOT (module docstring, ``triage``). True for
     requests without a TPOT SLO or before their first token.
     """
-    if req.slo.tpot_ms is None or req.first_token_time is None:
+    deficit = behind(req, now)
+    if deficit is None:
         return True
-    tpot = req.slo.tpot_ms / 1e3
-    behind = (now - req.first_token_time) / tpot - (req.num_generated - 1)  # tokens behind the SLO's pace
-    rho = t_spec / tpot
-    return behind <= req.num_remaining * (1.0 - rho / max(a_max, 1e-9))
+    rho = t_spec / (req.slo.tpot_ms / 1e3)
+    return deficit <= req.num_remaining * (1.0 - rho / max(a_max, 1e-9))
 
 
 def best_emission(tree: TokenTree, n_max: int) -> float:
@@ -317,13 +322,9 @@ class AdaServe(_BudgetedTrees):
         base: list[float | None] = []
         inv: list[float] = []
         for r, gone in zip(batch, lost):
-            if gone or r.slo.tpot_ms is None or r.first_token_time is None:
-                base.append(None)
-                inv.append(0.0)
-                continue
-            tpot = r.slo.tpot_ms / 1e3
-            base.append((ctx.now - r.first_token_time) / tpot - (r.num_generated - 1))
-            inv.append(1.0 / tpot)
+            deficit = None if gone else behind(r, ctx.now)
+            base.append(deficit)
+            inv.append(0.0 if deficit is None else 1e3 / r.slo.tpot_ms)
         step_s = max(0.0, self.t_spec - c * (self.nodes_verified - self.fixed_nodes))
         return SloPace(per_token_s=c, step_s=step_s, base=tuple(base), inv_tpot=tuple(inv))
 
