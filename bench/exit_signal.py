@@ -35,7 +35,9 @@ import typer
 from bench.engine_bench import PROMPTS
 from bench.harness import machine
 from shared.engine.factory import build_feature_draft_engine, build_draft_engine, build_target_engine
+from shared.engine import tuned_lens
 from shared.engine.eagle.loading import is_eagle_dir
+from shared.engine.tuned_lens import TunedLens
 from shared.engine.types import PrefillItem, SpecItem, VerifyItem
 from shared.models.paths import Paths
 from shared.models.registry import get_pair
@@ -63,8 +65,10 @@ class LayerTap:
             h.remove()
 
 
-def tested_ranks(model, tap: LayerTap, tree, status: list[int]) -> list[tuple[int, list[int]]]:
-    """(verdict, rank per layer) of every tested node of a chain/tree: rank of its token under its parent's lens."""
+def tested_ranks(model, tap: LayerTap, tree, status: list[int], lens: TunedLens | None = None) -> list[tuple[int, list[int]]]:
+    """(verdict, rank per layer) of every tested node of a chain/tree: rank of its token under its parent's lens.
+
+    ``lens``: a tuned lens translates the layers it was trained for (the others read through the logit lens)."""
     decoder = model.get_decoder()
     num_rows = tap.out[0].shape[0]
     num_fed = num_rows - len(tree.token_ids)  # rows: fed tokens first (the root is the last), then the nodes
@@ -76,8 +80,12 @@ def tested_ranks(model, tap: LayerTap, tree, status: list[int]) -> list[tuple[in
     tokens = torch.tensor([tree.token_ids[j] for j in tested])
     ranks = []  # [layers][tested]
     with torch.inference_mode():
-        for hidden in tap.out:
-            logits = model.lm_head(decoder.norm(hidden[parent_rows])).float()  # [tested, vocab]
+        for layer, hidden in enumerate(tap.out):
+            h = hidden[parent_rows]  # [tested, hidden]
+            if lens is not None:  # the engine's own test: translator, maybe a vocabulary subset
+                ranks.append(lens.tokens_above(layer, h, decoder.norm, model.lm_head, torch.arange(len(tested)), tokens).tolist())
+                continue
+            logits = model.lm_head(decoder.norm(h)).float()  # [tested, vocab]
             own = logits.gather(1, tokens[:, None])
             ranks.append((logits > own).sum(-1).tolist())
     return [(status[j], [ranks[layer][i] for layer in range(len(ranks))]) for i, j in enumerate(tested)]
@@ -96,12 +104,22 @@ def summarise(samples: list[tuple[int, list[int]]], num_layers: int) -> list[dic
     return table
 
 
+def _lens_words(results: dict) -> str:
+    layers = results.get("lens_layers") or []
+    if not layers:
+        return "the logit lens (final norm + LM head on the layer's output)"
+    vocab = results.get("lens_vocab")
+    within = f", ranks within its {vocab} most frequent target tokens (a token outside them ranks 0)" if vocab else ""
+    return f"a tuned lens ({results['lens']}) at layers {', '.join(map(str, layers))}; the logit lens elsewhere{within}"
+
+
 def render(results: dict) -> str:
     m = results["machine"]
     lines = [f"# {results['name']}", "", f"Command: `{results['command']}`  ",
              f"Machine: {m['platform']}, {m['cpu_count']} CPUs, torch {m['torch']}  ",
              f"Date: {results['date']}; duration {results['duration_s']:.0f} s  ",
              f"Models: {results['models']['target']} / {results['models']['draft']}  ",
+             f"Intermediate logits: {_lens_words(results)}  ",
              f"Drafted tokens tested: {results['num_accepted']} accepted, {results['num_rejected']} rejected "
              f"(k = {results['k']}, {results['num_prompts']} prompts x {results['new_tokens']} tokens)", "",
              "Share of rejected tokens outside the top-K of their parent row's logits after layer l (caught) and of "
@@ -122,6 +140,7 @@ def main(
     num_prompts: int = typer.Option(8, help="How many of the engine bench's prompts."),
     dtype: str = typer.Option("bfloat16", help="Weights of both models."),
     threads: int = typer.Option(2, help="torch threads."),
+    lens: str = typer.Option("off", help="off: the logit lens; auto: the target's tuned lens; or a directory holding one."),
     name: str = typer.Option("", help="Results folder under bench/results (default exit-signal-<pair>)."),
     home: str = typer.Option(None, help="Tandem home (default ~/.cache/tandem)."),
 ) -> None:
@@ -144,6 +163,12 @@ def main(
         draft, _ = build_draft_engine(draft_dir, dtype=dtype, with_tokenizer=False)
         features = None
     model = target.runner.model
+    exit_lens = None
+    if lens != "off":
+        exit_lens = tuned_lens.load(target_dir if lens == "auto" else Path(lens), dtype=target.runner.dtype)
+        if exit_lens is None:
+            raise typer.BadParameter(f"no {tuned_lens.FILE_NAME} for --lens {lens}", param_hint="--lens")
+        exit_lens.attach_head(model.lm_head.weight)
     tap = LayerTap(model.get_decoder().layers)
     samples: list[tuple[int, list[int]]] = []
     tok = loaded.tokenizer
@@ -157,7 +182,7 @@ def main(
         while produced < new_tokens:
             tree = draft.speculate([SpecItem(sid, new_tokens=new, chain_len=k, features=feats)])[0]
             result = target.verify([VerifyItem(sid, tree)], features)[0]
-            samples += tested_ranks(model, tap, tree, result.node_status)
+            samples += tested_ranks(model, tap, tree, result.node_status, exit_lens)
             new, feats = result.tokens, result.features
             produced += len(new)
         target.release([sid])
@@ -170,6 +195,8 @@ def main(
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "duration_s": time.time() - started,
         "models": {"target": str(target_dir), "draft": str(draft_dir)},
+        "lens": lens, "lens_layers": exit_lens.layers if exit_lens is not None else [],
+        "lens_vocab": int(exit_lens.vocab.numel()) if exit_lens is not None and exit_lens.vocab is not None else 0,
         "k": k, "new_tokens": new_tokens, "num_prompts": num_prompts, "dtype": dtype,
         "num_accepted": sum(s == 1 for s, _ in samples), "num_rejected": sum(s == 0 for s, _ in samples),
         "layers": summarise(samples, len(tap.out)),

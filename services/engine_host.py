@@ -138,7 +138,7 @@ class EngineHost:
             with_tokenizer=False,  # the services see token ids only
         )
         if role == "target":
-            engine.set_early_exit(EngineHost._early_exit_with_profile(settings, engine, loaded))
+            engine.set_early_exit(EngineHost._early_exit_with_profile(settings, engine, loaded), loaded.source)
         return engine, loaded, None
 
     @staticmethod

@@ -89,6 +89,12 @@ class EarlyExitConfig(BaseModel):
     )  # fmt: skip
     signal_min: int = Field(20, ge=1, description="Reached pruned nodes needed before the signal is judged.")
     explore_every: int = Field(20, ge=1, description="With the gate closed for want of signal, still check every n-th verify.")
+    lens: str = Field(
+        "auto",
+        description="Intermediate logits through a tuned lens (tuned_lens.py): auto = the target directory's "
+        "tuned_lens.safetensors when there is one, off = the plain logit lens, else a directory holding one. "
+        "With a lens, only the layers it has a translator for are checked.",
+    )  # fmt: skip
     token_cost_s: float | None = Field(
         None, ge=0.0,
         description="Marginal seconds per verified token through all layers (the profile's gamma); None: fitted online.",
@@ -231,10 +237,12 @@ class EarlyExitStats:
 class EarlyExitController:
     """Decides, per forward and check layer, whether to check and prune (the runner does the tensor work)."""
 
-    def __init__(self, config: EarlyExitConfig, num_layers: int):
+    def __init__(self, config: EarlyExitConfig, num_layers: int, lens_layers: list[int] | None = None):
         self.config = config
         self.num_layers = num_layers
         self.layers = set(check_layers(config, num_layers))
+        if lens_layers is not None:  # a tuned lens reads only the layers it was trained for
+            self.layers &= set(lens_layers)
         self.stats = EarlyExitStats(line=MarginalCost(weight=config.ema))
         self.num_checks = 0  # checks run in the last forward, for reports
         self._k_rej = 0.0

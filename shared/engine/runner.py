@@ -27,6 +27,7 @@ from shared.engine import cpu_linear
 from shared.engine.attention.base import ATTN_IMPLEMENTATION, BatchLayout, SeqLayout, register, select_backend
 from shared.engine.config import EngineConfig
 from shared.engine.early_exit import EarlyExitController
+from shared.engine.tuned_lens import TunedLens
 from shared.engine.feature_capture import FeatureCapture
 from shared.engine.errors import (
     ContextLengthError,
@@ -88,6 +89,7 @@ class ModelRunner:
         cpu_linear.pad_single_rows(model)  # CPU, 16 bits: a decode's products as a verify's (row exactness)
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
+        self.exit_lens: TunedLens | None = None  # early exit's tuned lens (TargetEngine.set_early_exit)
         cfg = model.config
         self.vocab_size = model.get_input_embeddings().weight.shape[0]
         self.max_context = self.config.max_context or cfg.max_position_embeddings
@@ -402,15 +404,19 @@ class ModelRunner:
             capture = self._capture
             if capture is not None:
                 capture.paused = True  # this norm is the exit test's, not the last layer's output
-            logits = self.lm_head(dec.norm(hidden[0, parent_idx.to(self.device)])).float()  # [P, vocab]
-            if capture is not None:
-                capture.paused = False
+            parent_hidden = hidden[0, parent_idx.to(self.device)]  # [P, hidden]
             slot = {r: i for i, r in enumerate(parent_rows)}
             pidx = torch.tensor([slot[c.parent_row] for c in live], device=self.device)  # [C]
             tok = torch.tensor([c.token for c in live], device=self.device)  # [C]
-            own = logits[pidx, tok]  # [C]
             # outside the top-K_l <=> at least K_l tokens score higher (no top-k materialised; FASER §5)
-            higher = (logits[pidx] > own[:, None]).sum(-1).cpu()  # [C]
+            if self.exit_lens is not None:  # tuned lens, maybe over a vocabulary subset (tuned_lens.py)
+                higher = self.exit_lens.tokens_above(layer_idx, parent_hidden, dec.norm, self.lm_head, pidx, tok).cpu()
+            else:
+                logits = self.lm_head(dec.norm(parent_hidden)).float()  # [P, vocab]
+                own = logits[pidx, tok]  # [C]
+                higher = (logits[pidx] > own[:, None]).sum(-1).cpu()  # [C]
+            if capture is not None:
+                capture.paused = False
             out = [c for c, h in zip(live, higher.tolist()) if h >= ctrl.k_at(layer_idx)]
             t1 = time.perf_counter()
             ctrl.observe_check(t1 - t0, len(parent_rows))

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+from shared.engine import tuned_lens
 from shared.engine.acceptance import _validate_child_dists, accept_tree
 from shared.engine.early_exit import EarlyExitConfig, EarlyExitController, prune_outcome
 from shared.engine.errors import ContextLengthError, DuplicateSequenceError, InvalidRequestError, KVPoolSizeError
@@ -31,6 +33,7 @@ from shared.engine.features import FeatureBlock, FeatureSpec
 from shared.engine.runner import ModelRunner, Work
 from shared.engine.sampling import make_generator, probs_from_logits, sample, validate_sampling
 from shared.engine.tree import children_of, validate_tree
+from shared.engine.tuned_lens import TunedLens
 from shared.engine.types import AcceptResult, ForwardCost, PrefillItem, PrefillResult, VerifyItem
 
 
@@ -56,13 +59,38 @@ class TargetEngine:
         self.early_exit: EarlyExitController | None = None
         self.set_early_exit(early_exit)
 
-    def set_early_exit(self, config: EarlyExitConfig | None) -> None:
-        """Turn token-wise early exit on (with ``config``) or off (None or disabled)."""
+    def set_early_exit(self, config: EarlyExitConfig | None, source: Path | None = None) -> None:
+        """Turn token-wise early exit on (with ``config``) or off (None or disabled).
+
+        ``source``: the target's model directory, where ``lens=auto`` looks for a tuned lens. Raises
+        ValueError when ``config.lens`` names a directory without a usable lens (or one of another width)."""
+        self.runner.exit_lens = None
         if config is None or not config.enabled:
             self.early_exit = None
             return
         num_layers = len(self.runner.decoder.layers)
-        self.early_exit = EarlyExitController(config, num_layers)
+        lens = self._exit_lens(config.lens, source)
+        if lens is not None:
+            hidden = self.runner.decoder.embed_tokens.embedding_dim
+            if lens.hidden_size != hidden or lens.layers[-1] >= num_layers - 1:
+                raise ValueError(f"tuned lens of width {lens.hidden_size}, layers {lens.layers} does not fit a target "
+                                 f"of width {hidden} and {num_layers} layers")  # fmt: skip
+            lens.attach_head(self.runner.lm_head.weight)
+        self.runner.exit_lens = lens
+        self.early_exit = EarlyExitController(config, num_layers, lens.layers if lens is not None else None)
+
+    def _exit_lens(self, spec: str, source: Path | None) -> TunedLens | None:
+        spec = spec.strip()
+        if spec.lower() in ("off", "none", "false", ""):
+            return None
+        if spec.lower() == "auto":
+            if source is None or not Path(source).is_dir():
+                return None
+            return tuned_lens.load(Path(source), device=self.runner.device, dtype=self.runner.dtype)
+        lens = tuned_lens.load(Path(spec), device=self.runner.device, dtype=self.runner.dtype)
+        if lens is None:
+            raise ValueError(f"early exit lens={spec!r}: no {tuned_lens.FILE_NAME} there")
+        return lens
 
     def prefill(self, items: list[PrefillItem], features: FeatureSpec | None = None) -> list[PrefillResult]:
         return self.step(items, [], features).prefills

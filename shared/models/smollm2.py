@@ -47,13 +47,17 @@ def gguf_path(paths: Paths) -> Path:
 def prepare(paths: Paths, console: Console | None = None, *, force: bool = False) -> Path:
     """Make ``models/smollm2-135m-instruct`` exist and be complete; return it. Idempotent."""
     console = console or Console()
+    from shared.models.lens.install import install as install_lens
+
     out = model_dir(paths)
     if is_prepared(out) and not force:
+        install_lens(out)  # the committed tuned lens for early exit (cheap: compared, copied when it changed)
         console.print(f"[green]✓[/] {NAME} already prepared at {out}")
         return out
     start = time.perf_counter()
     gguf = fetch_gguf(paths, console)
     convert(gguf, out, console)
+    install_lens(out)
     console.print(f"[green]✓[/] {NAME} prepared at {out} in {time.perf_counter() - start:.0f} s")
     return out
 

@@ -1,0 +1,1 @@
+"""Training of the target's tuned lens (``shared/engine/tuned_lens.py``): ``python -m shared.models.lens``."""
