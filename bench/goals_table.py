@@ -176,11 +176,18 @@ def faser(results: dict, folder: Path, draft: str = "") -> list[dict]:
     rows = [_goal("FASER", f"pipelining + early exit: batch-1 TPOT >= 15 % below serial SD{draft}", f"{ratio - 1:+.1%}",
                   _spread([r - 1 for r in runs], "+.1%"), _met(ratio <= 0.85, [r <= 0.85 for r in runs]), results,
                   folder)]  # fmt: skip
-    ee = {n: b1[n].get("early_exit") for n in ("faser:ee", "faser:all") if b1.get(n, {}).get("early_exit")}
-    if ee:
-        value = "; ".join(f"{n}: {e['pruned_share']:.1%} of {e['proposed']} drafted tokens" for n, e in ee.items())
-        rows.append(_goal("FASER", f"early exit measurably pruning{draft}", value, "–",
-                          all(e["pruned"] > 0 for e in ee.values()), results, folder))  # fmt: skip
+    points = {"batch 1": b1, **{f"{load}": per for load, per in (results.get("sweep") or {}).items()}}
+    cells, pruning = [], {}
+    for where, per in points.items():
+        ee = {n: per[n].get("early_exit") for n in ("faser:ee", "faser:all") if (per.get(n) or {}).get("early_exit")}
+        if ee:
+            cells.append(f"{where}: " + ", ".join(f"{n} {e['pruned_share']:.1%} of {e['proposed']}" for n, e in ee.items()))
+            for n, e in ee.items():
+                pruning[n] = max(pruning.get(n, 0.0), e["pruned_share"])
+    if cells:  # measurably: at least 1 % of the drafted tokens at some load, with early exit alone and with both
+        met = len(pruning) == 2 and all(share >= 0.01 for share in pruning.values())
+        rows.append(_goal("FASER", f"early exit measurably pruning (>= 1 % of drafted tokens at some load){draft}",
+                          "; ".join(cells), "–", met, results, folder))  # fmt: skip
     return rows
 
 

@@ -139,6 +139,10 @@ class EngineHost:
         )
         if role == "target":
             engine.set_early_exit(EngineHost._early_exit_with_profile(settings, engine, loaded), loaded.source)
+            lens = engine.runner.exit_lens
+            if lens is not None:
+                vocab = "the whole vocabulary" if lens.vocab is None else f"{lens.vocab.numel()} tokens"
+                log.info("early exit: tuned lens at layers %s, ranking within %s", lens.layers, vocab)
         return engine, loaded, None
 
     @staticmethod
