@@ -157,8 +157,10 @@ class MarginalCost:
     sxx: float = 0.0
     sxy: float = 0.0
     last: float | None = None
+    max_x: float = 0.0
 
     def add(self, x: float, y: float) -> None:
+        self.max_x = max(self.max_x, x)
         keep = 1.0 - self.weight
         self.n = keep * self.n + 1.0
         self.sx = keep * self.sx + x
@@ -176,6 +178,21 @@ class MarginalCost:
         c1 = (self.sxy / self.n - mx * my) / var
         self.last = min(max(c1, 0.0), my / mx)
         return self.last
+
+    def predict(self, x: float, reach: float = 1.5) -> float | None:
+        """Seconds at size ``x`` from the line (c0 = mean y - c1 * mean x, c1 = ``slope()``); None when ``x`` lies
+        beyond ``reach`` times the largest size seen and the line cannot be told from one size (measure it).
+
+        Without spread the cost is taken proportional to size (an upper bound where a fixed cost dominates)."""
+        if self.n <= 0.0 or self.sx <= 0.0:
+            return None
+        mx, my = self.sx / self.n, self.sy / self.n
+        c1 = self.slope()
+        if c1 is None:
+            if x > reach * self.max_x:
+                return None
+            return my / mx * x
+        return max(0.0, my - c1 * mx) + c1 * x
 
 
 @dataclass
@@ -215,7 +232,8 @@ class EarlyExitStats:
     """Running estimates the gate needs: measured costs and per-request acceptance."""
 
     t_token_layer: float = 0.0  # s per token per layer: a forward's time over its token-layers (the average)
-    t_check: float = 0.0  # s per check (norm + LM head + top-K count), per parent row
+    t_check: float = 0.0  # s per check (norm + LM head + top-K count), per parent row (reports)
+    check_line: MarginalCost = field(default_factory=MarginalCost)  # a check's time against its parent rows (eq. 13)
     t_prune: float = 0.0  # s per prune (row gather + attention re-plan)
     accept: dict[str, float] = field(default_factory=dict)  # seq id -> acceptance rate estimate
     line: MarginalCost = field(default_factory=MarginalCost)  # the forwards' time against their token-layers
@@ -282,7 +300,10 @@ class EarlyExitController:
             return False  # pruning does not pick out rejections here: it would only cost acceptance
         if s.t_token_layer <= 0.0:
             return True  # nothing measured yet: check once so the costs get measured
-        t_ee = s.t_check * num_parent_rows
+        t_ee = s.check_line.predict(num_parent_rows)
+        if t_ee is None:
+            return True  # a check of this many rows was never timed: a batch-1 check's per-row cost (its LM-head
+            # read, memory-bound) says nothing of 60 rows (compute-bound); measure once
         saved = time_saved(layer, self.num_layers, s.t_token_layer, self._num_tokens, self._k_rej, t_ee,
                            marginal_token_layer=self.marginal_token_layer()[0])  # fmt: skip
         cost = s.t_prune + (t_ee if self.config.inline_check else 0.0)
@@ -290,6 +311,7 @@ class EarlyExitController:
 
     def observe_check(self, seconds: float, num_parent_rows: int) -> None:
         self.num_checks += 1
+        self.stats.check_line.add(num_parent_rows, seconds)
         self.stats.t_check = EarlyExitStats._mix(self.stats.t_check, seconds / max(1, num_parent_rows), self.config.ema)
 
     def observe_prune(self, seconds: float) -> None:

@@ -177,3 +177,20 @@ def test_a_larger_sample_rerun_adds_its_own_rows_beside_the_first_run(tmp_path):
                                                            ("adaptive-eagle", True), ("adaptive-eagle-5rep", False)]  # fmt: skip
     assert latency[1]["goal"].endswith("(16 requests per point)") and latency[1]["value"] == "1/1 loads; worst +3.0%"
     assert latency[3]["goal"].endswith("(feature draft, open chat, 5 repeats, a prompt sample per repeat)")
+
+
+def test_early_exit_pruning_is_read_at_every_load(tmp_path):
+    from bench.goals_table import faser
+
+    def cfg(tpot, pruned, proposed=1000):
+        ee = {"proposed": proposed, "pruned": pruned, "pruned_share": pruned / proposed}
+        return {"summary": {"tpot_s": {"mean": tpot}}, "by_run": [{"tpot_mean_s": tpot}] * 3, "early_exit": ee}
+
+    b1 = {"faser:serial": cfg(0.1, 0), "faser:pipe": cfg(0.09, 0), "faser:ee": cfg(0.1, 0), "faser:all": cfg(0.09, 0)}
+    shut = faser({"batch1": b1, "command": "c"}, tmp_path)
+    assert [r["met"] for r in shut] == [False, False]  # the gate stayed shut at batch 1: nothing pruned
+    loaded = {"rate=1.6": {"faser:ee": cfg(0.2, 30), "faser:all": cfg(0.2, 12)}}
+    rows = faser({"batch1": b1, "sweep": loaded, "command": "c"}, tmp_path)
+    assert rows[1]["met"] and "rate=1.6: faser:ee 3.0% of 1000" in rows[1]["value"]
+    loaded["rate=1.6"]["faser:all"] = cfg(0.2, 5)  # 0.5 %: not measurable
+    assert not faser({"batch1": b1, "sweep": loaded, "command": "c"}, tmp_path)[1]["met"]

@@ -208,7 +208,7 @@ def test_gate_follows_eq_10():
     ctrl = EarlyExitController(config, 8)
     ctrl.stats.t_token_layer = 1e-4
     ctrl.stats.t_prune = 1e-3
-    ctrl.stats.t_check = 1e-4
+    ctrl.observe_check(2e-4, 2)  # 1e-4 s a parent row
     ctrl.begin(["a", "b"], [8, 8])  # prior acceptance 0.5: k_rej = 8
     ctrl.begin_forward(20)
     # saving at layer 4: (8 - 5 - dL) / 8 * 8 tokens * 8 layers * 1e-4 ~ 2.2e-3 > 1e-3 + 2e-4
@@ -226,10 +226,32 @@ def test_gate_follows_eq_10():
 def _gate_at_batch_1(config: EarlyExitConfig) -> EarlyExitController:
     """A batch-1 verify of a 5-node tree on an 8-layer target, costs as measured there."""
     ctrl = EarlyExitController(config, 8)
-    ctrl.stats.t_prune, ctrl.stats.t_check = 1e-4, 1e-5
+    ctrl.stats.t_prune = 1e-4
+    ctrl.observe_check(1e-5, 1)
     ctrl.begin(["a"], [5])  # prior acceptance 0.5: k_rej = 2.5
     ctrl.begin_forward(6)
     return ctrl
+
+
+def test_a_check_of_an_unseen_size_is_measured_not_extrapolated_per_row():
+    """Checks timed at batch 1 (4 parent rows, 3.4 ms: the LM-head read, memory-bound) priced per row would put a
+    64-row check at 54 ms and keep the gate shut under load for good (2026-11-29, 0 pruned at 2.9 req/s). A size
+    beyond what was timed is checked once; then the line through both sizes prices it (FASER eq. 13: linear)."""
+    ctrl = EarlyExitController(EarlyExitConfig(enabled=True, init_layer=0.5, token_cost_s=4e-3), 8)  # 0.5 ms a layer
+    ctrl.stats.t_prune = 1e-3
+    for _ in range(10):
+        ctrl.observe_check(3.4e-3, 4)
+    ctrl.observe_forward(40e-3, 5 * 8)
+    ctrl.begin(["a"], [4])  # batch 1: k_rej = 2 rows x < 3 layers left x 0.5 ms < 3 ms saved ...
+    ctrl.begin_forward(5)
+    assert not ctrl.should_check(4, 4)  # ... against 1 ms of prune + 3.4 ms of check: shut
+    ctrl.begin([str(i) for i in range(16)], [4] * 16)  # 16 requests: k_rej = 32
+    ctrl.begin_forward(80)
+    assert ctrl.should_check(4, 64)  # never timed near 64 rows: measure
+    ctrl.observe_check(6e-3, 64)  # compute-bound: 6 ms, not 54
+    assert 5e-3 < ctrl.stats.check_line.predict(64) < 7e-3
+    assert 3.4e-3 / 4 * 64 > 32 * 3 * 0.5e-3  # per-row pricing (54 ms) would outweigh the ~48 ms saved ...
+    assert ctrl.should_check(4, 64)  # ... the line's 6 ms does not
 
 
 def test_a_flat_forward_cost_closes_the_gate():
