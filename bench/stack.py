@@ -13,6 +13,7 @@ makes every service flush its spans into the sink before ``spans()`` is read.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -69,7 +70,7 @@ class BenchStack:
 @contextmanager
 def bench_stack(models: Models, key: StackKey, log_dir: Path, *, traces: bool = True) -> Iterator[BenchStack]:
     sink = SpanSink().start() if traces else None
-    env = {"TANDEM_QUEUE_POLICY": key.queue_policy, "TANDEM_LOG_LEVEL": "warning"}
+    env = {"TANDEM_QUEUE_POLICY": key.queue_policy, "TANDEM_LOG_LEVEL": os.environ.get("TANDEM_BENCH_LOG_LEVEL", "warning")}
     for var, value in (("TANDEM_FRONTIER", key.frontier), ("TANDEM_EARLY_EXIT", key.early_exit),
                        ("TANDEM_DRAFT_OFFLOAD", key.draft_offload)):  # fmt: skip
         if value is not None:

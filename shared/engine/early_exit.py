@@ -265,6 +265,7 @@ class EarlyExitController:
         self.num_checks = 0  # checks run in the last forward, for reports
         self._k_rej = 0.0
         self._num_tokens = 0
+        self._steps = 0  # verify steps begun
 
     def k_at(self, layer: int) -> int:
         return k_at(self.config, layer, self.num_layers)
@@ -281,6 +282,7 @@ class EarlyExitController:
     def begin(self, seq_ids: list[str], num_drafted: list[int]) -> float:
         """Start a verify step; returns k_rej (eq. 6) for its requests."""
         self.num_checks = 0
+        self._steps += 1
         rates = [self.stats.accept.get(s, self.config.prior_accept) for s in seq_ids]
         self._k_rej = expected_rejected(num_drafted, rates)
         return self._k_rej
@@ -304,6 +306,8 @@ class EarlyExitController:
         if t_ee is None:
             return True  # a check of this many rows was never timed: a batch-1 check's per-row cost (its LM-head
             # read, memory-bound) says nothing of 60 rows (compute-bound); measure once
+        if s.check_line.slope() is None and self._steps % self.config.explore_every == 0 and layer == min(self.layers):
+            return True  # checks timed at one size only: the line's slope is unknown, time one at this size too
         saved = time_saved(layer, self.num_layers, s.t_token_layer, self._num_tokens, self._k_rej, t_ee,
                            marginal_token_layer=self.marginal_token_layer()[0])  # fmt: skip
         cost = s.t_prune + (t_ee if self.config.inline_check else 0.0)
@@ -340,6 +344,17 @@ class EarlyExitController:
         rate = min(1.0, (num_accepted + pruned_passed) / num_drafted)
         old = self.stats.accept.get(seq_id)
         self.stats.accept[seq_id] = rate if old is None else (1 - self.config.ema) * old + self.config.ema * rate
+
+    def describe(self) -> str:
+        """One line of the gate's state, for the target's log."""
+        s, p = self.stats, self.stats.prunes
+        marginal, source = self.marginal_token_layer()
+        line = s.check_line
+        check = "untimed" if line.n <= 0 else f"{line.sy / line.n * 1e3:.2f} ms at {line.sx / line.n:.0f} rows"
+        return (f"early exit: {s.verifies} verifies, signal {s.has_signal(self.config)} (pruned passed "
+                f"{p.pruned_passed:.1f}/{p.pruned_reached:.1f}, kept {p.kept_passed:.1f}/{p.kept_reached:.1f}), "
+                f"marginal {marginal * 1e6:.1f} us/token-layer ({source}), check {check}, prune {s.t_prune * 1e3:.2f} ms, "
+                f"k_rej {self._k_rej:.1f}, {self.num_checks} checks in the last forward")  # fmt: skip
 
     def forget(self, seq_id: str) -> None:
         self.stats.accept.pop(seq_id, None)

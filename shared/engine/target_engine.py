@@ -19,6 +19,7 @@ the caller an error and nothing else.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,9 @@ from shared.engine.sampling import make_generator, probs_from_logits, sample, va
 from shared.engine.tree import children_of, validate_tree
 from shared.engine.tuned_lens import TunedLens
 from shared.engine.types import AcceptResult, ForwardCost, PrefillItem, PrefillResult, VerifyItem
+
+log = logging.getLogger(__name__)
+LOG_EVERY = 500  # verified requests between two early-exit log lines
 
 
 @dataclass
@@ -221,6 +225,8 @@ class TargetEngine:
                 ee.observe_outcome(outcome)
                 ee.observe_accept(seq.seq_id, len(v.tree), accepted.num_accepted, outcome.pruned_passed)
             result.verifies.append(accepted)
+        if ee is not None and verifies and ee.stats.verifies // LOG_EVERY != (ee.stats.verifies - len(verifies)) // LOG_EVERY:
+            log.info(ee.describe())
         return result
 
 
