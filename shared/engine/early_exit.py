@@ -181,16 +181,16 @@ class MarginalCost:
 
     def predict(self, x: float, reach: float = 1.5) -> float | None:
         """Seconds at size ``x`` from the line (c0 = mean y - c1 * mean x, c1 = ``slope()``); None when ``x`` lies
-        beyond ``reach`` times the largest size seen and the line cannot be told from one size (measure it).
+        beyond ``reach`` times the largest size seen (measure it: a line through small sizes does not reach it).
 
         Without spread the cost is taken proportional to size (an upper bound where a fixed cost dominates)."""
         if self.n <= 0.0 or self.sx <= 0.0:
             return None
         mx, my = self.sx / self.n, self.sy / self.n
+        if x > reach * self.max_x:
+            return None
         c1 = self.slope()
         if c1 is None:
-            if x > reach * self.max_x:
-                return None
             return my / mx * x
         return max(0.0, my - c1 * mx) + c1 * x
 
@@ -306,8 +306,9 @@ class EarlyExitController:
         if t_ee is None:
             return True  # a check of this many rows was never timed: a batch-1 check's per-row cost (its LM-head
             # read, memory-bound) says nothing of 60 rows (compute-bound); measure once
-        if s.check_line.slope() is None and self._steps % self.config.explore_every == 0 and layer == min(self.layers):
-            return True  # checks timed at one size only: the line's slope is unknown, time one at this size too
+        if self._steps % self.config.explore_every == 0 and layer == min(self.layers):
+            return True  # keep the check's line current: a line fitted from a few small checks may slope like a
+            # per-row average and price every later batch out; one check every explore_every steps re-times it
         saved = time_saved(layer, self.num_layers, s.t_token_layer, self._num_tokens, self._k_rej, t_ee,
                            marginal_token_layer=self.marginal_token_layer()[0])  # fmt: skip
         cost = s.t_prune + (t_ee if self.config.inline_check else 0.0)

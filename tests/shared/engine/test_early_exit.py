@@ -328,3 +328,20 @@ def test_pruning_without_an_exit_signal_closes_the_gate():
     assert good.stats.has_signal(config) is True and good.should_check(4, 1)
     ctrl.observe_accept("r", 4, 1, pruned_passed=1)
     assert ctrl.stats.accept["r"] == 0.5
+
+
+def test_a_shut_gate_still_times_a_check_every_explore_every_steps():
+    """A line fitted from a few small checks can slope like a per-row average (faser:all, 2026-11-29: 4.3 ms at
+    3 rows, never re-timed); one check every explore_every steps at the first check layer keeps it current."""
+    config = EarlyExitConfig(enabled=True, init_layer=0.5, token_cost_s=4e-3, explore_every=5)
+    ctrl = EarlyExitController(config, 8)
+    ctrl.stats.t_prune = 1e-3
+    for rows, secs in ((2, 2.9e-3), (3, 4.3e-3)) * 5:  # steep: 1.4 ms a row
+        ctrl.observe_check(secs, rows)
+    ctrl.observe_forward(40e-3, 5 * 8)
+    checked = []
+    for _ in range(10):
+        ctrl.begin(["a", "b"], [2, 2])
+        ctrl.begin_forward(6)
+        checked.append((ctrl.should_check(4, 4), ctrl.should_check(5, 4)))
+    assert [c for c, _ in checked].count(True) == 2 and not any(d for _, d in checked)  # steps 5 and 10, layer 4 only
