@@ -96,6 +96,17 @@ def generate(
     )  # fmt: skip
 
 
+def right_padded(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask), both [batch, longest], zero-padded on the right (causal rows stay unchanged)."""
+    width = max(map(len, seqs))
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for r, s in enumerate(seqs):
+        ids[r, : len(s)] = torch.tensor(s)
+        mask[r, : len(s)] = 1
+    return ids, mask
+
+
 def cached_batches(prompts: list[Prompt], cache_dir: Path, run_batch: Callable[[list[Prompt]], list], *, prefix: str,
                    key: list, batch_size: int, label: str, count_tokens: Callable[[object], int]) -> list:
     """``run_batch`` over every prompt, results in prompt order, cached on disk per SHARD_SIZE prompts.

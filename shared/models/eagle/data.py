@@ -72,12 +72,7 @@ def featurize(model, samples: list[generate.Sample], layer_ids: list[int], batch
         for b in range(0, len(order), batch_size):
             idx = order[b : b + batch_size]
             seqs = [samples[i].prompt_ids + samples[i].output_ids for i in idx]
-            width = max(map(len, seqs))
-            ids = torch.zeros(len(seqs), width, dtype=torch.long)
-            mask = torch.zeros(len(seqs), width, dtype=torch.long)
-            for r, s in enumerate(seqs):
-                ids[r, : len(s)] = torch.tensor(s)
-                mask[r, : len(s)] = 1
+            ids, mask = generate.right_padded(seqs)
             logits = model(input_ids=ids, attention_mask=mask).logits  # [B, T, vocab]
             labels = logits.argmax(-1)  # [B, T]
             aux = torch.cat([store[i] for i in layer_ids], dim=-1)  # [B, T, width]

@@ -38,12 +38,7 @@ def hidden_states(model, samples: list[generate.Sample], layers: list[int], batc
     for b in range(0, len(order), batch_size):
         batch = [samples[i] for i in order[b : b + batch_size]]
         seqs = [s.prompt_ids + s.output_ids for s in batch]
-        width = max(map(len, seqs))
-        ids = torch.zeros(len(seqs), width, dtype=torch.long)
-        mask = torch.zeros(len(seqs), width, dtype=torch.long)
-        for r, s in enumerate(seqs):
-            ids[r, : len(s)] = torch.tensor(s)
-            mask[r, : len(s)] = 1
+        ids, mask = generate.right_padded(seqs)
         out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
         states = out.hidden_states  # [embeddings, after layer 0, ..., after the final norm]
         for r, s in enumerate(batch):

@@ -39,7 +39,7 @@ def _lens_logp(model, lens: TunedLens, layer: int, hidden: torch.Tensor, bf16: b
 @torch.no_grad()
 def _target_logp(model, final: torch.Tensor, bf16: bool) -> torch.Tensor:
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        return model.lm_head(final).float().log_softmax(-1)
+        return model.lm_head(final.float()).float().log_softmax(-1)
 
 
 def fit_layer(model, lens: TunedLens, layer: int, data: LensData, cfg: TrainConfig,
