@@ -261,6 +261,7 @@ class EarlyExitController:
         self.layers = set(check_layers(config, num_layers))
         if lens_layers is not None:  # a tuned lens reads only the layers it was trained for
             self.layers &= set(lens_layers)
+        self.first_layer = min(self.layers, default=-1)  # where the cost line is re-timed
         self.stats = EarlyExitStats(line=MarginalCost(weight=config.ema))
         self.num_checks = 0  # checks run in the last forward, for reports
         self._k_rej = 0.0
@@ -306,7 +307,7 @@ class EarlyExitController:
         if t_ee is None:
             return True  # a check of this many rows was never timed: a batch-1 check's per-row cost (its LM-head
             # read, memory-bound) says nothing of 60 rows (compute-bound); measure once
-        if self._steps % self.config.explore_every == 0 and layer == min(self.layers):
+        if self._steps % self.config.explore_every == 0 and layer == self.first_layer:
             return True  # keep the check's line current: a line fitted from a few small checks may slope like a
             # per-row average and price every later batch out; one check every explore_every steps re-times it
         saved = time_saved(layer, self.num_layers, s.t_token_layer, self._num_tokens, self._k_rej, t_ee,
