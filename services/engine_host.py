@@ -158,7 +158,8 @@ class EngineHost:
 
         runner = engine.runner
         info = SimpleNamespace(model_name=loaded.name, device=str(runner.device),
-                               dtype=str(runner.dtype).removeprefix("torch."))  # fmt: skip
+                               dtype=str(runner.dtype).removeprefix("torch."),
+                               cpu_threads=cpu_threads() if str(runner.device).startswith("cpu") else 0)  # fmt: skip
         try:
             profile, where = profile_from_files(settings, info)
         except (OSError, ValueError) as exc:
@@ -255,6 +256,8 @@ class EngineHost:
         info.max_context = runner.max_context
         info.dtype = str(runner.dtype).removeprefix("torch.")
         info.device = str(runner.device)
+        if runner.device.type == "cpu":
+            info.cpu_threads = cpu_threads()
         info.kv_blocks_total = cache.num_blocks
         info.kv_blocks_base, info.kv_blocks_max = runner.base_blocks, runner.max_blocks
         info.kv_blocks_free = cache.num_free_blocks  # 0 while offloaded: the pool's memory is given back
@@ -272,3 +275,10 @@ class EngineHost:
     def close(self) -> None:
         """Stop the engine thread once its current call (if any) ends."""
         self._thread.shutdown(wait=False, cancel_futures=True)
+
+
+def cpu_threads() -> int:
+    """The torch CPU threads this process runs its models with (TANDEM_THREADS, else torch's choice)."""
+    import torch
+
+    return torch.get_num_threads()

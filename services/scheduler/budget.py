@@ -16,7 +16,11 @@ scheduler logs it)::
 
 A profile measured on other hardware than the target serves on is worse than
 none (B of a GPU on a CPU target), so profiles whose device type or dtype
-differ from the target's Info are skipped, with a log line saying so.
+differ from the target's Info are skipped, with a log line saying so. On a CPU
+a profile measured at the service's own torch thread count (Info.cpu_threads)
+wins over a newer one measured at another (a FASER stack runs each model on
+one of the two cores: T(1) 61 ms there against 53 ms on both); failing that,
+the newest matching one serves, with a log line naming both counts.
 """
 
 from __future__ import annotations
@@ -91,18 +95,12 @@ def load_draft_cost_model(settings: ServiceSettings, draft_info) -> CostModel | 
         log.info("model-free draft %s: cost model %s", getattr(draft_info, "model_name", "?"), MODEL_FREE_DRAFT)
         return MODEL_FREE_DRAFT
 
-    folder = Paths.resolve(settings.home).home / "profiles" / slug(draft_info.model_name)
-    paths = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True) if folder.is_dir() else []
-    for path in paths:
-        try:
-            profile = load_profile(path)
-        except (OSError, ValueError, ValidationError) as exc:
-            log.warning("skipping unreadable draft profile %s: %s", path, exc)
-            continue
-        if _matches(profile, draft_info, f"file:{path}"):
-            log.info("draft cost model from file:%s", path)
-            return profile.cost_model
-    return None
+    profile, where = _newest_matching(Paths.resolve(settings.home).home / "profiles" / slug(draft_info.model_name),
+                                      draft_info, "draft ")  # fmt: skip
+    if profile is None:
+        return None
+    log.info("draft cost model from %s", where)
+    return profile.cost_model
 
 
 def profile_from_files(settings: ServiceSettings, target_info) -> tuple[Profile | None, str | None]:
@@ -113,17 +111,40 @@ def profile_from_files(settings: ServiceSettings, target_info) -> tuple[Profile 
     if settings.profile is not None:  # named explicitly: it must be readable
         path = Path(settings.profile).expanduser()
         return load_profile(path), f"file:{path}"
-    folder = Paths.resolve(settings.home).home / "profiles" / slug(target_info.model_name)
+    return _newest_matching(Paths.resolve(settings.home).home / "profiles" / slug(target_info.model_name), target_info)
+
+
+def _newest_matching(folder: Path, info, what: str = "") -> tuple[Profile | None, str | None]:
+    """The newest readable profile in ``folder`` measured on ``info``'s device type and dtype, one measured at
+    ``info``'s CPU thread count first."""
     paths = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True) if folder.is_dir() else []
+    found: list[tuple[Profile, str]] = []
     for path in paths:
         try:
             profile = load_profile(path)
         except (OSError, ValueError, ValidationError) as exc:
-            log.warning("skipping unreadable profile %s: %s", path, exc)
+            log.warning("skipping unreadable %sprofile %s: %s", what, path, exc)
             continue
-        if _matches(profile, target_info, f"file:{path}"):
-            return profile, f"file:{path}"
-    return None, None
+        if _matches(profile, info, f"file:{path}"):
+            found.append((profile, f"file:{path}"))
+    if not found:
+        return None, None
+    threads = int(getattr(info, "cpu_threads", 0) or 0)
+    same = [(p, w) for p, w in found if not threads or _threads(p) in (None, threads)]
+    if same:
+        return same[0]
+    profile, where = found[0]
+    log.warning("no %sprofile at %d CPU threads, the service's count; using %s, measured at %s",
+                what, threads, where, _threads(profile))  # fmt: skip
+    return profile, where
+
+
+def _threads(profile: Profile) -> int | None:
+    """The torch CPU threads a profile was measured at (None: not a CPU profile, or not recorded)."""
+    if profile.device.split(":")[0] != "cpu":
+        return None
+    value = profile.settings.get("threads")
+    return int(value) if isinstance(value, int | float) else None
 
 
 async def _from_redis(store, target_info) -> tuple[Profile | None, str | None]:

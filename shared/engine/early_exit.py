@@ -25,7 +25,8 @@ When to prune (eq. 5-10), per forward, before each check layer ``l``::
     dL_ee   = L * T_ee / T_t                            eq. 7   (checker cost in layers)
     L_r'    = max(L - l - 1 - dL_ee, 0)                 eq. 8   (layers l+1..L-1 remain)
     T_save  = L_r' / L * T_t(k_rej)                     eq. 9
-    prune iff T_save > T_pr (+ T_ee when the check runs on the critical path)   eq. 10
+    prune iff T_save - T_loss > T_pr (+ T_ee when the check runs on the critical path)   eq. 10
+    T_loss  = k_rej * w_l * l(a, m) * t_tok             (an extension: acceptance a wrong prune costs)
 
 ``T_t(k_rej)`` in eq. 9 is what the k_rej rows add to a verify: the *marginal*
 per-token cost (the slope of T(n)), not a forward's time divided by its tokens.
@@ -43,6 +44,24 @@ gathering rows). The
 paper runs the checker on a side CUDA stream, so only eq. 7 charges it; on
 CPU (and in this implementation generally) the check runs inline, so its cost
 is charged in full as well (``inline_check``).
+
+``T_loss`` is beyond the paper, whose eq. 10 counts only time: a pruned node
+the target would have accepted ends its walk there, so the request loses the
+accepted tokens below it and the bonus after them, ``l(a, m) = 1 + a + ... +
+a^m`` on average (``m`` the depth of the drafted chain below the node, ``a`` the
+batch's acceptance), each worth ``t_tok``, this target's measured forward time
+per emitted token. ``w_l`` is the share of nodes flagged at layer ``l`` that
+the acceptance test would pass, measured per layer (a wide ``K`` at a shallow
+layer cuts more good tokens than a narrow one deep down). After a prune, the
+rows it removed leave ``k_rej`` and the forward, so a later layer's check
+prices only what is left: before, every check layer saw the same ``k_rej`` and
+a 40-row batch ran five checks a forward (2026-11-29, +24 % TPOT at 8x load).
+
+Measuring never prunes: a *shadow* check runs the test and flags the nodes it
+would prune but keeps them, so the acceptance walk says whether they would
+have passed, at no acceptance cost. Shadow checks time the check (a size never
+timed, one every ``explore_every`` steps) and measure ``w_l`` (every
+``explore_every`` steps, rotating over the check layers).
 
 ``K_l`` is depth dependent: conservative (``k_init``) at ``L_init``, stricter
 (``k_final``) at the last layer, linear in between.
@@ -65,6 +84,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
+
+
+SKIP, PRUNE, SHADOW = "skip", "prune", "shadow"  # what a check layer does (EarlyExitController.decide)
 
 
 class EarlyExitConfig(BaseModel):
@@ -207,13 +229,15 @@ class PruneOutcome:
 
 
 def prune_outcome(parent_ids: list[int], token_ids: list[int], accepted_nodes: list[int], bonus: int,
-                  pruned: list[int]) -> PruneOutcome:  # fmt: skip
+                  pruned: list[int], shadow: list[int] = ()) -> PruneOutcome:  # fmt: skip
     """Reached = the parent is the root or on the accepted path. A kept node passed when it is on the path; a
     pruned one when the walk ended at its parent with the bonus equal to its token (it passed, but could not
-    be descended into; exact when greedy, the target's draw there when sampling)."""
+    be descended into; exact when greedy, the target's draw there when sampling). ``shadow``: nodes a shadow
+    check flagged but kept; they count with the pruned (they are what pruning would remove), passed when on
+    the path."""
     on_path = set(accepted_nodes)
     end = accepted_nodes[-1] if accepted_nodes else -1
-    stopped = set(pruned)
+    stopped, flagged = set(pruned), set(shadow)
     out = PruneOutcome()
     for node, (parent, token) in enumerate(zip(parent_ids, token_ids)):
         if parent != -1 and parent not in on_path:
@@ -221,9 +245,29 @@ def prune_outcome(parent_ids: list[int], token_ids: list[int], accepted_nodes: l
         if node in stopped:
             out.pruned_reached += 1
             out.pruned_passed += int(parent == end and token == bonus)
+        elif node in flagged:
+            out.pruned_reached += 1
+            out.pruned_passed += int(node in on_path)
         else:
             out.kept_reached += 1
             out.kept_passed += int(node in on_path)
+    return out
+
+
+def layer_outcomes(parent_ids: list[int], token_ids: list[int], accepted_nodes: list[int], bonus: int,
+                   flags: list[tuple[int, int, bool]]) -> dict[int, PruneOutcome]:  # fmt: skip
+    """Per check layer, the reached and passed nodes it flagged: ``flags`` = (node, layer, pruned) for every
+    node a check at ``layer`` put outside its top-K (pruned, or kept by a shadow check); rules as above."""
+    on_path = set(accepted_nodes)
+    end = accepted_nodes[-1] if accepted_nodes else -1
+    out: dict[int, PruneOutcome] = {}
+    for node, layer, was_pruned in flags:
+        parent = parent_ids[node]
+        if parent != -1 and parent not in on_path:
+            continue
+        o = out.setdefault(layer, PruneOutcome())
+        o.pruned_reached += 1
+        o.pruned_passed += int(parent == end and token_ids[node] == bonus) if was_pruned else int(node in on_path)
     return out
 
 
@@ -238,6 +282,8 @@ class EarlyExitStats:
     accept: dict[str, float] = field(default_factory=dict)  # seq id -> acceptance rate estimate
     line: MarginalCost = field(default_factory=MarginalCost)  # the forwards' time against their token-layers
     prunes: PruneOutcome = field(default_factory=PruneOutcome)  # decayed sums over the verifies seen
+    by_layer: dict[int, PruneOutcome] = field(default_factory=dict)  # the same per check layer (flagged nodes)
+    t_emitted: float = 0.0  # s of forward per token the forward emitted (T_loss's t_tok)
     verifies: int = 0
 
     def has_signal(self, config: EarlyExitConfig) -> bool | None:
@@ -262,11 +308,15 @@ class EarlyExitController:
         if lens_layers is not None:  # a tuned lens reads only the layers it was trained for
             self.layers &= set(lens_layers)
         self.first_layer = min(self.layers, default=-1)  # where the cost line is re-timed
+        self._order = sorted(self.layers)
         self.stats = EarlyExitStats(line=MarginalCost(weight=config.ema))
         self.num_checks = 0  # checks run in the last forward, for reports
         self._k_rej = 0.0
         self._num_tokens = 0
         self._steps = 0  # verify steps begun
+        self._accept = config.prior_accept  # the batch's acceptance estimate (drafted-weighted a_i)
+        self._forward_s = 0.0  # the last forward's time, and the tokens its verifies emitted
+        self._emitted = 0
 
     def k_at(self, layer: int) -> int:
         return k_at(self.config, layer, self.num_layers)
@@ -282,67 +332,118 @@ class EarlyExitController:
 
     def begin(self, seq_ids: list[str], num_drafted: list[int]) -> float:
         """Start a verify step; returns k_rej (eq. 6) for its requests."""
+        self._fold_step()
         self.num_checks = 0
         self._steps += 1
         rates = [self.stats.accept.get(s, self.config.prior_accept) for s in seq_ids]
         self._k_rej = expected_rejected(num_drafted, rates)
+        drafted = sum(num_drafted)
+        self._accept = sum(s * a for s, a in zip(num_drafted, rates)) / drafted if drafted else self.config.prior_accept
         return self._k_rej
+
+    def _fold_step(self) -> None:
+        """The last step's forward time over the tokens it emitted enters t_tok."""
+        if self._forward_s > 0.0 and self._emitted > 0:
+            s = self.stats
+            s.t_emitted = EarlyExitStats._mix(s.t_emitted, self._forward_s / self._emitted, self.config.ema)
+        self._forward_s, self._emitted = 0.0, 0
 
     def begin_forward(self, num_tokens: int) -> None:
         """The runner's forward starts with ``num_tokens`` rows (eq. 7's batch)."""
         self._num_tokens = num_tokens
 
-    def should_check(self, layer: int, num_parent_rows: int) -> bool:
-        """eq. 10 for this layer: is the time pruning can still save worth one check plus one prune?"""
+    def should_check(self, layer: int, num_parent_rows: int, live: int | None = None, depth_below: float = 0.0) -> bool:
+        """Does a check run at this layer (pruning or shadow)? See ``decide``."""
+        return self.decide(layer, num_parent_rows, live, depth_below) != SKIP
+
+    def decide(self, layer: int, num_parent_rows: int, live: int | None = None, depth_below: float = 0.0) -> str:
+        """eq. 10 for this layer: SKIP, PRUNE (check and prune), or SHADOW (check, flag, keep: measuring).
+
+        ``live``: drafted nodes still running (k_rej cannot exceed them); ``depth_below``: the mean drafted
+        depth below a live node (T_loss's m)."""
         if layer not in self.layers or num_parent_rows == 0:
-            return False
+            return SKIP
         if not self.config.gate:
-            return True
+            return PRUNE
         s = self.stats
-        if s.has_signal(self.config) is False and s.verifies % self.config.explore_every:
-            return False  # pruning does not pick out rejections here: it would only cost acceptance
         if s.t_token_layer <= 0.0:
-            return True  # nothing measured yet: check once so the costs get measured
+            return SHADOW  # nothing measured yet: check once so the costs get measured
         t_ee = s.check_line.predict(num_parent_rows)
         if t_ee is None:
-            return True  # a check of this many rows was never timed: a batch-1 check's per-row cost (its LM-head
+            return SHADOW  # a check of this many rows was never timed: a batch-1 check's per-row cost (its LM-head
             # read, memory-bound) says nothing of 60 rows (compute-bound); measure once
-        if self._steps % self.config.explore_every == 0 and layer == self.first_layer:
-            return True  # keep the check's line current: a line fitted from a few small checks may slope like a
-            # per-row average and price every later batch out; one check every explore_every steps re-times it
-        saved = time_saved(layer, self.num_layers, s.t_token_layer, self._num_tokens, self._k_rej, t_ee,
+        if self._steps % self.config.explore_every == 0 and layer == self._explore_layer():
+            return SHADOW  # keep the check's line and this layer's w_l current, rotating over the layers
+        if s.has_signal(self.config) is False:
+            return SKIP  # pruning does not pick out rejections here: it would only cost acceptance
+        k_rej = self._k_rej if live is None else min(self._k_rej, float(live))
+        saved = time_saved(layer, self.num_layers, s.t_token_layer, self._num_tokens, k_rej, t_ee,
                            marginal_token_layer=self.marginal_token_layer()[0])  # fmt: skip
         cost = s.t_prune + (t_ee if self.config.inline_check else 0.0)
-        return saved > cost
+        return PRUNE if saved - self.time_lost(layer, k_rej, depth_below) > cost else SKIP
+
+    def _explore_layer(self) -> int:
+        return self._order[(self._steps // self.config.explore_every) % len(self._order)] if self._order else -1
+
+    def wrong_rate(self, layer: int, weight: float = 5.0) -> float:
+        """w_l: the share of nodes flagged at ``layer`` that would pass, smoothed toward all layers' share
+        (``weight`` pseudo-observations; before any flagged node, the kept nodes' pass rate: no signal assumed)."""
+        p = self.stats.prunes
+        if p.pruned_reached > 0:
+            prior = p.pruned_passed / p.pruned_reached
+        elif p.kept_reached > 0:
+            prior = p.kept_passed / p.kept_reached
+        else:
+            prior = self.config.prior_accept
+        o = self.stats.by_layer.get(layer)
+        reached, passed = (o.pruned_reached, o.pruned_passed) if o is not None else (0.0, 0.0)
+        return (passed + weight * prior) / (reached + weight)
+
+    def time_lost(self, layer: int, k_rej: float, depth_below: float) -> float:
+        """T_loss: k_rej prunes, a share w_l of them wrong, each losing l(a, m) tokens worth t_tok each."""
+        a = min(self._accept, 0.99)
+        tail = (1.0 - a ** (depth_below + 1.0)) / (1.0 - a)  # 1 + a + ... + a^m
+        return k_rej * self.wrong_rate(layer) * tail * self.stats.t_emitted
 
     def observe_check(self, seconds: float, num_parent_rows: int) -> None:
         self.num_checks += 1
         self.stats.check_line.add(num_parent_rows, seconds)
         self.stats.t_check = EarlyExitStats._mix(self.stats.t_check, seconds / max(1, num_parent_rows), self.config.ema)
 
-    def observe_prune(self, seconds: float) -> None:
+    def observe_prune(self, seconds: float, rows: int = 0) -> None:
+        """A prune took ``seconds`` and removed ``rows`` rows: they leave k_rej and the forward (eq. 6-7)."""
         self.stats.t_prune = EarlyExitStats._mix(self.stats.t_prune, seconds, self.config.ema)
+        self._k_rej = max(0.0, self._k_rej - rows)
+        self._num_tokens = max(1, self._num_tokens - rows)
 
     def observe_forward(self, seconds: float, token_layers: int) -> None:
         """A forward's layer time over the token-layers it ran (pruned rows ran fewer layers)."""
+        self._forward_s += seconds
         if token_layers > 0:
             self.stats.t_token_layer = EarlyExitStats._mix(self.stats.t_token_layer, seconds / token_layers, self.config.ema)
             self.stats.line.add(token_layers, seconds)
 
-    def observe_outcome(self, outcome: PruneOutcome) -> None:
-        """One verify's acceptance walk (``prune_outcome``); older verifies weigh less (``ema``)."""
+    def observe_outcome(self, outcome: PruneOutcome, by_layer: dict[int, PruneOutcome] | None = None) -> None:
+        """One verify's acceptance walk (``prune_outcome``, ``layer_outcomes``); older verifies weigh less."""
         keep = 1.0 - self.config.ema / 4  # a slower memory than the costs': passes are rare events
-        p = self.stats.prunes
         self.stats.verifies += 1
-        p.pruned_reached = keep * p.pruned_reached + outcome.pruned_reached
-        p.pruned_passed = keep * p.pruned_passed + outcome.pruned_passed
-        p.kept_reached = keep * p.kept_reached + outcome.kept_reached
-        p.kept_passed = keep * p.kept_passed + outcome.kept_passed
+        for p, new in [(self.stats.prunes, outcome)] + [
+            (self.stats.by_layer.setdefault(layer, PruneOutcome()), o) for layer, o in (by_layer or {}).items()
+        ]:
+            p.pruned_reached = keep * p.pruned_reached + new.pruned_reached
+            p.pruned_passed = keep * p.pruned_passed + new.pruned_passed
+            p.kept_reached = keep * p.kept_reached + new.kept_reached
+            p.kept_passed = keep * p.kept_passed + new.kept_passed
+        for layer, p in self.stats.by_layer.items():
+            if layer not in (by_layer or {}):
+                p.pruned_reached *= keep
+                p.pruned_passed *= keep
 
     def observe_accept(self, seq_id: str, num_drafted: int, num_accepted: int, pruned_passed: int = 0) -> None:
         """``pruned_passed``: a pruned node passed its test; it counts as accepted (eq. 6's a_i is the test's)."""
         if num_drafted <= 0:
             return
+        self._emitted += num_accepted + 1
         rate = min(1.0, (num_accepted + pruned_passed) / num_drafted)
         old = self.stats.accept.get(seq_id)
         self.stats.accept[seq_id] = rate if old is None else (1 - self.config.ema) * old + self.config.ema * rate
@@ -352,11 +453,13 @@ class EarlyExitController:
         s, p = self.stats, self.stats.prunes
         marginal, source = self.marginal_token_layer()
         line = s.check_line
+        wrong = " ".join(f"{layer}:{self.wrong_rate(layer):.2f}" for layer in self._order)
         check = "untimed" if line.n <= 0 else f"{line.sy / line.n * 1e3:.2f} ms at {line.sx / line.n:.0f} rows"
         return (f"early exit: {s.verifies} verifies, signal {s.has_signal(self.config)} (pruned passed "
                 f"{p.pruned_passed:.1f}/{p.pruned_reached:.1f}, kept {p.kept_passed:.1f}/{p.kept_reached:.1f}), "
                 f"marginal {marginal * 1e6:.1f} us/token-layer ({source}), check {check}, prune {s.t_prune * 1e3:.2f} ms, "
-                f"k_rej {self._k_rej:.1f}, {self.num_checks} checks in the last forward")  # fmt: skip
+                f"k_rej {self._k_rej:.1f}, {self.num_checks} checks in the last forward, t_tok {s.t_emitted * 1e3:.1f} ms, "
+                f"w_l {wrong}")  # fmt: skip
 
     def forget(self, seq_id: str) -> None:
         self.stats.accept.pop(seq_id, None)

@@ -26,7 +26,7 @@ import torch
 from shared.engine import cpu_linear
 from shared.engine.attention.base import ATTN_IMPLEMENTATION, BatchLayout, SeqLayout, register, select_backend
 from shared.engine.config import EngineConfig
-from shared.engine.early_exit import EarlyExitController
+from shared.engine.early_exit import PRUNE, SHADOW, SKIP, EarlyExitController
 from shared.engine.tuned_lens import TunedLens
 from shared.engine.feature_capture import FeatureCapture
 from shared.engine.errors import (
@@ -58,6 +58,9 @@ class ForwardOutput:
     cost: ForwardCost
     # per work: new-node indices early exit stopped before the last layer (their logits rows are not valid)
     pruned: list[list[int]] = field(default_factory=list)
+    # per work: (node, layer, pruned) for each node a check put outside its top-K: pruned there, or flagged and
+    # kept by a shadow check (early_exit.layer_outcomes)
+    flags: list[list[tuple[int, int, bool]]] = field(default_factory=list)
     # per work: (packed row of the first fed committed token, how many were fed, position of the first)
     fed: list[tuple[int, int, int]] = field(default_factory=list)
     node_packed: list[int] = field(default_factory=list)  # per work: packed row of its first new node
@@ -302,10 +305,11 @@ class ModelRunner:
             ids = torch.cat(input_ids).to(self.device)[None]  # [1, T]
             pos = torch.cat(positions).to(self.device)[None]  # [1, T]
             pruned: list[list[int]] = [[] for _ in works]
+            flags: list[list[tuple[int, int, bool]]] = [[] for _ in works]
             features = None
             with self._recording(feature_layers, q_start):
                 if candidates:
-                    hidden = self._forward_early_exit(ids, pos, layout, candidates, early_exit, pruned)  # [T, hidden]
+                    hidden = self._forward_early_exit(ids, pos, layout, candidates, early_exit, pruned, flags)
                     for w, nodes in zip(works, pruned):
                         w.seq.tree.pruned.update(nodes)
                 else:
@@ -336,6 +340,7 @@ class ModelRunner:
             node_rows=node_rows,
             cost=cost,
             pruned=pruned,
+            flags=flags,
             fed=fed_info,
             node_packed=node_packed,
             features=features,
@@ -371,17 +376,20 @@ class ModelRunner:
         candidates: list[_Candidate],
         ctrl: EarlyExitController,
         pruned: list[list[int]],
+        flags: list[list[tuple[int, int, bool]]] | None = None,
     ) -> torch.Tensor:
         """The decoder layer by layer, dropping the rows of pruned tree nodes (FASER §4.2). Returns [T, hidden].
 
         Rows that stopped early come back as zeros: their logits are not valid
         and the caller must not read them (``pruned`` names them per work).
+        ``flags`` gets (node, layer, pruned) per work for every node a check put outside its top-K.
         """
         dec = self.decoder
         num_tokens = ids.shape[1]
         num_layers = len(dec.layers)
         ctrl.begin_forward(num_tokens)
         alive = torch.ones(num_tokens, dtype=torch.bool)  # [T] packed rows still running
+        gone: set[int] = set()  # the same, as the packed rows pruned
         rows = torch.arange(num_tokens)  # [T'] packed row of each running row
         hidden = dec.embed_tokens(ids)  # [1, T', hidden]
         cos, sin = dec.rotary_emb(hidden, position_ids=pos)  # [1, T', head_dim] each
@@ -393,9 +401,15 @@ class ModelRunner:
                 hidden, position_embeddings=(cos, sin), position_ids=pos, use_cache=False, tandem_backend=self.backend
             )
             token_layers += int(rows.numel())
-            live = [c for c in candidates if alive[c.row]]
+            if layer_idx not in ctrl.layers:
+                continue  # no check here: skip the per-candidate bookkeeping (64 candidates x 30 layers adds up)
+            live = [c for c in candidates if c.row not in gone]
             parent_rows = sorted({c.parent_row for c in live})
-            if not live or not ctrl.should_check(layer_idx, len(parent_rows)):
+            if not live:
+                continue
+            depth_below = sum(len(c.subtree) - 1 for c in live) / len(live)
+            mode = ctrl.decide(layer_idx, len(parent_rows), live=len(live), depth_below=depth_below)
+            if mode == SKIP:
                 continue
             t0 = time.perf_counter()
             where = torch.full((num_tokens,), -1, dtype=torch.long)  # packed row -> running row
@@ -421,12 +435,18 @@ class ModelRunner:
             t1 = time.perf_counter()
             ctrl.observe_check(t1 - t0, len(parent_rows))
             overhead += t1 - t0
-            if not out:
-                continue
+            if flags is not None:
+                for c in out:
+                    flags[c.work].append((c.node, layer_idx, mode == PRUNE))
+            if not out or mode == SHADOW:
+                continue  # a shadow check measures: the flagged nodes run on, the walk says if they would pass
+            removed = 0
             for c in out:
                 for d in c.subtree:
-                    if alive[d.row]:
+                    if d.row not in gone:
+                        gone.add(d.row)
                         alive[d.row] = False
+                        removed += 1
                         pruned[d.work].append(d.node)
             keep = alive[rows]  # [T']
             rows = rows[keep]
@@ -436,7 +456,7 @@ class ModelRunner:
             hidden, pos, cos, sin = hidden[:, keep_dev], pos[:, keep_dev], cos[:, keep_dev], sin[:, keep_dev]
             self.backend.plan(_shrink(layout, alive, self.device))
             t2 = time.perf_counter()
-            ctrl.observe_prune(t2 - t1)
+            ctrl.observe_prune(t2 - t1, removed)
             overhead += t2 - t1
         hidden = dec.norm(hidden)[0]  # [T', hidden]
         full = hidden.new_zeros(num_tokens, hidden.shape[-1])  # [T, hidden]

@@ -28,7 +28,7 @@ import torch
 
 from shared.engine import tuned_lens
 from shared.engine.acceptance import _validate_child_dists, accept_tree
-from shared.engine.early_exit import EarlyExitConfig, EarlyExitController, prune_outcome
+from shared.engine.early_exit import EarlyExitConfig, EarlyExitController, layer_outcomes, prune_outcome
 from shared.engine.errors import ContextLengthError, DuplicateSequenceError, InvalidRequestError, KVPoolSizeError
 from shared.engine.features import FeatureBlock, FeatureSpec
 from shared.engine.runner import ModelRunner, Work
@@ -220,9 +220,11 @@ class TargetEngine:
             accepted.features = _committed_features(out, i, accepted.accepted_nodes, features)
             self.runner.commit(seq, accepted.tokens)
             if ee is not None and len(v.tree):
-                outcome = prune_outcome(v.tree.parent_ids, v.tree.token_ids, accepted.accepted_nodes,
-                                        accepted.tokens[-1], accepted.pruned_nodes)  # fmt: skip
-                ee.observe_outcome(outcome)
+                flags = out.flags[i] if out.flags else []
+                shadow = [node for node, _, was_pruned in flags if not was_pruned]
+                args = (v.tree.parent_ids, v.tree.token_ids, accepted.accepted_nodes, accepted.tokens[-1])
+                outcome = prune_outcome(*args, accepted.pruned_nodes, shadow)
+                ee.observe_outcome(outcome, layer_outcomes(*args, flags))
                 ee.observe_accept(seq.seq_id, len(v.tree), accepted.num_accepted, outcome.pruned_passed)
             result.verifies.append(accepted)
         if ee is not None and verifies and ee.stats.verifies // LOG_EVERY != (ee.stats.verifies - len(verifies)) // LOG_EVERY:

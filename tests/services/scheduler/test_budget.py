@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from types import SimpleNamespace
 
 import fakeredis
@@ -119,3 +120,19 @@ def test_the_target_prices_early_exit_at_its_profiled_per_token_cost(tmp_path):
     fixed = ServiceSettings(home=tmp_path, early_exit="on:token_cost_s=0.002")
     assert EngineHost._early_exit_with_profile(fixed, engine, loaded).token_cost_s == pytest.approx(2e-3)
     assert EngineHost._early_exit_with_profile(ServiceSettings(home=tmp_path), engine, loaded) is None
+
+
+def test_a_profile_at_the_services_thread_count_wins_over_a_newer_one(tmp_path, caplog):
+    """A FASER stack runs each model on one of two cores; the 2-thread profile prices its forwards wrong."""
+    one = _profile(32, hardware="cpu test (1 threads)").model_copy(update={"settings": {"threads": 1}})
+    two = _profile(64, hardware="cpu test (2 threads)").model_copy(update={"settings": {"threads": 2}})
+    save_profile(one, tmp_path)
+    time.sleep(0.02)
+    save_profile(two, tmp_path)  # the newest
+    on_one = SimpleNamespace(model_name="tiny-target", device="cpu", dtype="float32", cpu_threads=1)
+    assert _load(ServiceSettings(home=tmp_path), target=on_one).token_budget == 32
+    assert _load(ServiceSettings(home=tmp_path), target=TARGET).token_budget == 64  # count unknown: the newest
+    on_four = SimpleNamespace(model_name="tiny-target", device="cpu", dtype="float32", cpu_threads=4)
+    with caplog.at_level(logging.WARNING):
+        assert _load(ServiceSettings(home=tmp_path), target=on_four).token_budget == 64
+    assert "no profile at 4 CPU threads" in caplog.text

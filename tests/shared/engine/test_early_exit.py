@@ -8,11 +8,15 @@ import torch
 from shared.engine.acceptance import REJECTED, accept_tree
 from shared.engine.draft_engine import DraftEngine
 from shared.engine.early_exit import (
+    PRUNE,
+    SHADOW,
+    SKIP,
     EarlyExitConfig,
     EarlyExitController,
     PruneOutcome,
     check_layers,
     k_at,
+    layer_outcomes,
     prune_outcome,
     time_saved,
 )
@@ -315,11 +319,14 @@ def test_pruning_without_an_exit_signal_closes_the_gate():
     for _ in range(12):
         ctrl.observe_outcome(PruneOutcome(pruned_reached=2, pruned_passed=1, kept_reached=2, kept_passed=1))
     assert ctrl.stats.has_signal(config) is False
-    checks = []
+    decisions = []
     for _ in range(8):
-        ctrl.observe_outcome(PruneOutcome(kept_reached=1, kept_passed=1))
-        checks.append(ctrl.should_check(4, 1))
-    assert checks.count(True) == 2  # every explore_every-th verify still checks
+        ctrl.begin(["a"], [5])
+        ctrl.begin_forward(6)
+        decisions.append([ctrl.decide(layer, 1) for layer in (4, 5, 6)])
+    # every explore_every-th step (steps 4 and 8) one layer, in turn, runs a shadow check; nothing is pruned
+    assert decisions[2] == [SKIP, SHADOW, SKIP] and decisions[6] == [SKIP, SKIP, SHADOW]
+    assert all(d == [SKIP] * 3 for i, d in enumerate(decisions) if i not in (2, 6))
     good = _gate_at_batch_1(config)
     for n in (2, 6, 10, 4, 8, 3, 9):
         good.observe_forward(2e-3 + n * 1e-3, n * 8)
@@ -343,5 +350,97 @@ def test_a_shut_gate_still_times_a_check_every_explore_every_steps():
     for _ in range(10):
         ctrl.begin(["a", "b"], [2, 2])
         ctrl.begin_forward(6)
-        checked.append((ctrl.should_check(4, 4), ctrl.should_check(5, 4)))
-    assert [c for c, _ in checked].count(True) == 2 and not any(d for _, d in checked)  # steps 5 and 10, layer 4 only
+        checked.append([ctrl.decide(layer, 4) for layer in (4, 5, 6)])
+    # steps 5 and 10, one layer each, in turn; shadow checks measure without pruning
+    assert checked[4] == [SKIP, SHADOW, SKIP] and checked[9] == [SKIP, SKIP, SHADOW]
+    assert sum(d != SKIP for row in checked for d in row) == 2
+
+
+def _open_gate(config: EarlyExitConfig) -> EarlyExitController:
+    """Compute-bound rows (1 ms each through 8 layers), cheap checks and prunes, 8 requests of 4 drafted."""
+    ctrl = EarlyExitController(config, 8)
+    ctrl.stats.t_prune = 1e-4
+    for rows in (8, 16, 32):
+        ctrl.observe_check(rows * 2e-5, rows)
+    for n in (20, 40, 10, 30):
+        ctrl.observe_forward(2e-3 + n * 1e-3, n * 8)
+    ctrl.begin([str(i) for i in range(8)], [4] * 8)  # prior 0.5: k_rej = 16
+    ctrl.begin_forward(40)
+    return ctrl
+
+
+def test_a_prune_leaves_k_rej_so_later_layers_price_what_is_left():
+    """Before, k_rej stayed what the step began with, so a batch that pruned at one layer was checked again at
+    every later one as if nothing had left (five checks a forward at 8x load, 2026-11-29)."""
+    ctrl = _open_gate(EarlyExitConfig(enabled=True, init_layer=0.5))
+    assert ctrl.decide(4, 8, live=32) == PRUNE
+    ctrl.observe_check(1.6e-4, 8)
+    ctrl.observe_prune(1e-4, rows=15)  # 15 rows left: about all the rejections expected
+    assert ctrl.decide(5, 8, live=17) == SKIP  # one rejected row left: 1 x 2 layers x 0.125 ms < check + prune
+    ctrl.begin([str(i) for i in range(8)], [4] * 8)
+    ctrl.begin_forward(40)
+    ctrl.stats.t_prune = 3e-4
+    assert ctrl.decide(5, 8, live=32) == PRUNE
+    assert ctrl.decide(5, 8, live=1) == SKIP  # k_rej cannot exceed the live drafted nodes
+
+
+def test_acceptance_a_wrong_prune_costs_closes_the_gate():
+    """eq. 10 with T_loss: where the nodes a layer flags would often pass, the tokens lost cost more than the
+    rows saved, and that layer stays shut while a layer whose flags are right still prunes."""
+    ctrl = _open_gate(EarlyExitConfig(enabled=True, init_layer=0.5))
+    ctrl.observe_forward(42e-3, 40 * 8)
+    for i in range(8):  # the forward emitted 16 tokens: t_tok = its time / 16
+        ctrl.observe_accept(str(i), 4, 1)
+    ctrl.begin([str(i) for i in range(8)], [4] * 8)
+    ctrl.begin_forward(40)
+    assert ctrl.stats.t_emitted == pytest.approx(42e-3 / 16)
+    assert ctrl.decide(4, 8, live=32, depth_below=1.5) == SKIP  # nothing flagged yet: no signal assumed
+    for _ in range(40):  # layer 4 flags nodes that pass 40 % of the time, layer 5 almost never
+        ctrl.observe_outcome(
+            PruneOutcome(pruned_reached=10, pruned_passed=2, kept_reached=10, kept_passed=6),
+            {4: PruneOutcome(pruned_reached=5, pruned_passed=2), 5: PruneOutcome(pruned_reached=5, pruned_passed=0)},
+        )
+    assert ctrl.stats.has_signal(ctrl.config) is True  # globally the check does tell rejections apart ...
+    assert 0.35 < ctrl.wrong_rate(4) < 0.45 and ctrl.wrong_rate(5) < 0.05
+    assert ctrl.time_lost(4, 16, 1.5) > ctrl.time_lost(5, 16, 1.5)
+    assert ctrl.decide(4, 8, live=32, depth_below=1.5) == SKIP  # ... but at layer 4 it would cost more than it saves
+    assert ctrl.decide(5, 8, live=32, depth_below=1.5) == PRUNE
+
+
+def test_shadow_flags_count_with_the_pruned_and_pass_on_the_path():
+    #        root
+    #      n0 -> n1 -> n2      chain; a shadow check flagged n1 (kept: accepted) and n2 (rejected)
+    parents, tokens = [-1, 0, 1], [10, 11, 12]
+    out = prune_outcome(parents, tokens, accepted_nodes=[0, 1], bonus=40, pruned=[], shadow=[1, 2])
+    assert (out.pruned_reached, out.pruned_passed, out.kept_reached, out.kept_passed) == (2, 1, 1, 1)
+    by_layer = layer_outcomes(parents, tokens, [0, 1], 40, [(1, 3, False), (2, 3, False), (2, 5, False)])
+    assert (by_layer[3].pruned_reached, by_layer[3].pruned_passed) == (2, 1)
+    assert (by_layer[5].pruned_reached, by_layer[5].pruned_passed) == (1, 0)
+    # a real prune of n1 at layer 4 whose token is the bonus: it passed
+    by_layer = layer_outcomes(parents, tokens, [0], 11, [(1, 4, True)])
+    assert (by_layer[4].pruned_reached, by_layer[4].pruned_passed) == (1, 1)
+
+
+def test_a_shadow_check_flags_without_pruning(deep_target):
+    """Measuring costs no acceptance: a shadow check reports what it would prune and keeps every row."""
+
+    class Shadow(EarlyExitController):
+        def decide(self, layer, num_parent_rows, live=None, depth_below=0.0):
+            return SHADOW if layer in self.layers else SKIP
+
+    config = EarlyExitConfig(enabled=True, init_layer=1, k_init=1, k_final=1)
+    target = TargetEngine(make_runner(deep_target), early_exit=config)
+    target.early_exit = ctrl = Shadow(config, 6)
+    target.prefill([PrefillItem("a", [1, 2, 3, 4, 5])])
+    seq = target.runner.get("a")
+    tree = TokenTree([5, 7, 9, 11], [-1, 0, 0, 1])
+    ctrl.begin(["a"], [len(tree)])
+    out = target.runner.forward(
+        [Work(seq, new_nodes=list(zip(tree.token_ids, tree.parent_ids)), want_root=True, want_nodes=True)],
+        early_exit=ctrl,
+    )
+    assert out.pruned == [[]] and seq.tree.pruned == set()
+    assert out.flags[0] and all(not was_pruned for _, _, was_pruned in out.flags[0])
+    assert {layer for _, layer, _ in out.flags[0]} <= set(ctrl.layers)
+    target.release(["a"])
+    target.runner.check_accounting()
