@@ -11,7 +11,8 @@
                       specinfer:1-2-1-1) with <draft>; a stack each
     faser:<variant>   FASER's ablation (§6): a fixed chain of 4 per request on a stack whose draft and
                       target split the machine (draft share 0.5: threads on CPU, MPS on CUDA) and whose
-                      scheduler / target run with: serial (neither), pipe (TANDEM_FRONTIER=chunk=2),
+                      scheduler / target run with: serial (neither), pipe (TANDEM_FRONTIER=chunk=2; pipelined
+                      where both modes measured say it pays, scheduler/frontier_gate.py),
                       ee (TANDEM_EARLY_EXIT=on), all (both); a stack each.
     offload:on|off[:<policy>]   Nightjar's elastic draft memory (§5.1): requests in AUTO under the speculation
                       policy <policy> (default smartspec, which stops drafting under load), on a stack whose

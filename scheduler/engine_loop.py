@@ -311,6 +311,10 @@ class Scheduler:
             )
 
         times.total = clock.now() - t0
+        if self.frontier is not None:
+            self.frontier.gate.observe(report.num_emitted - report.num_prefill_tokens, times.total - times.prefill)
+            if self._num_steps % 500 == 499 and self.frontier.gate.buckets:
+                log.info("frontier pipelining, measured: %s", self.frontier.gate.describe())
         times.overhead = times.total - (times.prefill + times.speculate + times.select + times.verify + times.commit)
         for req in batch:  # LAPS-SD §4.2: E_i is speculation + verification time, not the step's prefills
             req.attained_service_s += times.total - times.prefill

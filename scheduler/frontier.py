@@ -33,7 +33,10 @@ with T_q(n) = n draft forwards of the batch, T_p(n) one target forward of
 b*(n+1) tokens (the profiled ``CostModel``s), l(a, n) the expected tokens per
 verify at per-token acceptance a (the batch's measured rate, else
 ``FrontierConfig.alpha``). Without both cost models a configured
-``chunk_size`` is used as is. Trees are never chunked.
+``chunk_size`` is used as is. Trees are never chunked. Either way the choice
+to pipeline is then checked against both modes' measured time per emitted
+token at this batch size (``frontier_gate.py``; ``measured=false`` skips it):
+the models leave out the two sides slowing each other down.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
 
+from scheduler.frontier_gate import SERIAL, MeasuredGate, MeasuredGateConfig
 from shared.engine.types import SpecItem, TokenTree
 from shared.profiling.cost_model import CostModel
 
@@ -61,6 +65,11 @@ class FrontierConfig(BaseModel):
     )
     require_gain: bool = Field(
         True, description="Pipeline only when the cost models predict a gain; False always pipelines (tests)."
+    )
+    measured: bool = Field(
+        True,
+        description="Check each choice to pipeline against both modes' measured time per token at this batch size "
+        "(frontier_gate.py); False trusts the cost models, or a fixed chunk, every step.",
     )
 
 
@@ -170,6 +179,7 @@ class FrontierPipeline:
     def __init__(self, config: FrontierConfig | None = None):
         self.config = config or FrontierConfig()
         self.stats = FrontierStats()
+        self.gate = MeasuredGate(MeasuredGateConfig(enabled=self.config.measured))
 
     @property
     def state(self) -> dict[str, FrontierState]:
@@ -205,6 +215,10 @@ class FrontierPipeline:
             s_c = choose_chunk(
                 max(s.k for _, _, s in spec), b, context, ctx.cost_model, ctx.draft_cost_model, self.config, _alpha(batch)
             )
+        if s_c is not None and self.gate.choose(len(batch)) == SERIAL:
+            s_c = None  # measured: at this batch size serial steps emit tokens faster (frontier_gate.py)
+        elif s_c is None:
+            self.gate.ran_serial()
         if s_c is None:
             # only requests about to speculate serially must shed optimistic draft state; the others keep it
             # (still on the draft, released normally when they end, rolled back if they pipeline again)

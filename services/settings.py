@@ -130,14 +130,15 @@ def parse_early_exit(spec: str | None) -> EarlyExitConfig | None:
 
 # TANDEM_FRONTIER keys -> FrontierConfig fields
 _FRONTIER_KEYS = {"chunk": "chunk_size", "max_chunk": "max_chunk", "alpha": "alpha", "min_gain": "min_gain",
-                  "gain": "require_gain"}  # fmt: skip
+                  "gain": "require_gain", "measured": "measured"}  # fmt: skip
 
 
 def parse_frontier(spec: str | None) -> FrontierConfig | None:
     """TANDEM_FRONTIER: ``off`` (None), ``on`` (s_c from the cost models), or ``chunk=2[,min_gain=0.1,...]``.
 
     Keys: chunk (s_c; with no cost models it is used as is, so the step always pipelines), max_chunk,
-    alpha, min_gain, gain (false = pipeline even when the cost models predict no gain). ``on:KEYS``
+    alpha, min_gain, gain (false = pipeline even when the cost models predict no gain), measured (false = no
+    check against both modes' measured token rates, scheduler/frontier_gate.py). ``on:KEYS``
     is the same as ``KEYS``.
     """
     text = (spec or "").strip().lower()

@@ -1,0 +1,138 @@
+"""Whether frontier pipelining pays at this batch size, measured: both modes' time per emitted token.
+
+FASER's §4.3 inequality decides from cost models (frontier.py), and it models
+neither side slowing the other down: on this 2-core CPU a forward on one core
+runs 1.28x slower while the other core drafts (24 rows, bf16, measured
+2026-11-29), and a feature draft has no standalone profile at all, so a fixed
+chunk pipelined every step: at batch 1 that paid (TPOT −10 %), at 4x and 8x
+load it cost +14 % and +42 % (bench/results/faser-eagle, 2026-11-29).
+
+So where the models (or a fixed chunk) say "pipeline", this gate checks them
+against what both modes measurably achieve, per batch-size bucket
+(1, 2-3, 4-7, 8-15, 16+): the emitted tokens over the step time (prefill
+excluded), decayed sums per mode. Until both modes have ``min_steps`` steps in
+a bucket the gate alternates runs of ``run_steps`` steps; after that it takes
+the faster mode and every ``explore_every`` steps in the bucket runs the other
+for ``run_steps`` steps, so a change of load or machine is seen. The first step
+of each run pays the switch (a draft that held optimistic tokens is
+re-prefilled on the way back to serial) and is not counted.
+
+Pure: the loop reports each step it asked about (``observe``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, Field
+
+PIPE, SERIAL = "pipe", "serial"
+
+
+class MeasuredGateConfig(BaseModel):
+    enabled: bool = Field(True, description="Check the pipelining choice against both modes' measured token rates.")
+    min_steps: int = Field(6, ge=1, description="Counted steps of each mode in a bucket before the faster one is taken.")
+    run_steps: int = Field(4, ge=2, description="Steps in a row per exploration run (the first one is not counted).")
+    explore_every: int = Field(50, ge=2, description="Steps in a bucket between runs of the slower mode.")
+    decay: float = Field(0.97, gt=0.0, le=1.0, description="Weight kept by older steps at each new one.")
+
+
+def bucket(batch_size: int) -> int:
+    """0 for 1, 1 for 2-3, 2 for 4-7, 3 for 8-15, 4 for 16 and up."""
+    return min(4, max(0, batch_size).bit_length() - 1)
+
+
+@dataclass
+class _Rate:
+    tokens: float = 0.0
+    seconds: float = 0.0
+    steps: int = 0
+
+    def add(self, tokens: int, seconds: float, decay: float) -> None:
+        self.tokens = decay * self.tokens + tokens
+        self.seconds = decay * self.seconds + seconds
+        self.steps += 1
+
+    def per_token(self) -> float | None:
+        return self.seconds / self.tokens if self.tokens > 0 else None
+
+
+@dataclass
+class _Bucket:
+    rates: dict[str, _Rate] = field(default_factory=lambda: {PIPE: _Rate(), SERIAL: _Rate()})
+    steps: int = 0  # steps asked about in this bucket
+    run_mode: str | None = None  # the mode of the run in progress
+    run_left: int = 0  # its steps still to go
+
+
+class MeasuredGate:
+    def __init__(self, config: MeasuredGateConfig | None = None):
+        self.config = config or MeasuredGateConfig()
+        self.buckets: dict[int, _Bucket] = {}
+        self._pending: tuple[int, str, bool] | None = None  # (bucket, mode, counted) of the step asked about
+        self._last: str | None = None  # the mode the last step ran in, asked about or not
+
+    def choose(self, batch_size: int) -> str:
+        """PIPE or SERIAL for a step the cost models would pipeline."""
+        cfg = self.config
+        if not cfg.enabled:
+            return PIPE
+        b = self.buckets.setdefault(bucket(batch_size), _Bucket())
+        b.steps += 1
+        if b.run_left > 0:
+            mode = b.run_mode
+            b.run_left -= 1
+        else:
+            pipe, serial = b.rates[PIPE], b.rates[SERIAL]
+            if min(pipe.steps, serial.steps) < cfg.min_steps:  # still learning: alternate runs, the scarcer first
+                mode = PIPE if pipe.steps <= serial.steps else SERIAL
+                self._start_run(b, mode)
+            else:
+                best = self.preferred(batch_size)
+                if b.steps % cfg.explore_every == 0:
+                    mode = SERIAL if best == PIPE else PIPE
+                    self._start_run(b, mode)
+                else:
+                    mode = best
+        counted = self._last == mode
+        self._last = mode
+        self._pending = (bucket(batch_size), mode, counted)
+        return mode
+
+    def _start_run(self, b: _Bucket, mode: str) -> None:
+        b.run_mode, b.run_left = mode, self.config.run_steps - 1
+
+    def preferred(self, batch_size: int) -> str | None:
+        """The mode with the lower measured time per token in this bucket; None before both were measured."""
+        b = self.buckets.get(bucket(batch_size))
+        if b is None:
+            return None
+        pipe, serial = b.rates[PIPE].per_token(), b.rates[SERIAL].per_token()
+        if pipe is None or serial is None:
+            return None
+        return PIPE if pipe <= serial else SERIAL
+
+    def ran_serial(self) -> None:
+        """A step this gate was not asked about ran serially (no chain to pipeline, or the models said no)."""
+        self._last = SERIAL
+        self._pending = None
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """The step last asked about emitted ``tokens`` in ``seconds`` (its prefill excluded)."""
+        if self._pending is None:
+            return
+        key, mode, counted = self._pending
+        self._pending = None
+        if counted and seconds > 0:
+            self.buckets[key].rates[mode].add(tokens, seconds, self.config.decay)
+
+    def describe(self) -> str:
+        parts = []
+        for key in sorted(self.buckets):
+            b = self.buckets[key]
+            rates = " ".join(
+                f"{m} {r.per_token() * 1e3:.1f} ms/token ({r.steps})" if r.per_token() else f"{m} - ({r.steps})"
+                for m, r in b.rates.items()
+            )
+            parts.append(f"b~{1 << key}: {rates}")
+        return "; ".join(parts)

@@ -1,0 +1,72 @@
+"""The measured pipelining gate: both modes' time per token per batch size, the faster one taken."""
+
+from scheduler.frontier_gate import PIPE, SERIAL, MeasuredGate, MeasuredGateConfig, bucket
+
+# per-token seconds of each mode: pipelining pays at batch 1 and costs under load (faser-eagle, 2026-11-29)
+PER_TOKEN = {(0, PIPE): 0.070, (0, SERIAL): 0.078, (3, PIPE): 0.030, (3, SERIAL): 0.024}
+
+
+def _run(gate: MeasuredGate, batch_size: int, steps: int, switch_cost: float = 0.0) -> list[str]:
+    modes, last = [], None
+    for _ in range(steps):
+        mode = gate.choose(batch_size)
+        tokens = 2 * batch_size
+        seconds = tokens * PER_TOKEN[(bucket(batch_size), mode)] + (switch_cost if mode != last else 0.0)
+        gate.observe(tokens, seconds)
+        modes.append(mode)
+        last = mode
+    return modes
+
+
+def test_buckets():
+    assert [bucket(b) for b in (1, 2, 3, 4, 7, 8, 15, 16, 64)] == [0, 1, 1, 2, 2, 3, 3, 4, 4]
+
+
+def test_learns_both_modes_in_runs_then_takes_the_faster_per_batch_size():
+    cfg = MeasuredGateConfig(min_steps=3, run_steps=4, explore_every=20)
+    gate = MeasuredGate(cfg)
+    modes = _run(gate, 1, 8, switch_cost=1.0)  # a switch costs a second: it must not be counted
+    assert modes == [PIPE] * 4 + [SERIAL] * 4  # runs of 4, the scarcer mode first
+    assert gate.buckets[0].rates[PIPE].steps == 3 and gate.buckets[0].rates[SERIAL].steps == 3
+    assert gate.preferred(1) == PIPE and _run(gate, 1, 8) == [PIPE] * 8
+    assert abs(gate.buckets[0].rates[PIPE].per_token() - 0.070) < 1e-9  # switch steps left out
+    under_load = _run(gate, 8, 40, switch_cost=1.0)
+    assert gate.preferred(8) == SERIAL and gate.preferred(1) == PIPE
+    assert under_load[23:39] == [SERIAL] * 16 and under_load[39] == PIPE  # the 40th step in the bucket retries
+
+
+def test_the_slower_mode_is_retried_every_explore_every_steps():
+    cfg = MeasuredGateConfig(min_steps=2, run_steps=3, explore_every=10)
+    gate = MeasuredGate(cfg)
+    modes = _run(gate, 8, 60)
+    settled = modes[12:]
+    runs = [i for i in range(1, len(settled)) if settled[i] == PIPE and settled[i - 1] == SERIAL]
+    assert runs and all(settled[i : i + 3] == [PIPE] * 3 for i in runs if i + 3 <= len(settled))
+    assert settled.count(PIPE) <= 3 * (len(settled) // 10 + 1)
+    assert gate.preferred(8) == SERIAL
+
+
+def test_a_serial_step_not_asked_about_makes_the_next_pipelined_one_a_switch():
+    gate = MeasuredGate(MeasuredGateConfig(min_steps=1, run_steps=2))
+    assert gate.choose(1) == PIPE
+    gate.observe(2, 0.1)  # the first step of a run: not counted
+    assert gate.buckets[0].rates[PIPE].steps == 0
+    assert gate.choose(1) == PIPE
+    gate.observe(2, 0.1)
+    assert gate.buckets[0].rates[PIPE].steps == 1
+    gate.ran_serial()
+    gate.observe(2, 5.0)  # nothing pending: ignored
+    assert gate.choose(1) == SERIAL  # learning: serial has no step yet; the step before ran serially too
+    gate.observe(2, 0.2)
+    assert gate.buckets[0].rates[SERIAL].steps == 1 and gate.buckets[0].rates[PIPE].steps == 1
+    gate.choose(1)  # the serial run goes on
+    gate.observe(2, 0.2)
+    gate.ran_serial()
+    assert gate.choose(1) == PIPE  # after a serial step, a pipelined one is a switch: not counted
+    gate.observe(2, 9.0)
+    assert gate.buckets[0].rates[PIPE].steps == 1
+
+
+def test_disabled_always_pipelines():
+    gate = MeasuredGate(MeasuredGateConfig(enabled=False))
+    assert {gate.choose(b) for b in (1, 8, 32) for _ in range(10)} == {PIPE}
