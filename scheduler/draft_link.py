@@ -73,6 +73,7 @@ class DraftLink:
         self.up = False
         self.stale.update(also_stale)
         for req in holders:  # running and resident requests
+            req.draft_rollback = 0
             if req.on_draft:
                 req.on_draft = False
                 self.stale.add(req.id)
@@ -82,6 +83,7 @@ class DraftLink:
 
     def mark(self, req: Request, num_seen: int) -> None:
         """The draft now holds ``num_seen`` tokens of ``req`` (released at once if it ended meanwhile)."""
+        req.draft_rollback = 0
         if req.state is RequestState.RUNNING:
             req.on_draft, req.draft_seen = True, num_seen
         else:
@@ -89,12 +91,14 @@ class DraftLink:
 
     def forget(self, req: Request) -> None:
         """The request ended or was evicted: release it on the draft at the next flush."""
+        req.draft_rollback = 0
         if req.on_draft:
             self.pending_release.append(req.id)
             req.on_draft = False
 
     def drop(self, req: Request) -> None:
         """Forget that the draft holds ``req`` without a release (its state there must not be trusted)."""
+        req.draft_rollback = 0
         if req.on_draft:
             req.on_draft = False
             self.stale.add(req.id)
@@ -104,6 +108,7 @@ class DraftLink:
         self.offloaded = True
         for req in holders:
             req.on_draft = False
+            req.draft_rollback = 0
         self.stale.clear()
 
     async def flush(self, holders: Iterable[Request]) -> None:

@@ -380,6 +380,8 @@ class Scheduler:
             await self.link.sync([r for _, r, _ in spec])
             report.times.draft_sync = self.clock.now() - t
             items = [s.spec_item(r.id, r.tokens()[r.draft_seen :]) for _, r, s in spec]
+            for item, (_, r, _) in zip(items, spec):
+                item.rollback = r.draft_rollback  # a frontier chunk the draft still holds optimistically
             report.num_catchup_tokens = sum(max(0, len(item.new_tokens) - 1) for item in items)
             if self.features is not None:
                 for item, (_, r, _) in zip(items, spec):
@@ -396,6 +398,7 @@ class Scheduler:
         self.link.recovered()
         for (i, r, _), tree in zip(spec, drafted):
             r.draft_seen = r.num_tokens
+            r.draft_rollback = 0
             if tree_ok(tree):
                 trees[i] = tree
             else:

@@ -101,6 +101,9 @@ class Request:
     on_draft: bool = False  # the draft worker holds this sequence
     resident: bool = False  # preempted but still holding its KV on the target (resumes without a prefill)
     draft_seen: int = 0  # tokens of tokens() the draft has been given
+    # tokens the draft holds beyond draft_seen (an optimistic frontier chunk, FASER §4.3) that the next speculate
+    # call rolls back (SpecItem.rollback); 0 whenever the draft's copy is released or re-prefilled
+    draft_rollback: int = 0
     # target features held for a feature-level draft until its next call (scheduler/feature_relay.py)
     features: FeatureBlock | None = field(default=None, repr=False)
 

@@ -105,3 +105,46 @@ def test_a_model_free_draft_is_priced_as_free_and_not_pipelined():
     assert load_draft_cost_model(ServiceSettings(), info) == MODEL_FREE_DRAFT
     cpu_target = CostModel(alpha_s=1.2e-5, gamma_s=0.0017, delta_s=0.0645, verify_s=0.0103)
     assert choose_chunk(4, 1, 1500, cpu_target, MODEL_FREE_DRAFT, FrontierConfig(chunk_size=2)) is None
+
+
+def test_leaving_the_pipeline_rolls_back_instead_of_re_prefilling(tiny_model_dir, draft_dir):
+    """The measured gate switches between pipelined and serial steps; each switch must roll the draft's optimistic
+    chunk back in the next speculate call, not drop the sequence and prefill it again (for a feature draft that
+    re-prefill recomputes the context's features on the target: the +42 % TPOT at 8x load, 2026-11-29)."""
+    from scheduler.frontier_gate import MeasuredGate, MeasuredGateConfig
+
+    class Counting(LocalDraftWorker):
+        prefilled: list[str] = []
+        rollbacks = 0
+
+        async def prefill(self, items):
+            self.prefilled += [item.seq_id for item in items]
+            return await super().prefill(items)
+
+        async def speculate(self, items):
+            self.rollbacks += sum(1 for item in items if item.rollback)
+            return await super().speculate(items)
+
+    config = EngineConfig(num_blocks=128, block_size=4)
+    target, _ = build_target_engine(tiny_model_dir, device="cpu", engine_config=config)
+    draft, _ = build_draft_engine(draft_dir, device="cpu", engine_config=config)
+    worker = Counting(draft)
+    worker.prefilled = []
+    sched = Scheduler(LocalTargetWorker(target), worker, spec_policy=FixedChain(4),
+                      config=SchedulerConfig(frontier=FrontierConfig(chunk_size=2, require_gain=False)))  # fmt: skip
+    sched.frontier.gate = MeasuredGate(MeasuredGateConfig(min_steps=1000, run_steps=2))  # switch every 2 steps
+    reqs = [Request(id=f"r{i}", prompt_ids=p, max_new_tokens=16) for i, p in enumerate(PROMPTS)]
+
+    async def main():
+        streams = [sched.submit(r) for r in reqs]
+        _, *outs = await asyncio.gather(sched.run_until_idle(), *(s.collect() for s in streams))
+        return outs
+
+    outs = asyncio.run(main())
+    for req, out in zip(reqs, outs):
+        assert out == greedy(tiny_model_dir, req.prompt_ids, req.max_new_tokens)
+    assert sorted(worker.prefilled) == sorted(r.id for r in reqs)  # one prefill each: never dropped and resynced
+    assert worker.rollbacks > 0 and sched.frontier.stats.steps > 0
+    for engine in (target, draft):
+        engine.runner.check_accounting()
+        assert engine.runner.cache.num_free_blocks == engine.runner.cache.num_blocks
