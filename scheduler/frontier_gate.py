@@ -11,9 +11,11 @@ So where the models (or a fixed chunk) say "pipeline", this gate checks them
 against what both modes measurably achieve, per batch-size bucket
 (1, 2-3, 4-7, 8-15, 16+): the emitted tokens over the step time (prefill
 excluded), decayed sums per mode. Until both modes have ``min_steps`` steps in
-a bucket the gate alternates runs of ``run_steps`` steps; after that it takes
-the faster mode and every ``explore_every`` steps in the bucket runs the other
-for ``run_steps`` steps, so a change of load or machine is seen. The first step
+a bucket the gate alternates runs of ``run_steps`` steps; after that it
+pipelines unless serial steps measured ``margin`` faster per token (the models'
+choice stands on a tie: a step's tokens follow its requests' acceptance more
+than its mode), and every ``explore_every`` steps in the bucket runs the other
+mode for ``run_steps`` steps, so a change of load or machine is seen. The first step
 of each run pays the switch (a draft that held optimistic tokens is
 re-prefilled on the way back to serial) and is not counted.
 
@@ -34,7 +36,12 @@ class MeasuredGateConfig(BaseModel):
     min_steps: int = Field(6, ge=1, description="Counted steps of each mode in a bucket before the faster one is taken.")
     run_steps: int = Field(4, ge=2, description="Steps in a row per exploration run (the first one is not counted).")
     explore_every: int = Field(50, ge=2, description="Steps in a bucket between runs of the slower mode.")
-    decay: float = Field(0.97, gt=0.0, le=1.0, description="Weight kept by older steps at each new one.")
+    decay: float = Field(0.99, gt=0.0, le=1.0, description="Weight kept by older steps at each new one.")
+    margin: float = Field(
+        0.05, ge=0.0,
+        description="Serial must measure this much faster per token to overrule the models' choice to pipeline "
+        "(a step's tokens follow its requests' acceptance more than its mode: short samples are noisy).",
+    )  # fmt: skip
 
 
 def bucket(batch_size: int) -> int:
@@ -110,7 +117,7 @@ class MeasuredGate:
         pipe, serial = b.rates[PIPE].per_token(), b.rates[SERIAL].per_token()
         if pipe is None or serial is None:
             return None
-        return PIPE if pipe <= serial else SERIAL
+        return SERIAL if serial < (1.0 - self.config.margin) * pipe else PIPE
 
     def ran_serial(self) -> None:
         """A step this gate was not asked about ran serially (no chain to pipeline, or the models said no)."""

@@ -70,3 +70,13 @@ def test_a_serial_step_not_asked_about_makes_the_next_pipelined_one_a_switch():
 def test_disabled_always_pipelines():
     gate = MeasuredGate(MeasuredGateConfig(enabled=False))
     assert {gate.choose(b) for b in (1, 8, 32) for _ in range(10)} == {PIPE}
+
+
+def test_serial_must_be_clearly_faster_to_overrule_pipelining():
+    """A tie keeps the models' choice: serial has to measure ``margin`` faster per token."""
+    for serial_s, expected in ((0.097, PIPE), (0.090, SERIAL)):
+        gate = MeasuredGate(MeasuredGateConfig(min_steps=1, run_steps=2, margin=0.05))
+        for mode, seconds in ((PIPE, 0.1), (PIPE, 0.1), (SERIAL, serial_s), (SERIAL, serial_s)):
+            assert gate.choose(1) == mode
+            gate.observe(1, seconds)
+        assert gate.preferred(1) == expected
