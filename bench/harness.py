@@ -157,6 +157,24 @@ class Harness:
                       max_new_tokens=max_new_tokens, seed=seed, length_dist=o.length_dist)  # fmt: skip
         return self.encoder.encode_all(items)
 
+    def _split_threads(self) -> tuple[int | None, ...]:
+        """The CPU thread counts to profile at: torch's default, and the target's and draft's counts when
+        FASER's stacks split the cores between them (each service then reads a profile at its own count)."""
+        o = self.opts
+        if str(o.models.device).split(":")[0] not in ("cpu", "auto") or not any(
+            name.startswith("faser:") for name in [*o.batch1, *o.sweep]
+        ):
+            return (None,)
+        from bench.configs import FASER_DRAFT_SHARE
+        from shared.profiling.sm_share import available_cores, split_threads
+
+        if str(o.models.device) == "auto":
+            import torch
+
+            if torch.cuda.is_available():
+                return (None,)
+        return (None, *sorted(set(split_threads(FASER_DRAFT_SHARE, available_cores()))))
+
     # ------------------------------------------------------------------ the run
     async def run(self) -> dict:
         o = self.opts
@@ -164,7 +182,7 @@ class Harness:
         self.draft_dir = o.models.draft_dir()
         self.encoder = PromptEncoder.for_model(self.target_dir, o.max_prompt_tokens)
         if o.profile_first:
-            self.notes += ensure_profiles(o.models, self.log)
+            self.notes += ensure_profiles(o.models, self.log, self._split_threads())
         self.token_budget = await token_budget(o.models, self.target_dir)
         if self.token_budget["source"] == "none":
             self.notes.append("no target profile on this machine: no budget B, the policies' cost models start from "

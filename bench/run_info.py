@@ -25,21 +25,26 @@ async def token_budget(models: Models, target_dir: Path) -> dict:
     return {"value": budget.token_budget, "source": budget.source}
 
 
-def ensure_profiles(models: Models, log=print) -> list[str]:
+def ensure_profiles(models: Models, log=print, threads: tuple[int | None, ...] = (None,)) -> list[str]:
     """``tandem profile --if-missing`` for the target and the draft, as `make bench-slo` and friends run it
     first: without a profile the scheduler has no budget B and the cost-model policies (SmartSpec, FASER,
     Nightjar, AdaServe, LAPS-SD's eq. 6) start from a weak generic prior (step_cost.py), which runs launched
     straight through `python -m bench.harness` on a fresh machine did for weeks unnoticed. Returns notes
-    for results.json (a failed profile is noted, not raised: the run goes on as the services would)."""
+    for results.json (a failed profile is noted, not raised: the run goes on as the services would).
+    ``threads``: CPU thread counts to profile at besides torch's default (None), for stacks whose services
+    run on a share of the cores (FASER's split: the scheduler prefers a profile at the service's count)."""
     notes = []
     base = [sys.executable, "-c", "from sdk.cli import app; app()", "profile", "--device", models.device,
             "--dtype", models.dtype, "--if-missing"]  # fmt: skip
     base += ["--model", str(models.target)] if models.target is not None else ["--pair", models.pair]
     if models.home is not None:
         base += ["--home", str(models.home)]
-    for what, extra in (("target", []), ("draft", ["--draft"])):
+    runs = [(what, extra + ([] if n is None else ["--threads", str(n)]), n)
+            for n in threads for what, extra in (("target", []), ("draft", ["--draft"]))]  # fmt: skip
+    for what, extra, n in runs:
         if what == "draft" and models.target is not None:
             continue  # an explicit target path: its draft is not a pair's to profile
+        what = what if n is None else f"{what} at {n} threads"
         out = subprocess.run([*base, *extra], capture_output=True, text=True,
                              env={**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")})  # fmt: skip
         text = " ".join(out.stdout.split())  # rich wraps its lines at the terminal's width

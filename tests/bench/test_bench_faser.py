@@ -84,3 +84,16 @@ def test_bench_stack_passes_the_settings_on(monkeypatch, tmp_path):
     assert seen["env"] == {"TANDEM_FRONTIER": FASER_FRONTIER, "TANDEM_EARLY_EXIT": "on"}
     assert seen["process_env"] is None  # the children's settings, never this process's (stacks start from threads)
     assert "TANDEM_FRONTIER" not in os.environ
+
+
+def test_faser_runs_profile_at_the_split_thread_counts_too(tmp_path, monkeypatch):
+    """Each FASER stack runs its target and draft on one of two cores: the run profiles at 1 thread as well."""
+    from bench.harness import Harness
+    from bench.options import BenchOptions
+    from shared.profiling import sm_share
+
+    monkeypatch.setattr(sm_share, "available_cores", lambda: 2)
+    assert Harness(faser_options(), tmp_path)._split_threads() == (None, 1)
+    monkeypatch.setattr(sm_share, "available_cores", lambda: 8)
+    assert Harness(faser_options(), tmp_path)._split_threads() == (None, 4)
+    assert Harness(BenchOptions(name="x", batch1=["tandem-k3"], sweep=[]), tmp_path)._split_threads() == (None,)

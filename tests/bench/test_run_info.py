@@ -39,3 +39,13 @@ def test_an_explicit_target_is_profiled_alone_and_a_failure_is_a_note(monkeypatc
     notes = run_info.ensure_profiles(Models(target=Path("/m/t"), draft=Path("/m/d"), home=Path("/h")), log=lambda _: None)
     assert len(calls) == 1 and calls[0][-4:] == ["--model", "/m/t", "--home", "/h"]
     assert notes and "failed (exit 1)" in notes[0] and "boom" in notes[0]
+
+
+def test_a_split_stack_is_profiled_at_its_thread_count_too(monkeypatch):
+    """FASER's stacks run each model on a share of the cores; the scheduler prefers a profile at that count."""
+    calls, run = _fake_run([(0, "already profiled")] * 4)
+    monkeypatch.setattr(run_info.subprocess, "run", run)
+    run_info.ensure_profiles(Models(pair="eagle", dtype="bfloat16"), log=lambda _: None, threads=(None, 1))
+    assert [c[c.index("--pair"):] for c in calls] == [
+        ["--pair", "eagle"], ["--pair", "eagle", "--draft"],
+        ["--pair", "eagle", "--threads", "1"], ["--pair", "eagle", "--draft", "--threads", "1"]]
