@@ -312,9 +312,7 @@ class Scheduler:
 
         times.total = clock.now() - t0
         if self.frontier is not None:
-            self.frontier.gate.observe(report.num_emitted - report.num_prefill_tokens, times.total - times.prefill)
-            if self._num_steps % 500 == 499 and self.frontier.gate.buckets:
-                log.info("frontier pipelining, measured: %s", self.frontier.gate.describe())
+            self.frontier.after_step(report, self._num_steps)
         times.overhead = times.total - (times.prefill + times.speculate + times.select + times.verify + times.commit)
         for req in batch:  # LAPS-SD §4.2: E_i is speculation + verification time, not the step's prefills
             req.attained_service_s += times.total - times.prefill
@@ -379,9 +377,7 @@ class Scheduler:
             t = self.clock.now()  # resync requests the draft lacks (recovery, deferred); timed apart: no drafting cost
             await self.link.sync([r for _, r, _ in spec])
             report.times.draft_sync = self.clock.now() - t
-            items = [s.spec_item(r.id, r.tokens()[r.draft_seen :]) for _, r, s in spec]
-            for item, (_, r, _) in zip(items, spec):
-                item.rollback = r.draft_rollback  # a frontier chunk the draft still holds optimistically
+            items = [s.spec_item(r.id, r.tokens()[r.draft_seen :], r.draft_rollback) for _, r, s in spec]
             report.num_catchup_tokens = sum(max(0, len(item.new_tokens) - 1) for item in items)
             if self.features is not None:
                 for item, (_, r, _) in zip(items, spec):
@@ -397,8 +393,7 @@ class Scheduler:
 
         self.link.recovered()
         for (i, r, _), tree in zip(spec, drafted):
-            r.draft_seen = r.num_tokens
-            r.draft_rollback = 0
+            r.draft_seen, r.draft_rollback = r.num_tokens, 0
             if tree_ok(tree):
                 trees[i] = tree
             else:

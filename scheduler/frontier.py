@@ -33,7 +33,8 @@ with T_q(n) = n draft forwards of the batch, T_p(n) one target forward of
 b*(n+1) tokens (the profiled ``CostModel``s), l(a, n) the expected tokens per
 verify at per-token acceptance a (the batch's measured rate, else
 ``FrontierConfig.alpha``). Without both cost models a configured
-``chunk_size`` is used as is. Trees are never chunked. Either way the choice
+``chunk_size`` is used as is (else ``unmodelled_chunk``, 2, when the measured
+gate is on, else the step runs serially). Trees are never chunked. Either way the choice
 to pipeline is then checked against both modes' measured time per emitted
 token at this batch size (``frontier_gate.py``; ``measured=false`` skips it):
 the models leave out the two sides slowing each other down.
@@ -41,6 +42,7 @@ the models leave out the two sides slowing each other down.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
@@ -48,6 +50,8 @@ from pydantic import BaseModel, Field
 from scheduler.frontier_gate import SERIAL, MeasuredGate, MeasuredGateConfig
 from shared.engine.types import SpecItem, TokenTree
 from shared.profiling.cost_model import CostModel
+
+log = logging.getLogger(__name__)
 
 
 class FrontierConfig(BaseModel):
@@ -66,6 +70,11 @@ class FrontierConfig(BaseModel):
     require_gain: bool = Field(
         True, description="Pipeline only when the cost models predict a gain; False always pipelines (tests)."
     )
+    unmodelled_chunk: int = Field(
+        2, ge=1,
+        description="s_c when a cost model is missing (a feature draft has no standalone profile) and no chunk_size "
+        "is set; used only with the measured gate, which keeps the steps serial where it does not pay.",
+    )  # fmt: skip
     measured: bool = Field(
         True,
         description="Check each choice to pipeline against both modes' measured time per token at this batch size "
@@ -129,7 +138,9 @@ def choose_chunk(
     if s <= 0:
         return None
     if target is None or draft is None:
-        return min(s, config.chunk_size) if config.chunk_size else None
+        if config.chunk_size:
+            return min(s, config.chunk_size)
+        return min(s, config.unmodelled_chunk) if config.measured else None  # the measured gate decides
     a = config.alpha if alpha is None else alpha
     candidates = [min(s, config.chunk_size)] if config.chunk_size else range(1, min(s, config.max_chunk) + 1)
     best = min(candidates, key=lambda c: pipelined_time(c, b, context, target, draft, a))
@@ -184,6 +195,13 @@ class FrontierPipeline:
     @property
     def state(self) -> dict[str, FrontierState]:
         return self.stats.per_request
+
+    def after_step(self, report, num_steps: int) -> None:
+        """The step's emitted tokens and time (its prefill excluded) for the measured gate; its state logged
+        every 500 steps."""
+        self.gate.observe(report.num_emitted - report.num_prefill_tokens, report.times.total - report.times.prefill)
+        if num_steps % 500 == 499 and self.gate.buckets:
+            log.info("frontier pipelining, measured: %s", self.gate.describe())
 
     def reset(self, loop, requests) -> None:
         """Leave pipelining for ``requests``: the optimistic tokens a draft holds are rolled back by the request's

@@ -61,11 +61,13 @@ class SpecShape:
             return SpecShape.chain(max_depth, self.confidence_threshold)
         return SpecShape.tree(max_depth, self.width)
 
-    def spec_item(self, seq_id: str, new_tokens: list[int]) -> SpecItem:
+    def spec_item(self, seq_id: str, new_tokens: list[int], rollback: int = 0) -> SpecItem:
+        """``rollback``: tokens the draft holds beyond the true prefix (a frontier chunk, FASER §4.3) to drop first."""
         if self.kind == "chain":
-            return SpecItem(seq_id, new_tokens, chain_len=self.k, confidence_threshold=self.confidence_threshold)
+            return SpecItem(seq_id, new_tokens, chain_len=self.k, confidence_threshold=self.confidence_threshold,
+                            rollback=rollback)  # fmt: skip
         if self.kind == "tree":
-            return SpecItem(seq_id, new_tokens, tree_depth=self.depth, tree_width=self.width)
+            return SpecItem(seq_id, new_tokens, tree_depth=self.depth, tree_width=self.width, rollback=rollback)
         raise ValueError("SpecShape.none() has no SpecItem")
 
 

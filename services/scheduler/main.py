@@ -401,12 +401,19 @@ def _frontier(settings: ServiceSettings, has_draft: bool, target_cost, draft_cos
     if not has_draft:
         log.warning("frontier pipelining is on but there is no draft: every request decodes plainly")
     elif config.chunk_size is None and (target_cost is None or draft_cost is None):
-        # choose_chunk needs both cost models to pick s_c; without them it never pipelines
-        log.warning(
-            "frontier pipelining is on without a %s cost model and without chunk=N: steps run serially; "
-            "profile both models (`tandem profile`) or set TANDEM_FRONTIER=chunk=N",
-            "target" if target_cost is None else "draft",
-        )
+        # choose_chunk needs both cost models to pick s_c; without them the measured gate decides on a fixed chunk
+        if config.measured:
+            log.info(
+                "frontier pipelining on without a %s cost model: chunks of %d, pipelined where both modes' measured "
+                "token rates say it pays (%s)", "target" if target_cost is None else "draft", config.unmodelled_chunk,
+                config,
+            )  # fmt: skip
+        else:
+            log.warning(
+                "frontier pipelining is on without a %s cost model, without chunk=N and without the measured gate: "
+                "steps run serially; profile both models (`tandem profile`) or set TANDEM_FRONTIER=chunk=N",
+                "target" if target_cost is None else "draft",
+            )  # fmt: skip
     else:
         log.info("frontier pipelining on (%s)", config)
     return config

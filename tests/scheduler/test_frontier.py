@@ -90,7 +90,9 @@ def test_chunk_choice_follows_the_cost_models():
     assert choose_chunk(6, 1, 100, target, fast_draft, config) is None
     # without cost models a configured chunk size is used as is
     assert choose_chunk(6, 1, 100, None, None, FrontierConfig(chunk_size=2)) == 2
-    assert choose_chunk(6, 1, 100, None, None, FrontierConfig()) is None
+    # without them and without a chunk: the measured gate's fixed chunk, or serial when that gate is off
+    assert choose_chunk(6, 1, 100, None, None, FrontierConfig()) == 2
+    assert choose_chunk(6, 1, 100, None, None, FrontierConfig(measured=False)) is None
 
 
 def test_a_model_free_draft_is_priced_as_free_and_not_pipelined():
