@@ -203,6 +203,20 @@ class FrontierPipeline:
         if num_steps % 500 == 499 and self.gate.buckets:
             log.info("frontier pipelining, measured: %s", self.gate.describe())
 
+    def _drop_absent(self, loop, live: set[str]) -> None:
+        """Forget the state of requests that left the batch. Finished, aborted and evicted ones were released on
+        the draft; one preempted with its KV kept (resident) still holds its optimistic chunk there, rolled back
+        when it speculates again."""
+        gone = [rid for rid in self.state if rid not in live]
+        if not gone:
+            return
+        resident = {r.id: r for r in getattr(loop, "_waiting", ()) if r.resident}
+        for rid in gone:
+            st = self.state.pop(rid)
+            r = resident.get(rid)
+            if r is not None and st.optimistic and r.on_draft:
+                r.draft_rollback += st.optimistic
+
     def reset(self, loop, requests) -> None:
         """Leave pipelining for ``requests``: the optimistic tokens a draft holds are rolled back by the request's
         next speculate call (``Request.draft_rollback``). Before 2026-11-29 the draft's copy was dropped and
@@ -218,9 +232,7 @@ class FrontierPipeline:
         import asyncio
 
         spec = [(i, r, s) for i, (r, s) in enumerate(zip(batch, shapes)) if s.speculates]
-        live = {r.id for r in batch}
-        for rid in [rid for rid in self.state if rid not in live]:
-            del self.state[rid]  # finished, aborted or preempted: the loop released it on the draft
+        self._drop_absent(loop, {r.id for r in batch})
         if spec and loop.draft is not None and loop.link.usable and (
             loop.link.stale or any(not r.on_draft for _, r, _ in spec)
         ):

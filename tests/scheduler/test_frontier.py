@@ -150,3 +150,19 @@ def test_leaving_the_pipeline_rolls_back_instead_of_re_prefilling(tiny_model_dir
     for engine in (target, draft):
         engine.runner.check_accounting()
         assert engine.runner.cache.num_free_blocks == engine.runner.cache.num_blocks
+
+
+def test_a_resident_preempted_request_rolls_its_chunk_back_when_it_returns():
+    """Preempted with its KV kept, a request stays on the draft with its optimistic chunk: the frontier forgets
+    its state, and its next speculate call must still roll the chunk back."""
+    from types import SimpleNamespace
+
+    from scheduler.frontier import FrontierPipeline, FrontierState
+
+    pipe = FrontierPipeline(ALWAYS)
+    kept = Request(id="kept", prompt_ids=[1, 2, 3], max_new_tokens=4)
+    kept.resident, kept.on_draft = True, True
+    done = Request(id="done", prompt_ids=[1, 2, 3], max_new_tokens=4)
+    pipe.state.update({"kept": FrontierState(optimistic=2), "done": FrontierState(optimistic=1)})
+    pipe._drop_absent(SimpleNamespace(_waiting=[kept]), live=set())
+    assert pipe.state == {} and kept.draft_rollback == 2 and done.draft_rollback == 0
