@@ -27,17 +27,19 @@ def draft_dir(tmp_path_factory):
     return save_tiny(tmp_path_factory.mktemp("models") / "tiny-draft", "llama", num_layers=1, seed=1)
 
 
-def run(target_dir, draft_dir, frontier, k=5, early_exit=None):
+def run(target_dir, draft_dir, frontier, k=5, early_exit=None, draft_worker=LocalDraftWorker, gate=None):
     config = EngineConfig(num_blocks=128, block_size=4)
     target, _ = build_target_engine(target_dir, device="cpu", engine_config=config)
     target.set_early_exit(early_exit)
     draft, _ = build_draft_engine(draft_dir, device="cpu", engine_config=config)
     sched = Scheduler(
         LocalTargetWorker(target),
-        LocalDraftWorker(draft),
+        draft_worker(draft),
         spec_policy=FixedChain(k),
         config=SchedulerConfig(frontier=frontier),
     )
+    if gate is not None:
+        sched.frontier.gate = gate
     reqs = [Request(id=f"r{i}", prompt_ids=p, max_new_tokens=12 + 3 * i) for i, p in enumerate(PROMPTS)]
 
     async def main():
@@ -116,8 +118,9 @@ def test_leaving_the_pipeline_rolls_back_instead_of_re_prefilling(tiny_model_dir
     from scheduler.frontier_gate import MeasuredGate, MeasuredGateConfig
 
     class Counting(LocalDraftWorker):
-        prefilled: list[str] = []
-        rollbacks = 0
+        def __init__(self, engine):
+            super().__init__(engine)
+            self.prefilled, self.rollbacks = [], 0
 
         async def prefill(self, items):
             self.prefilled += [item.seq_id for item in items]
@@ -127,29 +130,13 @@ def test_leaving_the_pipeline_rolls_back_instead_of_re_prefilling(tiny_model_dir
             self.rollbacks += sum(1 for item in items if item.rollback)
             return await super().speculate(items)
 
-    config = EngineConfig(num_blocks=128, block_size=4)
-    target, _ = build_target_engine(tiny_model_dir, device="cpu", engine_config=config)
-    draft, _ = build_draft_engine(draft_dir, device="cpu", engine_config=config)
-    worker = Counting(draft)
-    worker.prefilled = []
-    sched = Scheduler(LocalTargetWorker(target), worker, spec_policy=FixedChain(4),
-                      config=SchedulerConfig(frontier=FrontierConfig(chunk_size=2, require_gain=False)))  # fmt: skip
-    sched.frontier.gate = MeasuredGate(MeasuredGateConfig(min_steps=1000, run_steps=2))  # switch every 2 steps
-    reqs = [Request(id=f"r{i}", prompt_ids=p, max_new_tokens=16) for i, p in enumerate(PROMPTS)]
-
-    async def main():
-        streams = [sched.submit(r) for r in reqs]
-        _, *outs = await asyncio.gather(sched.run_until_idle(), *(s.collect() for s in streams))
-        return outs
-
-    outs = asyncio.run(main())
+    gate = MeasuredGate(MeasuredGateConfig(min_steps=1000, run_steps=2))  # switch modes every 2 steps
+    reqs, outs, sched = run(tiny_model_dir, draft_dir, ALWAYS, k=4, draft_worker=Counting, gate=gate)
     for req, out in zip(reqs, outs):
         assert out == greedy(tiny_model_dir, req.prompt_ids, req.max_new_tokens)
-    assert sorted(worker.prefilled) == sorted(r.id for r in reqs)  # one prefill each: never dropped and resynced
-    assert worker.rollbacks > 0 and sched.frontier.stats.steps > 0
-    for engine in (target, draft):
-        engine.runner.check_accounting()
-        assert engine.runner.cache.num_free_blocks == engine.runner.cache.num_blocks
+    prefilled = sched.draft.prefilled
+    assert sorted(prefilled) == sorted(r.id for r in reqs)  # one prefill each: never dropped and resynced
+    assert sched.draft.rollbacks > 0 and sched.frontier.stats.steps > 0
 
 
 def test_a_resident_preempted_request_rolls_its_chunk_back_when_it_returns():
