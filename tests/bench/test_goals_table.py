@@ -102,15 +102,17 @@ def test_the_readme_section_is_rewritten_between_its_markers(tmp_path):
     from bench.goals_table import README_BEGIN, README_END, readme_section, rewrite_readme
 
     rows = [{"paper": "LAPS-SD", "goal": "g", "value": "30: -20%", "spread": "-21% .. -19%", "met": False,
-             "commit": "abc1234", "folder": "order-eagle", "command": "python -m bench.harness --order"}]  # fmt: skip
+             "commit": "abc1234", "folder": "order-eagle", "command": "python -m bench.harness --order",
+             "kind": "laps-sd", "policy": "order:laps-sd", "shortfall": 0.05}]  # fmt: skip
     readme = tmp_path / "README.md"
     readme.write_text(f"# T\n\nbefore\n{README_BEGIN}\nold table\n{README_END}\nafter\n")
     section = readme_section(rows, tmp_path / "bench" / "results" / "goals", readme)
     rewrite_readme(readme, section)
     text = readme.read_text()
     assert text.startswith("# T\n\nbefore\n" + README_BEGIN) and text.endswith(README_END + "\nafter\n")
-    assert "old table" not in text and "0 of 1 goals met" in text
-    assert "| LAPS-SD | g | 30: -20% | -21% .. -19% | no | abc1234 | [order-eagle](bench/results/order-eagle/README.md) |" in text
+    assert "old table" not in text and "0 of 1 goal lines met" in text and "(0 of 1 met:" in text
+    assert ("| LAPS-SD | mean latency ≥ 25 % below FCFS at 30 and 50 requests | feature draft, open chat | no (0 of 1) "
+            "| `order:laps-sd`: 30: -20% | -21% .. -19% | abc1234 | [order-eagle](bench/results/order-eagle/README.md) |") in text
     assert "(bench/results/goals/summary.png)" in text
     rewrite_readme(readme, section)
     assert readme.read_text() == text  # idempotent
@@ -194,3 +196,25 @@ def test_early_exit_pruning_is_read_at_every_load(tmp_path):
     assert rows[1]["met"] and "rate=1.6: faser:ee 3.0% of 1000" in rows[1]["value"]
     loaded["rate=1.6"]["faser:all"] = cfg(0.2, 5)  # 0.5 %: not measurable
     assert not faser({"batch1": b1, "sweep": loaded, "command": "c"}, tmp_path)[1]["met"]
+
+
+def test_the_headline_keeps_one_line_per_goal_paper_and_regime_met_by_any_run_else_the_closest():
+    from bench.goals_headline import headline
+
+    def row(policy, folder, met, shortfall, kind="adaptive-latency"):
+        return {"kind": kind, "policy": policy, "folder": folder, "met": met, "shortfall": shortfall, "value": policy,
+                "spread": "–", "commit": "c", "paper": "p", "goal": "g"}  # fmt: skip
+
+    rows = [row("policy:smartspec", "adaptive-eagle", False, 0.02), row("policy:smartspec-request", "adaptive-eagle-5rep", True, -0.01),
+            row("policy:smartspec", "adaptive-grounded", False, 0.10), row("policy:nightjar", "adaptive-eagle", False, 0.09),
+            row("policy:nightjar-lean", "adaptive-eagle-5rep", False, 0.07),
+            row("policy:adaserve", "slo-eagle", False, None, kind="adaserve"),
+            row("policy:adaserve:triage", "slo-eagle", False, 0.2, kind="adaserve")]  # fmt: skip
+    lines = {(x["paper"], x["regime"]): x for x in headline(rows)}
+    assert set(lines) == {("SmartSpec", "feature draft, open chat"), ("SmartSpec", "suffix draft, grounded prompts"),
+                          ("Nightjar", "feature draft, open chat"), ("AdaServe", "feature draft, open chat")}  # fmt: skip
+    smart = lines["SmartSpec", "feature draft, open chat"]
+    assert smart["met"] and smart["row"]["policy"] == "policy:smartspec-request" and (smart["rows_met"], smart["rows"]) == (1, 2)
+    night = lines["Nightjar", "feature draft, open chat"]
+    assert not night["met"] and night["row"]["policy"] == "policy:nightjar-lean"  # the closest: smallest shortfall
+    assert lines["AdaServe", "feature draft, open chat"]["row"]["policy"] == "policy:adaserve:triage"  # None: no reading

@@ -1,0 +1,73 @@
+"""Issue 20's goals at a glance: one line per goal, paper and regime, picked from the full table's rows.
+
+The full table (bench.goals_table) holds every run: each policy variant, each re-run with a larger sample,
+each machine. The headline answers what the issue asks of each goal: is it met on this machine, by which
+policy in which run, and where it is not, how close the closest run came. A line is met when some run met
+it (by the full table's rule: the pooled value and a majority of the repeats); its value is then that
+run's, else the run with the smallest shortfall (how far its pooled value is from the goal).
+
+    rows = goals_table.collect(root, suffix)
+    lines = headline(rows)          # [{"paper", "goal", "regime", "met", "row"}...]
+    markdown(lines, link)           # the README's table
+"""
+
+from __future__ import annotations
+
+GOALS = (  # (row kind, goal as the issue states it)
+    ("adaptive-latency", "mean latency within 5 % of the best fixed k at every load and on the bursty trace"),
+    ("adaptive-goodput", "goodput ≥ 1.2× target-only at the lowest load"),
+    ("adaserve", "SLO attainment ≥ 1.3× the best baseline where it falls below 70 %"),
+    ("laps-sd", "mean latency ≥ 25 % below FCFS at 30 and 50 requests"),
+    ("faser-tpot", "pipelining + early exit: batch-1 TPOT ≥ 15 % below serial SD"),
+    ("faser-pruning", "early exit measurably pruning (≥ 1 % of drafted tokens at some load)"),
+)
+REGIMES = ("suffix draft, grounded prompts", "feature draft, open chat")
+
+
+def regime(row: dict) -> str:
+    """Which strong draft a run used: the feature draft's runs are the '<bench>-eagle*' folders."""
+    return REGIMES[1] if "-eagle" in row["folder"] else REGIMES[0]
+
+
+def paper(row: dict) -> str:
+    """The paper a row's policy implements (the adaptive goals are three papers' policies side by side)."""
+    if row["kind"].startswith("adaptive"):
+        name = row["policy"].removeprefix("policy:")
+        return "SmartSpec" if name.startswith("smartspec") else "FASER-AD" if name.startswith("faser") else "Nightjar"
+    return {"adaserve": "AdaServe", "laps-sd": "LAPS-SD"}.get(row["kind"], "FASER")
+
+
+def _closeness(row: dict) -> float:
+    return float("inf") if row.get("shortfall") is None else row["shortfall"]
+
+
+def headline(rows: list[dict]) -> list[dict]:
+    """One line per (goal, paper, regime) that has rows: met by any run, else the closest run."""
+    lines = []
+    for kind, goal in GOALS:
+        mine = [r for r in rows if r.get("kind") == kind]
+        for name in dict.fromkeys(paper(r) for r in mine):
+            for where in REGIMES:
+                group = [r for r in mine if paper(r) == name and regime(r) == where]
+                if not group:
+                    continue
+                met = [r for r in group if r["met"]]
+                best = min(met or group, key=_closeness)
+                lines.append({"paper": name, "goal": goal, "regime": where, "met": bool(met), "row": best,
+                              "rows_met": len(met), "rows": len(group)})  # fmt: skip
+    return lines
+
+
+def markdown(lines: list[dict], link: str) -> str:
+    """The table: ``link`` is the path prefix of the results folders (each run's README holds its command).
+    "yes (2 of 9)": 2 of the 9 rows of the full table behind this line (policy variants x runs) met the goal."""
+    out = ["| paper | goal | regime | met | measured (the run that met it, else the closest) | spread over repeats "
+           "| commit | run |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for line in lines:
+        row = line["row"]
+        who = row["policy"] if line["paper"] in ("SmartSpec", "FASER-AD", "Nightjar", "AdaServe", "LAPS-SD") else ""
+        value = f"`{who}`: {row['value']}" if who else row["value"]
+        met = f"**yes** ({line['rows_met']} of {line['rows']})" if line["met"] else f"no (0 of {line['rows']})"
+        out.append(f"| {line['paper']} | {line['goal']} | {line['regime']} | {met} | {value} | {row['spread']} "
+                   f"| {row['commit']} | [{row['folder']}]({link}/{row['folder']}/README.md) |")
+    return "\n".join(out)
