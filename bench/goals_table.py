@@ -299,7 +299,9 @@ LARGER_SAMPLE = {"adaptive": {
     "eagle": [("3x", " (feature draft, open chat, 5 repeats at 3x)"),
               ("depth", " (feature draft, open chat, 3 repeats at 2x and 3x, the drafting depth priced beside the "
                         "marginal rule)"),
-              ("paced", " (feature draft, open chat, 5 repeats at 3x and 3.5x, SpecInfer left out)")],
+              ("paced", " (feature draft, open chat, 5 repeats at 3x and 3.5x, SpecInfer left out)"),
+              ("band", " (feature draft, open chat, 4 repeats at 3x and 3.5x, the strongest baselines of the earlier "
+                       "runs beside the priced, paced, triaged AdaServe)")],
 }}  # fmt: skip
 
 

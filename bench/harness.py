@@ -83,7 +83,7 @@ from bench.options import (  # noqa: F401 - presets re-exported: tests and the C
     share_mix,
     slo_options,
 )
-from bench.run_info import ensure_profiles, jsonable, machine, token_budget  # noqa: F401 - machine re-exported (bench.drafts, ...)
+from bench.run_info import ensure_profiles, faser_split, jsonable, machine, target_threads, token_budget  # noqa: F401 - machine re-exported (bench.drafts, ...)
 from bench.stack import Models, bench_stack
 from bench.tandem_sender import tandem_sender
 from bench.tokens import EncodedItem, PromptEncoder
@@ -160,20 +160,8 @@ class Harness:
     def _split_threads(self) -> tuple[int | None, ...]:
         """The CPU thread counts to profile at: torch's default, and the target's and draft's counts when
         FASER's stacks split the cores between them (each service then reads a profile at its own count)."""
-        o = self.opts
-        if str(o.models.device).split(":")[0] not in ("cpu", "auto") or not any(
-            name.startswith("faser:") for name in [*o.batch1, *o.sweep]
-        ):
-            return (None,)
-        from bench.configs import FASER_DRAFT_SHARE
-        from shared.profiling.sm_share import available_cores, split_threads
-
-        if str(o.models.device) == "auto":
-            import torch
-
-            if torch.cuda.is_available():
-                return (None,)
-        return (None, *sorted(set(split_threads(FASER_DRAFT_SHARE, available_cores()))))
+        split = faser_split(self.opts.models, [*self.opts.batch1, *self.opts.sweep])
+        return (None,) if split is None else (None, *sorted(set(split)))
 
     # ------------------------------------------------------------------ the run
     async def run(self) -> dict:
@@ -183,7 +171,8 @@ class Harness:
         self.encoder = PromptEncoder.for_model(self.target_dir, o.max_prompt_tokens)
         if o.profile_first:
             self.notes += ensure_profiles(o.models, self.log, self._split_threads())
-        self.token_budget = await token_budget(o.models, self.target_dir)
+        self.token_budget = await token_budget(o.models, self.target_dir,
+                                               target_threads(o.models, [*o.batch1, *o.sweep]))
         if self.token_budget["source"] == "none":
             self.notes.append("no target profile on this machine: no budget B, the policies' cost models start from "
                               "the generic prior (`tandem profile`, or the presets' --profile)")

@@ -12,17 +12,50 @@ from pathlib import Path
 from bench.stack import Models
 
 
-async def token_budget(models: Models, target_dir: Path) -> dict:
-    """B as the launched scheduler will find it (TANDEM_TOKEN_BUDGET, else the target's profile on disk)."""
+async def token_budget(models: Models, target_dir: Path, cpu_threads: int = 0) -> dict:
+    """B as the launched scheduler will find it (TANDEM_TOKEN_BUDGET, else the target's profile on disk).
+    ``cpu_threads``: the target service's torch threads on a CPU (0: not a CPU, or unknown), which picks the
+    profile measured at that count as the scheduler does (services/scheduler/budget.py)."""
     from types import SimpleNamespace
 
     from services.scheduler.budget import load_budget
     from services.settings import ServiceSettings
 
     name = target_dir.stem if target_dir.suffix == ".gguf" else target_dir.name  # what the target reports
-    info = SimpleNamespace(model_name=name, device=models.device, dtype=models.dtype)
+    info = SimpleNamespace(model_name=name, device=models.device, dtype=models.dtype, cpu_threads=cpu_threads)
     budget = await load_budget(ServiceSettings.from_env(home=models.home), info)
     return {"value": budget.token_budget, "source": budget.source}
+
+
+def _on_cpu(models: Models) -> bool:
+    device = str(models.device).split(":")[0]
+    if device == "auto":
+        import torch
+
+        return not torch.cuda.is_available()
+    return device == "cpu"
+
+
+def faser_split(models: Models, configs: list[str]) -> tuple[int, int] | None:
+    """(draft, target) torch threads when this run's FASER stacks split the CPU's cores between the two models
+    (bench/configs.py FASER_DRAFT_SHARE), else None (no FASER configuration, or not on a CPU)."""
+    if not any(name.startswith("faser:") for name in configs) or not _on_cpu(models):
+        return None
+    from bench.configs import FASER_DRAFT_SHARE
+    from shared.profiling.sm_share import available_cores, split_threads
+
+    return split_threads(FASER_DRAFT_SHARE, available_cores())
+
+
+def target_threads(models: Models, configs: list[str]) -> int:
+    """The target service's torch threads in this run's stacks, as it reports them (0 off the CPU): its share of
+    FASER's split, else every core (torch's default in a fresh process)."""
+    from shared.profiling.sm_share import available_cores
+
+    if not _on_cpu(models):
+        return 0
+    split = faser_split(models, configs)
+    return available_cores() if split is None else split[1]
 
 
 def ensure_profiles(models: Models, log=print, threads: tuple[int | None, ...] = (None,)) -> list[str]:

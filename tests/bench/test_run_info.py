@@ -49,3 +49,33 @@ def test_a_split_stack_is_profiled_at_its_thread_count_too(monkeypatch):
     assert [c[c.index("--pair"):] for c in calls] == [
         ["--pair", "eagle"], ["--pair", "eagle", "--draft"],
         ["--pair", "eagle", "--threads", "1"], ["--pair", "eagle", "--draft", "--threads", "1"]]
+
+
+def test_the_recorded_budget_reads_the_profile_at_the_target_services_thread_count(tmp_path, monkeypatch):
+    """results.json's token_budget is what the scheduler finds: a 2-thread stack must not report the newer
+    1-thread profile a FASER run left behind (the scheduler, told 2 threads by the target, reads the 2-thread one)."""
+    import asyncio
+    import time
+
+    from shared.profiling import sm_share
+    from shared.profiling.cost_model import CostModel, Knee, Profile, save_profile
+
+    def profile(budget, threads):
+        knee = Knee(budget=budget, method="ridge", slope_before_s=1e-3, slope_after_s=1e-3, latency_at_budget_s=0.05,
+                    latency_at_one_s=0.026)  # fmt: skip
+        return Profile(model="tiny-target", hardware=f"cpu test ({threads} threads)", device="cpu", dtype="float32",
+                       token_budget=budget, knee=knee, cost_model=CostModel(alpha_s=1e-6, gamma_s=1e-3, delta_s=0.025),
+                       sweep=[(1, 0.026), (budget, 0.05)], settings={"threads": threads})  # fmt: skip
+
+    save_profile(profile(64, 2), tmp_path)
+    time.sleep(0.02)
+    save_profile(profile(32, 1), tmp_path)  # the newest
+    monkeypatch.setattr(sm_share, "available_cores", lambda: 2)
+    models = Models(target=tmp_path / "tiny-target", draft=tmp_path / "d", home=tmp_path, device="cpu", dtype="float32")
+    plain, faser = ["tandem-k3"], ["faser:serial", "faser:pipe"]
+    assert run_info.target_threads(models, plain) == 2 and run_info.target_threads(models, faser) == 1
+    assert run_info.faser_split(models, plain) is None and run_info.faser_split(models, faser) == (1, 1)
+    budget = lambda configs: asyncio.run(run_info.token_budget(models, models.target, run_info.target_threads(models, configs)))  # noqa: E731
+    assert budget(plain)["value"] == 64 and budget(faser)["value"] == 32
+    gpu = Models(target=tmp_path / "tiny-target", draft=tmp_path / "d", home=tmp_path, device="cuda", dtype="float32")
+    assert run_info.target_threads(gpu, faser) == 0 and run_info.faser_split(gpu, faser) is None
