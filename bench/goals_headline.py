@@ -71,3 +71,56 @@ def markdown(lines: list[dict], link: str) -> str:
         out.append(f"| {line['paper']} | {line['goal']} | {line['regime']} | {met} | {value} | {row['spread']} "
                    f"| {row['commit']} | [{row['folder']}]({link}/{row['folder']}/README.md) |")
     return "\n".join(out)
+
+
+# How each goal reads as a number: (threshold, "lower" or "higher" is better, axis label). A row's shortfall is
+# its distance from the threshold in the goal's own unit (<= 0: the pooled value meets it).
+SCALES = {
+    "adaptive-latency": (0.05, "lower", "worst load: latency over the best fixed k"),
+    "adaptive-goodput": (1.2, "higher", "goodput / target-only at the lowest load"),
+    "adaserve": (1.3, "higher", "SLO attainment / best baseline"),
+    "laps-sd": (0.75, "lower", "worst of 30, 50: mean latency / FCFS"),
+    "faser-tpot": (0.85, "lower", "batch-1 TPOT / serial SD"),
+    "faser-pruning": (0.01, "higher", "share of drafted tokens pruned"),
+}
+
+
+def value(line: dict) -> float | None:
+    """The line's number on its goal's scale (None: no reading, e.g. no load where the goal applies)."""
+    shortfall = line["row"].get("shortfall")
+    if shortfall is None:
+        return None
+    threshold, better, _ = SCALES[line["row"]["kind"]]
+    return threshold + shortfall if better == "lower" else threshold - shortfall
+
+
+def plot(lines: list[dict], path) -> None:
+    """The summary plot: one panel per goal, a bar per paper and regime (green where met), the goal dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = [kind for kind, _ in GOALS if any(line["row"]["kind"] == kind for line in lines)]
+    cols = min(3, max(len(kinds), 1))
+    nrows = -(-max(len(kinds), 1) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 3.8 * nrows), squeeze=False)
+    for ax in axes.flat[len(kinds):]:
+        ax.axis("off")
+    for ax, kind in zip(axes.flat, kinds):
+        mine = [line for line in lines if line["row"]["kind"] == kind]
+        threshold, better, label = SCALES[kind]
+        labels = [f"{line['paper']}\n{'feature' if line['regime'] == REGIMES[1] else 'suffix'}" for line in mine]
+        ys = [value(line) for line in mine]
+        colors = ["tab:green" if line["met"] else "tab:grey" for line in mine]
+        ax.bar(range(len(mine)), [y if y is not None else 0.0 for y in ys], color=colors)
+        for i, y in enumerate(ys):
+            if y is None:
+                ax.text(i, 0, "n/a", ha="center", va="bottom", fontsize=7)
+        ax.axhline(threshold, ls="--", c="black", lw=1)
+        ax.set_xticks(range(len(mine)), labels, fontsize=7)
+        ax.set_title(f"{label}\n(goal {'≤' if better == 'lower' else '≥'} {threshold:g})", fontsize=9)
+    fig.suptitle("Issue 20's goals: the run that met each (green) or came closest (grey)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

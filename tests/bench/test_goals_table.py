@@ -218,3 +218,17 @@ def test_the_headline_keeps_one_line_per_goal_paper_and_regime_met_by_any_run_el
     night = lines["Nightjar", "feature draft, open chat"]
     assert not night["met"] and night["row"]["policy"] == "policy:nightjar-lean"  # the closest: smallest shortfall
     assert lines["AdaServe", "feature draft, open chat"]["row"]["policy"] == "policy:adaserve:triage"  # None: no reading
+
+
+def test_the_summary_plot_reads_each_line_on_its_goals_scale(tmp_path):
+    from bench.goals_headline import headline, plot, value
+
+    def row(kind, folder, met, shortfall, policy="p"):
+        return {"kind": kind, "policy": policy, "folder": folder, "met": met, "shortfall": shortfall}
+
+    lines = headline([row("laps-sd", "order-eagle", True, -0.03, "order:laps-sd"),
+                      row("adaptive-goodput", "adaptive-grounded", True, -0.3, "policy:nightjar"),
+                      row("adaserve", "slo-eagle", False, None, "policy:adaserve")])  # fmt: skip
+    assert [value(x) for x in lines] == [pytest.approx(1.5), None, pytest.approx(0.72)]  # goals order: adaptive first
+    plot(lines, tmp_path / "summary.png")
+    assert (tmp_path / "summary.png").stat().st_size > 10_000
