@@ -374,10 +374,10 @@ def markdown(rows: list[dict], link_prefix: str = "") -> str:
 README_BEGIN, README_END = "<!-- goals:begin (python -m bench.goals_table --readme README.md) -->", "<!-- goals:end -->"
 
 
-def readme_section(rows: list[dict], out: Path, readme: Path, notes: list[str] | None = None) -> str:
+def readme_section(rows: list[dict], out: Path, readme: Path) -> str:
     """The README's goals table: one line per goal, paper and regime (bench.goals_headline), each with the run that
     met it or came closest (value, spread, commit, the run whose README has the command); every row behind it is
-    in the full table. ``notes`` (the adaptive goal's calibration) stay with the full table."""
+    in the full table, with the adaptive goal's calibration notes."""
     rel = out.relative_to(readme.parent) if out.is_relative_to(readme.parent) else out
     lines = goals_headline.headline(rows)
     met = sum(line["met"] for line in lines)
@@ -484,7 +484,7 @@ def main(
     (out / "README.md").write_text("\n".join(text))
     print(markdown(rows, "bench/results/"))
     if readme is not None:
-        rewrite_readme(readme, readme_section(rows, out.resolve(), readme.resolve(), notes))
+        rewrite_readme(readme, readme_section(rows, out.resolve(), readme.resolve()))
     print(f"{met}/{len(rows)} met; written to {out}" + (f" and {readme}" if readme else ""))
 
 
