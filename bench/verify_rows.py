@@ -38,6 +38,17 @@ def spread(rows: int, batch: int) -> list[int]:
     return [rows // batch + (1 if i < rows % batch else 0) for i in range(batch)]
 
 
+def _ints(text: str, option: str) -> list[int]:
+    """A comma-separated list of positive integers, or a usage error naming the option."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"{option} takes comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise typer.BadParameter(f"{option} takes positive integers, got {text!r}")
+    return values
+
+
 def line(points: dict[int, float]) -> tuple[float, float]:
     """(a, b) of the least-squares line T = a + b*N through the medians."""
     xs, ys = list(points), list(points.values())
@@ -79,13 +90,13 @@ def main(
     home: str = typer.Option(None),
 ) -> None:
     started = time.time()
+    sizes, batches, counts = _ints(rows, "--rows"), _ints(batch, "--batch"), _ints(threads, "--threads")
     target_dir = Paths.resolve(home).model_dir(get_pair(pair).target.name)
     engine, loaded = build_target_engine(target_dir, dtype=dtype)
-    sizes = [int(n) for n in rows.split(",")]
     cells = []
-    for t in (int(x) for x in threads.split(",")):
+    for t in counts:
         torch.set_num_threads(t)
-        for b in (int(x) for x in batch.split(",")):
+        for b in batches:
             prompts = [list(p["input_ids"]) if hasattr(p, "keys") else list(p) for p in encode(loaded.tokenizer, b)]
             ms = {n: s * 1e3 for n, s in measure(engine.runner, prompts, [n for n in sizes if n >= b], repeats).items()}
             a, slope = line(ms)
@@ -93,7 +104,7 @@ def main(
             print(f"threads {t} batch {b}: " + "  ".join(f"{n}:{v:.1f}" for n, v in ms.items())
                   + f"   line {a:.1f} ms + {slope:.3f} ms/row")  # fmt: skip
     results = {"name": name, "command": "python -m bench.verify_rows " + " ".join(sys.argv[1:]),
-               "machine": machine(int(threads.split(",")[-1])), "started_unix": started,
+               "machine": machine(counts[-1]), "started_unix": started,
                "duration_s": time.time() - started, "target": str(target_dir), "dtype": dtype, "repeats": repeats,
                "cells": cells}  # fmt: skip
     out = Path(__file__).resolve().parent / "results" / name

@@ -31,3 +31,13 @@ def test_a_measurement_on_a_tiny_model_rolls_every_forward_back(tiny_llama):
                    "target": "/m/t", "dtype": "float32", "repeats": 3,
                    "cells": [{"threads": 1, "batch": 2, "median_ms": {"2": 1.0, "5": 2.0}, "line_ms": {"a": 0.5, "per_row": 0.3}}]})  # fmt: skip
     assert "| 1 | 2 | 1.0 | 2.0 | 0.5 + 0.300·N |" in text
+
+
+def test_bad_lists_are_usage_errors_before_any_model_loads():
+    from typer.testing import CliRunner
+
+    from bench.verify_rows import app
+
+    for args in (["--rows", "4,x"], ["--batch", "0"], ["--threads", ""]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2 and "takes" in result.output
