@@ -34,7 +34,7 @@ import grpc.aio
 
 import shared.rpc  # noqa: F401 - builds the generated code if needed
 from shared.engine.types import AcceptResult, PrefillItem, PrefillResult, SpecItem, TokenTree, VerifyItem
-from shared.rpc.channel import aio_channel
+from shared.rpc.channel import CLIENT_OPTIONS, aio_channel
 from shared.engine.features import FeatureBlock, FeatureSpec
 from shared.rpc.convert import (
     accept_from_pb,
@@ -78,10 +78,16 @@ class _GrpcWorker:
         *,
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+        credentials: grpc.ChannelCredentials | None = None,
+        channel_options: Sequence[tuple[str, Any]] = (),
     ):
-        """``interceptors`` apply to a channel made here from an address (e.g. the internal secret's)."""
+        """``interceptors``, ``credentials`` (TLS) and ``channel_options`` (on top of CLIENT_OPTIONS) apply to a
+        channel made here from an address (e.g. the internal secret's, shared/rpc/tls.py's)."""
+        self.tls = credentials is not None
         if isinstance(channel_or_address, str):
-            self.channel, self._owns_channel = aio_channel(channel_or_address, interceptors=interceptors), True
+            channel = aio_channel(channel_or_address, interceptors=interceptors, credentials=credentials,
+                                  options=(*CLIENT_OPTIONS, *channel_options))
+            self.channel, self._owns_channel = channel, True
         else:
             self.channel, self._owns_channel = channel_or_address, False
         self.timeout_s = timeout_s

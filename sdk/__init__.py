@@ -33,6 +33,7 @@ _EXPORTS = {
     "OverloadedError": "sdk.errors",
     "DeadlineExceededError": "sdk.errors",
     "UnavailableError": "sdk.errors",
+    "TlsMismatchError": "sdk.errors",
     "CancelledError": "sdk.errors",
     "UnimplementedError": "sdk.errors",
     "PermissionDeniedError": "sdk.errors",

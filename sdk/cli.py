@@ -40,6 +40,20 @@ app.command()(profile)
 
 DEFAULT_ADDR = "127.0.0.1:50051"
 AddrOption = Annotated[str, typer.Option("--addr", envvar="TANDEM_ADDR", help="host:port of the scheduler.")]
+TlsOption = Annotated[bool, typer.Option("--tls", help="Dial the scheduler with TLS (the system's CAs unless --ca).")]
+CaOption = Annotated[Path | None, typer.Option("--ca", envvar="TANDEM_TLS_CA",
+                                               help="PEM CA bundle the scheduler's certificate chains to (implies --tls).")]
+TlsCertOption = Annotated[Path | None, typer.Option(help="Public endpoint over TLS: PEM certificate chain "
+                                                    "(default $TANDEM_TLS_CERT).")]
+TlsKeyOption = Annotated[Path | None, typer.Option(help="PEM private key of --tls-cert (default $TANDEM_TLS_KEY).")]
+TlsCaOption = Annotated[Path | None, typer.Option(help="CA of --tls-cert when it is not self-signed.")]
+InternalCertOption = Annotated[Path | None, typer.Option(help="TLS between scheduler and model services: the "
+                                                         "certificate they serve (default $TANDEM_INTERNAL_TLS_CERT).")]
+InternalKeyOption = Annotated[Path | None, typer.Option(help="PEM private key of --internal-tls-cert.")]
+InternalCaOption = Annotated[Path | None, typer.Option(help="CA of --internal-tls-cert (default: the certificate "
+                                                       "itself).")]
+InternalMtlsOption = Annotated[bool, typer.Option(help="Mutual TLS inside: the model services require the "
+                                                  "scheduler's client certificate (--internal-tls-cert).")]
 
 
 
@@ -115,6 +129,13 @@ def up(
     share_chunk: Annotated[int, typer.Option(help="--draft-share auto: the frontier chunk r is chosen for.")] = 2,
     draft_threads: Annotated[int | None, typer.Option(help="torch threads of the draft process.")] = None,
     target_threads: Annotated[int | None, typer.Option(help="torch threads of the target process.")] = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_ca: TlsCaOption = None,
+    internal_tls_cert: InternalCertOption = None,
+    internal_tls_key: InternalKeyOption = None,
+    internal_tls_ca: InternalCaOption = None,
+    internal_mtls: InternalMtlsOption = False,
 ) -> None:
     """Start Redis (unless REDIS_URL is set), target, draft and scheduler on loopback; Ctrl-C stops all."""
     from services.launcher import LaunchConfig, LaunchError, launch
@@ -128,6 +149,7 @@ def up(
             speculation_policy=speculation_policy, draft=draft, draft_model=draft_model, home=home, device=device, dtype=dtype,
             log_dir=log_dir, draft_share=draft_share, share_batch=share_batch, share_chunk=share_chunk,
             draft_threads=draft_threads, target_threads=target_threads,
+            **_launch_tls(tls_cert, tls_key, tls_ca, internal_tls_cert, internal_tls_key, internal_tls_ca, internal_mtls),
         )  # fmt: skip
     except ValidationError as exc:
         console.print(f"[red]invalid option:[/] {exc}")
@@ -137,6 +159,7 @@ def up(
     try:
         with launch(config) as stack:
             _print_endpoints(console, stack.endpoints)
+            _print_tls(console, stack)
             if stack.share is not None:
                 console.print(f"draft share r = {stack.share['draft_share']:.3f} ({stack.share['source']}): "
                               f"{stack.share['env']}")  # fmt: skip
@@ -182,6 +205,8 @@ def generate(
     seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
     stop: Annotated[list[str] | None, typer.Option(help="Stop string (repeatable).")] = None,
     priority: Annotated[int, typer.Option(help="Higher runs earlier.")] = 0,
+    tls: TlsOption = False,
+    ca: CaOption = None,
 ) -> None:
     """Stream one generation to stdout; its summary goes to stderr."""
     from sdk.client import Client
@@ -194,7 +219,7 @@ def generate(
     except ValueError:
         raise typer.BadParameter("--ids needs comma-separated integers; --spec auto, off or an integer") from None
     try:
-        with Client(addr) as client:
+        with Client(addr, **_client_tls(tls, ca)) as client:
             stream = client.stream(
                 prompt_arg, max_new_tokens=max_new_tokens, speculation=speculation, slo_tpot_ms=slo_tpot_ms,
                 slo_ttft_ms=slo_ttft_ms, temperature=temperature, top_p=top_p, seed=seed, stop=stop or (),
@@ -217,14 +242,14 @@ def generate(
 
 
 @app.command()
-def status(addr: AddrOption = DEFAULT_ADDR) -> None:
+def status(addr: AddrOption = DEFAULT_ADDR, tls: TlsOption = False, ca: CaOption = None) -> None:
     """The scheduler's health, policies, load and the model services behind it."""
     from sdk.client import Client
     from sdk.errors import TandemError
 
     console = Console()
     try:
-        with Client(addr, control_timeout=5) as client:
+        with Client(addr, control_timeout=5, **_client_tls(tls, ca)) as client:
             health, info = client.health(), client.info()
     except TandemError as exc:
         console.print(f"[red]{addr}: {exc}[/]")
@@ -243,6 +268,35 @@ def status(addr: AddrOption = DEFAULT_ADDR) -> None:
                 f"{m.kv_blocks_free}/{m.kv_blocks_total}", str(m.num_live_seqs),
             )  # fmt: skip
     console.print(table)
+
+
+def _client_tls(tls: bool, ca: Path | None) -> dict:
+    """Client keywords for `--tls` / `--ca`: TLS trusting ``ca`` (or the system's CAs), else plaintext."""
+    from shared.rpc.tls_files import TlsConfigError, read_ca
+
+    try:
+        roots = read_ca(ca, "--ca") if ca is not None else None
+    except TlsConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return {"tls": tls or ca is not None, "root_certificates": roots}
+
+
+def _launch_tls(cert, key, ca, internal_cert, internal_key, internal_ca, internal_mtls: bool) -> dict:
+    """LaunchConfig keywords of `tandem up`'s TLS options (unset ones stay out: the launcher's defaults apply)."""
+    values = {"tls_cert": cert, "tls_key": key, "tls_ca": ca, "internal_tls_cert": internal_cert,
+              "internal_tls_key": internal_key, "internal_tls_ca": internal_ca, "internal_mtls": internal_mtls or None}
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def _print_tls(console: Console, stack) -> None:
+    """How to reach a stack whose public endpoint speaks TLS, and what protects the hops inside."""
+    plan = stack.tls
+    if plan.public is not None:
+        console.print(f'over TLS:  tandem generate "Once upon a time" --addr {stack.endpoints.scheduler} '
+                      f"--ca {plan.public_ca}")
+    if plan.internal is not None:
+        console.print(f"scheduler -> model services: {'mutual TLS' if plan.internal.mutual else 'TLS'} "
+                      "+ the internal secret")
 
 
 if __name__ == "__main__":

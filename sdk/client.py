@@ -25,6 +25,7 @@ caller's span becomes the parent of the request's trace.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
@@ -48,6 +49,7 @@ from sdk.types import (
     TokenEvent,
 )
 from shared.rpc.channel import aio_channel, sync_channel
+from shared.rpc.tls_mismatch import tls_problem
 from shared.rpc.gen.tandem.v1 import common_pb2, tandem_pb2, tandem_pb2_grpc
 
 DEFAULT_TARGET = "127.0.0.1:50051"
@@ -251,9 +253,10 @@ class TokenStream:
     then aborts the request.
     """
 
-    def __init__(self, call: Any, target: str) -> None:
+    def __init__(self, call: Any, target: str, tls: bool = False) -> None:
         self._call = call
         self._target = target
+        self._tls = tls
         self._asm = _Assembler()
 
     @property
@@ -272,7 +275,7 @@ class TokenStream:
                 if event is not None:
                     yield event
         except grpc.RpcError as exc:
-            raise from_rpc_error(exc, self._target) from None
+            raise from_rpc_error(exc, self._target, tls_hint=tls_hint(exc, self._target, self._tls)) from None
         self._asm.finish()
 
     def collect(self) -> GenerateResult:
@@ -308,8 +311,10 @@ class _Endpoint:
         control_timeout: float,
         metadata: Sequence[tuple[str, str]],
         wait_for_ready: bool,
+        tls: bool = False,
     ) -> None:
         self.target = target
+        self._tls = tls
         self.timeout = timeout
         self.control_timeout = control_timeout
         self._metadata = list(metadata) or None
@@ -358,6 +363,15 @@ def _security(
     return grpc.ssl_channel_credentials(root_certificates=roots), metadata
 
 
+def tls_hint(exc: Any, target: str, tls: bool) -> str | None:
+    """What is wrong with TLS when a call could not connect (a plaintext client at a TLS endpoint, TLS at a
+    plaintext one, an untrusted certificate), else None. May dial ``target`` once (a TLS hello, <= 2 s)."""
+    code = exc.code() if hasattr(exc, "code") else None
+    if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return None
+    return tls_problem(target, tls=tls, details=(exc.details() if hasattr(exc, "details") else None) or "")
+
+
 class Client(_Endpoint):
     """Blocking client. ``target`` is host:port of the scheduler."""
 
@@ -382,6 +396,7 @@ class Client(_Endpoint):
             control_timeout=control_timeout,
             metadata=metadata,
             wait_for_ready=wait_for_ready,
+            tls=credentials is not None,
         )
 
     def close(self) -> None:
@@ -397,7 +412,7 @@ class Client(_Endpoint):
         try:
             reply = method(request, timeout=timeout, metadata=self._metadata, wait_for_ready=self._wait)
         except grpc.RpcError as exc:
-            raise from_rpc_error(exc, self.target) from None
+            raise from_rpc_error(exc, self.target, tls_hint=tls_hint(exc, self.target, self._tls)) from None
         return parse(reply)
 
     def generate(self, prompt: Prompt, *, timeout: float | None = _UNSET, **kwargs: Any) -> GenerateResult:
@@ -406,7 +421,7 @@ class Client(_Endpoint):
 
     def stream(self, prompt: Prompt, *, timeout: float | None = _UNSET, **kwargs: Any) -> TokenStream:
         """Start a streaming generation; iterate the returned TokenStream for TokenEvents."""
-        return TokenStream(self._open_stream(prompt, timeout, kwargs), self.target)
+        return TokenStream(self._open_stream(prompt, timeout, kwargs), self.target, self._tls)
 
     def abort(self, request_id: str, *, timeout: float | None = _UNSET) -> bool:
         """Stop a request; False when it had already finished. Unknown ids raise NotFoundError."""
@@ -426,9 +441,10 @@ class Client(_Endpoint):
 class AsyncTokenStream:
     """Async iterator of ``TokenEvent``s; ``result`` holds the summary once it ends."""
 
-    def __init__(self, call: Any, target: str) -> None:
+    def __init__(self, call: Any, target: str, tls: bool = False) -> None:
         self._call = call
         self._target = target
+        self._tls = tls
         self._asm = _Assembler()
 
     @property
@@ -446,7 +462,8 @@ class AsyncTokenStream:
                 if event is not None:
                     yield event
         except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, self._target) from None
+            hint = await asyncio.to_thread(tls_hint, exc, self._target, self._tls)
+            raise from_rpc_error(exc, self._target, tls_hint=hint) from None
         self._asm.finish()
 
     async def collect(self) -> GenerateResult:
@@ -489,6 +506,7 @@ class AsyncClient(_Endpoint):
             control_timeout=control_timeout,
             metadata=metadata,
             wait_for_ready=wait_for_ready,
+            tls=credentials is not None,
         )
 
     async def close(self) -> None:
@@ -504,14 +522,15 @@ class AsyncClient(_Endpoint):
         try:
             reply = await method(request, timeout=timeout, metadata=self._metadata, wait_for_ready=self._wait)
         except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, self.target) from None
+            hint = await asyncio.to_thread(tls_hint, exc, self.target, self._tls)
+            raise from_rpc_error(exc, self.target, tls_hint=hint) from None
         return parse(reply)
 
     async def generate(self, prompt: Prompt, *, timeout: float | None = _UNSET, **kwargs: Any) -> GenerateResult:
         return await self._run(*self._generate_plan(prompt, timeout, kwargs))
 
     def stream(self, prompt: Prompt, *, timeout: float | None = _UNSET, **kwargs: Any) -> AsyncTokenStream:
-        return AsyncTokenStream(self._open_stream(prompt, timeout, kwargs), self.target)
+        return AsyncTokenStream(self._open_stream(prompt, timeout, kwargs), self.target, self._tls)
 
     async def abort(self, request_id: str, *, timeout: float | None = _UNSET) -> bool:
         return await self._run(*self._abort_plan(request_id, timeout))

@@ -66,6 +66,11 @@ class UnavailableError(TandemError, ConnectionError):
     """The server cannot be reached or is shutting down (UNAVAILABLE)."""
 
 
+class TlsMismatchError(UnavailableError):
+    """No connection because of TLS: one side speaks it and the other not, or a certificate is not trusted
+    (the message says which; code UNAVAILABLE)."""
+
+
 class CancelledError(TandemError):
     """The call was cancelled (CANCELLED)."""
 
@@ -106,12 +111,15 @@ _BY_CODE: dict[grpc.StatusCode, type[TandemError]] = {
 }
 
 
-def from_rpc_error(error: grpc.RpcError | Any, target: str | None = None) -> TandemError:
-    """The TandemError for a failed call (sync ``grpc.RpcError`` or ``grpc.aio.AioRpcError``)."""
+def from_rpc_error(error: grpc.RpcError | Any, target: str | None = None, *, tls_hint: str | None = None) -> TandemError:
+    """The TandemError for a failed call (sync ``grpc.RpcError`` or ``grpc.aio.AioRpcError``); ``tls_hint``
+    (shared/rpc/tls_mismatch.py: what is wrong with TLS) makes it a TlsMismatchError with that message."""
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     details = (error.details() if hasattr(error, "details") else None) or ""
     cls = _BY_CODE.get(code, ServerError)
-    if code == grpc.StatusCode.UNAVAILABLE and target:
+    if tls_hint:
+        cls, details = TlsMismatchError, tls_hint
+    elif code == grpc.StatusCode.UNAVAILABLE and target:
         details = f"cannot reach Tandem at {target}: {details}" if details else f"cannot reach Tandem at {target}"
     exc = cls(details or code.name.lower().replace("_", " "), code=code.name)
     exc.__cause__ = error if isinstance(error, BaseException) else None

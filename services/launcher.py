@@ -11,7 +11,8 @@ What ``launch`` does, in order::
     draft      (target and draft load their models meanwhile)
     scheduler  pointed at both and at Redis; public port `port` (50051), /metrics on `metrics_port`;
                it waits for the target's Info before it reports SERVING
-    then       poll grpc.health.v1 of all three until SERVING
+    then       poll grpc.health.v1 of all three until SERVING, each with the credentials it serves
+               (TLS when configured: launch_tls.py)
 
 The draft is optional: when the pair's draft model is not prepared (or
 ``draft=False``) the scheduler runs without one and every request decodes
@@ -57,6 +58,8 @@ from shared.free_ports import free_ports
 from shared.omp_wait import apply_defaults
 from shared.rpc.health_probe import check
 from shared.rpc.server import DRAFT_SERVICE, TANDEM_SERVICE, TARGET_SERVICE
+from shared.rpc.tls import TlsConfigError
+from services.launch_tls import TlsPlan
 from shared.state.redis_server import RedisServer, start_redis
 
 log = logging.getLogger(__name__)
@@ -108,6 +111,18 @@ class LaunchConfig(BaseModel):
     log_dir: Path | None = Field(None, description="Where the children's logs go; unset = a new temp dir.")
     startup_timeout_s: float = Field(600.0, gt=0, description="How long model loading may take.")
     stop_timeout_s: float = Field(15.0, gt=0, description="How long a child may take to stop before SIGKILL.")
+    tls_cert: Path | None = Field(None, description="Public endpoint: PEM certificate chain (TLS with tls_key); "
+                                  "unset = $TANDEM_TLS_CERT.")
+    tls_key: Path | None = Field(None, description="PEM private key of tls_cert; unset = $TANDEM_TLS_KEY.")
+    tls_ca: Path | None = Field(None, description="CA the public certificate chains to, for the health probe; "
+                                "unset = tls_cert itself (self-signed).")
+    internal_tls_cert: Path | None = Field(None, description="Target and draft: PEM certificate they serve (TLS "
+                                           "from the scheduler); unset = $TANDEM_INTERNAL_TLS_CERT.")
+    internal_tls_key: Path | None = Field(None, description="PEM private key of internal_tls_cert.")
+    internal_tls_ca: Path | None = Field(None, description="CA of internal_tls_cert, trusted by the scheduler; unset "
+                                         "= $TANDEM_INTERNAL_TLS_CA (then also mutual TLS), else the cert itself.")
+    internal_mtls: bool = Field(False, description="Mutual TLS inside: the model services require a client "
+                                "certificate signed by internal_tls_ca; the scheduler presents internal_tls_cert.")
     extra_env: dict[str, str] = Field(
         default_factory=dict, description="Variables every child gets on top of this process's environment (per-stack "
         "settings when several stacks start at once, so none is set process-wide).",
@@ -123,6 +138,7 @@ class Endpoints:
     metrics_url: str | None
     log_dir: Path
     http_url: str | None = None
+    tls_ca: Path | None = None  # set: the public endpoint speaks TLS; clients trust this CA
 
 
 @dataclass
@@ -132,6 +148,7 @@ class LaunchedStack:
     redis: RedisServer | None = None
     stop_timeout_s: float = 15.0
     share: dict | None = None  # the draft share used, as written to log_dir/share.json; None = no split
+    tls: TlsPlan = field(default_factory=TlsPlan)  # each service's certificates, and the probes' (launch_tls.py)
     envs: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)  # each child's environment
 
     def kill(self, role: str) -> None:
@@ -190,6 +207,11 @@ def start(config: LaunchConfig) -> LaunchedStack:
 
     settings = ServiceSettings(pair=config.pair, home=config.home)
     target_path = settings.model_copy(update={"model": config.target_model}).model_path("target")  # fails early
+    try:
+        tls = TlsPlan.resolve(config, {**os.environ, **config.extra_env})
+        tls.check()  # an unusable certificate or key fails before anything starts, naming the file
+    except TlsConfigError as exc:
+        raise LaunchError(str(exc)) from None
     draft_model = _draft_model(settings, config)
     log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="tandem-up-"))
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -215,9 +237,10 @@ def start(config: LaunchConfig) -> LaunchedStack:
         redis_url=config.redis_url or redis.url,
         metrics_url=None if metrics_port is None else f"http://{_dial(host)}:{metrics_port}/metrics",
         log_dir=log_dir,
-        http_url=None if http_port is None else f"http://{_dial(host)}:{http_port}",
+        http_url=None if http_port is None else f"{'https' if tls.public else 'http'}://{_dial(host)}:{http_port}",
+        tls_ca=tls.public_ca,
     )
-    stack = LaunchedStack(endpoints, redis=redis, stop_timeout_s=config.stop_timeout_s)
+    stack = LaunchedStack(endpoints, redis=redis, stop_timeout_s=config.stop_timeout_s, tls=tls)
     try:
         on_cuda = _on_cuda(config.device) if config.draft_share else False
         share, choice = resolve_share(config, target_path, draft_model, on_cuda=on_cuda)
@@ -247,8 +270,9 @@ def start(config: LaunchConfig) -> LaunchedStack:
             )
         # the model services answer only the scheduler: one random secret per launch unless one is configured
         secret = os.environ.get("TANDEM_INTERNAL_SECRET") or secrets.token_urlsafe(24)
-        for env in envs.values():
+        for role, env in envs.items():  # with TLS the secret stays: a second factor
             env["TANDEM_INTERNAL_SECRET"] = secret
+            env.update(tls.env(role))
         stack.envs = envs
         for role, env in envs.items():  # all at once: imports and model loading overlap
             stack.processes[role] = _spawn(role, env, log_dir)
@@ -426,7 +450,7 @@ def _wait_serving(stack: LaunchedStack, timeout_s: float, roles: list[str] | Non
             if proc.poll() is not None:
                 log = e.log_dir / f"{role}.log"
                 raise LaunchError(f"{role} exited with code {proc.returncode} while starting; {log}:\n{_tail(log)}")
-            if check(address, HEALTH[role], timeout_s=1.0) == "SERVING":
+            if check(address, HEALTH[role], timeout_s=1.0, tls=stack.tls.probe(role)) == "SERVING":
                 del pending[role]
         if pending and time.monotonic() > deadline:
             raise LaunchError(f"{', '.join(pending)} not SERVING after {timeout_s:.0f} s; logs in {e.log_dir}")

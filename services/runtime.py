@@ -32,6 +32,7 @@ from grpc_health.v1 import health
 from services.settings import ServiceSettings
 from shared.rpc.server import add_health, bind, create_server, set_serving
 from shared.rpc.shared_secret import SecretServerInterceptor
+from shared.rpc.tls import TlsConfigError
 from shared.telemetry import TandemTracerProvider
 
 if TYPE_CHECKING:  # the scheduler serves through this module too and never loads an engine (nor torch)
@@ -82,6 +83,9 @@ async def start_model_service(settings: ServiceSettings, role: str, service: str
     """Load the role's model and serve it; returns once health reports SERVING."""
     from services.engine_host import EngineHost
 
+    tls = settings.internal_server_tls()
+    if tls is not None:
+        tls.load()  # a bad certificate or key fails now, naming the file, not after the model has loaded
     provider = settings.tracing(role).setup()
     try:
         engine_host = await EngineHost.load(settings, role)
@@ -94,7 +98,7 @@ async def start_model_service(settings: ServiceSettings, role: str, service: str
     register(engine_host, server)
     health_servicer = await add_health(server, [service])
     try:
-        port = bind(server, settings.listen_address(role))
+        port = bind(server, settings.listen_address(role), tls=tls)
         await server.start()
     except BaseException:
         engine_host.close()
@@ -111,13 +115,18 @@ async def start_model_service(settings: ServiceSettings, role: str, service: str
         tracer_provider=provider,
         grace_s=settings.shutdown_grace_s,
     )
-    log.info("%s serving %s on %s", role, engine_host.describe(), running.address)
+    log.info("%s serving %s on %s%s", role, engine_host.describe(), running.address,
+             "" if tls is None else " over mutual TLS" if tls.mutual else " over TLS")
     return running
 
 
 async def serve_until_stopped(starting: Awaitable[RunningService], *, ready: asyncio.Event | None = None) -> None:
-    """Await ``starting``, set ``ready``, serve until cancelled or SIGTERM/SIGINT, then stop gracefully."""
-    running = await starting
+    """Await ``starting``, set ``ready``, serve until cancelled or SIGTERM/SIGINT, then stop gracefully.
+    An unusable certificate or key ends the process with one line naming the file (exit status 1)."""
+    try:
+        running = await starting
+    except TlsConfigError as exc:
+        raise SystemExit(f"cannot start: {exc}") from None
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     handled = []

@@ -32,6 +32,7 @@ from shared.engine.config import EngineConfig
 from shared.engine.early_exit import EarlyExitConfig
 from shared.engine.errors import ModelLoadError
 from shared.engine.suffix_drafter import SuffixConfig
+from shared.rpc.tls import ClientTls, ServerTls, TlsConfigError
 from shared.telemetry import ExporterKind, TracingConfig
 
 Role = Literal["scheduler", "target", "draft"]
@@ -248,6 +249,18 @@ class ServiceSettings(BaseModel):
     tls_cert: Path | None = Field(None, description="Scheduler: PEM certificate chain; with tls_key the public "
                                   "endpoint speaks TLS.")
     tls_key: Path | None = Field(None, description="Scheduler: PEM private key of tls_cert.")
+    internal_tls_cert: Path | None = Field(
+        None, description="Model services: PEM certificate chain they serve (with internal_tls_key: TLS between the "
+        "scheduler and them). Scheduler: its client certificate (mutual TLS)."
+    )
+    internal_tls_key: Path | None = Field(None, description="PEM private key of internal_tls_cert.")
+    internal_tls_ca: Path | None = Field(
+        None, description="Scheduler: CA bundle the model services' certificates must chain to; set = it dials them "
+        "over TLS. Model services: set = clients must present a certificate it signed (mutual TLS)."
+    )
+    internal_tls_server_name: str | None = Field(
+        None, description="Scheduler: the name the model services' certificates must carry, instead of the host dialled."
+    )
     internal_secret: SecretStr | None = Field(
         None,
         description="Shared secret between the scheduler and the model services (metadata x-tandem-secret); "
@@ -376,6 +389,26 @@ class ServiceSettings(BaseModel):
 
         value = self.api_keys.get_secret_value() if self.api_keys is not None else None
         return load_keys(value, self.api_keys_file)
+
+    def public_tls(self) -> ServerTls | None:
+        """The public endpoint's TLS (tls_cert + tls_key), or None: plaintext."""
+        return ServerTls.from_files(self.tls_cert, self.tls_key, None, "TANDEM_TLS")
+
+    def internal_server_tls(self) -> ServerTls | None:
+        """A model service's TLS (internal_tls_cert + key; mutual with internal_tls_ca), or None: plaintext."""
+        return ServerTls.from_files(self.internal_tls_cert, self.internal_tls_key, self.internal_tls_ca,
+                                    "TANDEM_INTERNAL_TLS")
+
+    def internal_client_tls(self) -> ClientTls | None:
+        """How the scheduler dials the model services: TLS when internal_tls_ca is set (with its client
+        certificate when internal_tls_cert is set too), else None: plaintext."""
+        if self.internal_tls_ca is None:
+            if self.internal_tls_cert is not None:
+                raise TlsConfigError("TANDEM_INTERNAL_TLS_CERT is set on the scheduler without TANDEM_INTERNAL_TLS_CA, "
+                                     "the CA of the model services' certificates")
+            return None
+        return ClientTls(ca=self.internal_tls_ca, cert=self.internal_tls_cert, key=self.internal_tls_key,
+                         server_name=self.internal_tls_server_name)
 
     def secret(self) -> str | None:
         """The internal secret (from the value or the file), or None when unset."""

@@ -67,6 +67,8 @@ from shared.metrics import TandemMetrics, start_http_server
 from shared.rpc.gen.tandem.v1 import common_pb2, tandem_pb2_grpc
 from shared.rpc.api_keys import ApiKeyInterceptor
 from shared.rpc.shared_secret import SecretClientInterceptor
+from shared.rpc.tls import ClientTls
+from shared.rpc.tls_mismatch import tls_problem
 from shared.rpc.server import TANDEM_SERVICE, add_health, bind, create_server, public_options, set_serving
 from shared.state.ownership import Heartbeat, fail_orphaned, new_instance_id
 from shared.state.redis_server import start_redis
@@ -122,18 +124,23 @@ async def start(
 async def _start(
     settings: ServiceSettings, closers: list[Callable[[], Any]], set_global_tracing: bool, target_wait_s: float
 ) -> RunningScheduler:
+    public_tls = settings.public_tls()
+    if public_tls is not None:
+        public_tls.load()  # a bad certificate or key fails now, naming the file, not after the target answered
+    internal_tls = settings.internal_client_tls()
+    channel = internal_channel_args(internal_tls)  # checked now too
     provider = settings.tracing("scheduler").setup(set_global=set_global_tracing)
     closers.append(provider.shutdown)
 
-    secret = settings.secret()  # the model services' shared secret, sent on every call to them
+    secret = settings.secret()  # the model services' shared secret, sent on every call to them (with TLS too)
     internal = [SecretClientInterceptor(secret)] if secret else []
-    target = GrpcTargetWorker(settings.target_addr, interceptors=internal)
+    target = GrpcTargetWorker(settings.target_addr, interceptors=internal, **channel)
     closers.append(target.close)
     draft_addr = None if (settings.draft_addr or "none").lower() in NO_DRAFT else settings.draft_addr
-    draft = GrpcDraftWorker(draft_addr, interceptors=internal) if draft_addr else None
+    draft = GrpcDraftWorker(draft_addr, interceptors=internal, **channel) if draft_addr else None
     if draft is not None:
         closers.append(draft.close)
-    target_info = await _target_info(target, target_wait_s)
+    target_info = await _target_info(target, target_wait_s, settings.target_addr)
     limits = Limits(
         vocab_size=target_info.vocab_size, max_context=target_info.max_context,
         max_prompt_bytes=settings.max_prompt_bytes, max_prompt_tokens=settings.max_prompt_tokens,
@@ -153,7 +160,7 @@ async def _start(
     budget = await load_budget(settings, target_info, store)
     log.info("%s", budget.describe())
 
-    draft_info = await _draft_info(draft) if draft is not None else None
+    draft_info = await _draft_info(draft, draft_addr) if draft is not None else None
     draft_cost = await asyncio.to_thread(load_draft_cost_model, settings, draft_info) if draft_info else None
     if draft_info is not None and draft_info.HasField("feature_spec"):
         problem = feature_mismatch(draft_info, target_info)
@@ -241,7 +248,7 @@ async def _start(
                            interceptors=[ApiKeyInterceptor(keys)] if keys else [])
     tandem_pb2_grpc.add_TandemServicer_to_server(servicer, server)
     health = await add_health(server, [TANDEM_SERVICE])
-    port = bind(server, settings.listen_address("scheduler"), tls_cert=settings.tls_cert, tls_key=settings.tls_key)
+    port = bind(server, settings.listen_address("scheduler"), tls=public_tls)
     closers.append(lambda: server.stop(None))  # only reached when start() fails from here on
     await server.start()
     closers.pop()
@@ -280,8 +287,9 @@ async def _start_http(settings: ServiceSettings, servicer, model_name: str, keys
     from services.scheduler.http_api import build_app
 
     app = build_app(servicer, model_name=model_name, keys=keys)
+    tls = settings.public_tls()  # HTTPS with the gRPC endpoint's certificate (read once, at startup)
     config = uvicorn.Config(app, host=settings.host, port=settings.http_port, log_level="warning", lifespan="off",
-                            access_log=False)  # fmt: skip
+                            access_log=False, ssl_certfile=tls and str(tls.cert), ssl_keyfile=tls and str(tls.key))  # fmt: skip
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # the scheduler's own handlers stop everything
     task = asyncio.get_running_loop().create_task(server.serve(), name="http-api")
@@ -296,7 +304,7 @@ async def _start_http(settings: ServiceSettings, servicer, model_name: str, keys
             raise RuntimeError(f"the HTTP API did not start on port {settings.http_port}: {task.exception()}")
         await asyncio.sleep(0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
-    log.info("OpenAI-compatible HTTP API on %s:%d", settings.host, port)
+    log.info("OpenAI-compatible HTTP API on %s://%s:%d", "https" if tls else "http", settings.host, port)
     return port
 
 
@@ -305,14 +313,24 @@ async def serve(settings: ServiceSettings, *, ready: asyncio.Event | None = None
     await serve_until_stopped(start(settings, set_global_tracing=True), ready=ready)
 
 
-async def _target_info(target: GrpcTargetWorker, wait_s: float) -> common_pb2.ServiceInfo:
-    """The target's Info (vocabulary, context window, KV cache); waits while it is still loading."""
+def internal_channel_args(tls: ClientTls | None) -> dict[str, Any]:
+    """GrpcTargetWorker/GrpcDraftWorker keywords for dialling the model services (TLS with ``tls``; its
+    files are checked here: TlsConfigError naming the file)."""
+    return {} if tls is None else {"credentials": tls.credentials(), "channel_options": tls.options()}
+
+
+async def _target_info(target: GrpcTargetWorker, wait_s: float, address: str = "") -> common_pb2.ServiceInfo:
+    """The target's Info (vocabulary, context window, KV cache); waits while it is still loading, fails at once
+    on a TLS mismatch (naming it: one side speaks TLS, the other not, or the certificate is not trusted)."""
     deadline = time.monotonic() + wait_s
     waited = False
     while True:
         try:
             return await target.info()
         except grpc.aio.AioRpcError as exc:
+            problem = await asyncio.to_thread(tls_problem, address, tls=target.tls, details=exc.details() or "")
+            if problem:
+                raise RuntimeError(f"the target service at {address}: {problem}") from None
             if time.monotonic() >= deadline:
                 raise RuntimeError(f"the target service did not answer Info within {wait_s:.0f} s: {exc.details()}")
             if not waited:
@@ -321,11 +339,15 @@ async def _target_info(target: GrpcTargetWorker, wait_s: float) -> common_pb2.Se
             await asyncio.sleep(0.5)
 
 
-async def _draft_info(draft: GrpcDraftWorker) -> common_pb2.ServiceInfo | None:
+async def _draft_info(draft: GrpcDraftWorker, address: str = "") -> common_pb2.ServiceInfo | None:
     """The draft's Info (its cost profile's key, the features it reads), when it answers now; else None."""
     try:
         return await draft.info(wait_s=10.0)  # started together (tandem up): give it time to come up
     except Exception as exc:  # noqa: BLE001 - the draft may come later; the policies then learn its cost online
+        details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else ""
+        problem = await asyncio.to_thread(tls_problem, address, tls=draft.tls, details=details or "")
+        if problem:
+            log.error("the draft service at %s: %s; serving without speculation until it answers", address, problem)
         log.info("no draft cost model (draft Info: %s); policies measure the draft online", exc)
         return None
 

@@ -3,7 +3,7 @@
 server = create_server(tracer_provider=provider)
 draft_pb2_grpc.add_DraftServiceServicer_to_server(servicer, server)
 health = await add_health(server, [DRAFT_SERVICE])  # grpc.health.v1, SERVING
-port = bind(server, "127.0.0.1:0")
+port = bind(server, "127.0.0.1:0")                  # tls=ServerTls(cert, key): TLS (shared/rpc/tls.py)
 await server.start()
 ...
 await set_serving(health, [DRAFT_SERVICE], False)  # e.g. while draining
@@ -13,7 +13,6 @@ await server.stop(grace=5)
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 import grpc
 import grpc.aio
@@ -23,6 +22,7 @@ from opentelemetry.sdk.trace import TracerProvider
 import shared.rpc  # noqa: F401 - builds the generated code if needed
 from shared.rpc.gen.tandem.v1 import draft_pb2, tandem_pb2, target_pb2
 from shared.rpc.interceptors import default_server_interceptors
+from shared.rpc.tls import ServerTls
 
 # Fully qualified service names, as health checks and reflection spell them.
 DRAFT_SERVICE = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name  # tandem.v1.DraftService
@@ -78,17 +78,10 @@ async def set_serving(servicer: health.aio.HealthServicer, service_names: Iterab
         await servicer.set(name, status)
 
 
-def bind(
-    server: grpc.aio.Server, address: str = "127.0.0.1:0", *, tls_cert: Path | None = None, tls_key: Path | None = None
-) -> int:
-    """Listen on ``address`` (TLS when a PEM certificate chain and its key are given); returns the port."""
-    if (tls_cert is None) != (tls_key is None):
-        raise ValueError("TLS needs both a certificate (TANDEM_TLS_CERT) and its key (TANDEM_TLS_KEY)")
-    if tls_cert is not None:
-        creds = grpc.ssl_server_credentials([(Path(tls_key).read_bytes(), Path(tls_cert).read_bytes())])
-        port = server.add_secure_port(address, creds)
-    else:
-        port = server.add_insecure_port(address)
+def bind(server: grpc.aio.Server, address: str = "127.0.0.1:0", *, tls: ServerTls | None = None) -> int:
+    """Listen on ``address`` (TLS with ``tls``: its files are checked now and re-read when they change);
+    returns the port."""
+    port = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot listen on {address}")
     return port
