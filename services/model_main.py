@@ -10,14 +10,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import grpc.aio
 
-from services.engine_host import EngineHost
 from services.runtime import RunningService, serve_until_stopped, start_model_service
 from services.settings import ServiceSettings
 from shared.rpc.server import DRAFT_SERVICE, TARGET_SERVICE
+
+if TYPE_CHECKING:  # torch loads with the engine, after the settings and certificates are checked
+    from services.engine_host import EngineHost
 
 ModelRole = Literal["target", "draft"]
 ROLES: tuple[ModelRole, ...] = ("target", "draft")

@@ -81,11 +81,10 @@ class RunningService:
 
 async def start_model_service(settings: ServiceSettings, role: str, service: str, register: Register) -> RunningService:
     """Load the role's model and serve it; returns once health reports SERVING."""
-    from services.engine_host import EngineHost
-
     tls = settings.internal_server_tls()
     if tls is not None:
-        tls.load()  # a bad certificate or key fails now, naming the file, not after the model has loaded
+        tls.load()  # a bad certificate or key fails now, naming the file, before torch and the model load
+    from services.engine_host import EngineHost
     provider = settings.tracing(role).setup()
     try:
         engine_host = await EngineHost.load(settings, role)

@@ -99,3 +99,32 @@ def self_signed(stem: Path, names=NAMES) -> tuple[Path, Path]:
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     _write_key(key, key_path)
     return cert_path, key_path
+
+
+def served_certificate(address: str) -> bytes:
+    """The DER certificate a TLS server at host:port presents to a new connection (nothing checked)."""
+    import socket
+    import ssl
+
+    host, port = address.rsplit(":", 1)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    with socket.create_connection((host, int(port)), timeout=5) as raw, context.wrap_socket(raw) as tls:
+        return tls.getpeercert(binary_form=True)
+
+
+def der(cert_path: Path) -> bytes:
+    import ssl
+
+    return ssl.PEM_cert_to_DER_cert(cert_path.read_text())
+
+
+def replace_files(pairs: dict[Path, Path]) -> None:
+    """Move each source over its destination atomically (how Kubernetes updates a mounted Secret)."""
+    import os
+
+    for source, dest in pairs.items():
+        tmp = dest.with_name(dest.name + ".new")
+        tmp.write_bytes(source.read_bytes())
+        os.replace(tmp, dest)
