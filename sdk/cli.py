@@ -231,7 +231,7 @@ def generate(
                     sys.stdout.flush()
             r = stream.result
     except TandemError as exc:
-        err.print(f"[red]{exc}[/]")
+        err.print(f"[red]{exc}[/]", soft_wrap=True)  # one line, however long
         raise typer.Exit(1) from None
     sys.stdout.write("\n")
     slo = "" if slo_tpot_ms is None and slo_ttft_ms is None else f", SLO {'met' if r.slo_attained else 'missed'}"
@@ -252,7 +252,7 @@ def status(addr: AddrOption = DEFAULT_ADDR, tls: TlsOption = False, ca: CaOption
         with Client(addr, control_timeout=5, **_client_tls(tls, ca)) as client:
             health, info = client.health(), client.info()
     except TandemError as exc:
-        console.print(f"[red]{addr}: {exc}[/]")
+        console.print(f"[red]{addr}: {exc}[/]", soft_wrap=True)
         raise typer.Exit(1) from None
     console.print(
         f"{addr}: [green]{health}[/]  version {info.service_version}  queue {info.queue_policy}  "
