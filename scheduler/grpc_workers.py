@@ -84,9 +84,10 @@ class _GrpcWorker:
         """``interceptors``, ``credentials`` (TLS) and ``channel_options`` (on top of CLIENT_OPTIONS) apply to a
         channel made here from an address (e.g. the internal secret's, shared/rpc/tls.py's)."""
         self.tls = credentials is not None
+        self._dial = (channel_or_address, tuple(interceptors), (*CLIENT_OPTIONS, *channel_options))
         if isinstance(channel_or_address, str):
             channel = aio_channel(channel_or_address, interceptors=interceptors, credentials=credentials,
-                                  options=(*CLIENT_OPTIONS, *channel_options))
+                                  options=self._dial[2])
             self.channel, self._owns_channel = channel, True
         else:
             self.channel, self._owns_channel = channel_or_address, False
@@ -121,6 +122,17 @@ class _GrpcWorker:
             return await self._stub.Info(common_pb2.InfoRequest(), timeout=wait_s, wait_for_ready=True)
         except grpc.aio.AioRpcError as err:
             raise WorkerRpcError(self.role, "Info", err) from None
+
+    async def renew_credentials(self, credentials: grpc.ChannelCredentials, grace_s: float = 60.0) -> None:
+        """New calls go over a new channel with ``credentials`` (a renewed client certificate or CA); calls in
+        flight finish on the old one, closed after ``grace_s``. Only for a channel this worker made."""
+        if not self._owns_channel:
+            raise RuntimeError("renew_credentials needs a channel this worker made from an address")
+        address, interceptors, options = self._dial
+        old, self.channel = self.channel, aio_channel(address, interceptors=interceptors, credentials=credentials,
+                                                      options=options)
+        self._stub = self._make_stub(self.channel)
+        await old.close(grace=grace_s)
 
     async def close(self) -> None:
         """Close the channel if this worker made it."""

@@ -50,6 +50,7 @@ from services.version import service_version
 from services.runtime import serve_until_stopped
 from services.scheduler.budget import Budget, load_budget, load_draft_cost_model
 from shared.rpc.convert import feature_spec_from_pb
+from services.scheduler.internal_tls import follow_client_tls
 from services.scheduler.ledger import StepLedger
 from services.scheduler.observers.metrics import MetricsObserver
 from services.scheduler.observers.policy_state import PolicyStateSync
@@ -140,6 +141,10 @@ async def _start(
     draft = GrpcDraftWorker(draft_addr, interceptors=internal, **channel) if draft_addr else None
     if draft is not None:
         closers.append(draft.close)
+    if internal_tls is not None:  # a renewed client certificate or CA reaches new calls without a restart
+        follow = asyncio.get_running_loop().create_task(
+            follow_client_tls(internal_tls, [w for w in (target, draft) if w is not None]), name="internal-tls")
+        closers.append(lambda: _cancel(follow))
     target_info = await _target_info(target, target_wait_s, settings.target_addr)
     limits = Limits(
         vocab_size=target_info.vocab_size, max_context=target_info.max_context,
@@ -454,6 +459,11 @@ def _text_codec(settings: ServiceSettings) -> TextCodec | None:
 def _redis_client(url: str) -> redis.asyncio.Redis:
     # short timeouts: a Redis outage must cost the recorder a logged error, not a hung writer
     return redis.asyncio.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=2.0)
+
+
+async def _cancel(task: asyncio.Task) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 async def _close_all(closers: list[Callable[[], Any]]) -> None:

@@ -31,7 +31,7 @@ from shared.rpc.tls_files import KeyPair, TlsConfigError, read_ca, read_pair
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CertificateReloader", "ClientTls", "ServerTls", "TlsConfigError"]
+__all__ = ["CertificateReloader", "ClientTls", "ServerTls", "TlsConfigError", "file_signature"]
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def _configuration(pair: KeyPair, ca: bytes | None) -> grpc.ServerCertificateCon
     return grpc.ssl_server_certificate_configuration([(pair.key, pair.cert)], root_certificates=ca)
 
 
-def _signature(paths: tuple[Path, ...]) -> tuple:
+def file_signature(paths: tuple[Path, ...]) -> tuple:
     """What changes when a file is replaced or rewritten (stat follows Kubernetes' symlinks)."""
     out = []
     for path in paths:
@@ -98,7 +98,7 @@ class CertificateReloader:
     def __init__(self, tls: ServerTls) -> None:
         self.tls = tls
         self._lock = threading.Lock()
-        self._signature = _signature(tls.files())
+        self._signature = file_signature(tls.files())
         self.initial = _configuration(*tls.load())  # a bad file fails here, at startup
         self.num_reloads = 0
         self.last_error: str | None = None
@@ -106,7 +106,7 @@ class CertificateReloader:
     def __call__(self) -> grpc.ServerCertificateConfiguration | None:
         try:
             with self._lock:
-                signature = _signature(self.tls.files())
+                signature = file_signature(self.tls.files())
                 if signature == self._signature:
                     return None
                 self._signature = signature
@@ -139,6 +139,9 @@ class ClientTls:
     def __post_init__(self) -> None:
         if (self.cert is None) != (self.key is None):
             raise TlsConfigError(f"{self.what}: a client certificate needs its key and the key its certificate")
+
+    def files(self) -> tuple[Path, ...]:
+        return tuple(p for p in (self.ca, self.cert, self.key) if p is not None)
 
     def credentials(self) -> grpc.ChannelCredentials:
         """Checked now: raises TlsConfigError naming the file."""
