@@ -32,7 +32,7 @@ _VAR = re.compile(r"\$(?:\$|\{(?P<braced>[^}]+)\}|(?P<plain>[A-Za-z_][A-Za-z0-9_
 
 
 def interpolate(value, env: dict[str, str]):
-    """Compose-style interpolation: $VAR, ${VAR}, ${VAR:-d}, ${VAR-d}, ${VAR:?e}, ${VAR?e}, $$."""
+    """Compose-style interpolation: $VAR, ${VAR}, ${VAR:-d}, ${VAR-d}, ${VAR:?e}, ${VAR?e}, ${VAR:+r}, ${VAR+r}, $$."""
     if isinstance(value, dict):
         return {k: interpolate(v, env) for k, v in value.items()}
     if isinstance(value, list):
@@ -44,10 +44,12 @@ def interpolate(value, env: dict[str, str]):
         if m.group(0) == "$$":
             return "$"
         expr = m.group("braced") or m.group("plain")
-        op = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)(:?[-?])?(.*)$", expr, re.S)
+        op = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)(:?[-?+])?(.*)$", expr, re.S)
         assert op, f"bad interpolation {m.group(0)!r}"
         name, kind, arg = op.groups()
         val = env.get(name)
+        if kind in (":+", "+"):  # the replacement when set (and non-empty for :+), else empty
+            return arg if (val if kind == ":+" else val is not None) else ""
         if kind in (":-", ":?") and not val or kind in ("-", "?") and val is None:
             if kind.endswith("?"):
                 raise ValueError(f"required variable {name}: {arg}")
@@ -181,7 +183,8 @@ def test_healthchecks_and_startup_order() -> None:
     for name, grpc_service in expected.items():
         test = services[name]["healthcheck"]["test"]
         port = services[name]["environment"]["TANDEM_PORT"]
-        assert test == ["CMD", "python", "-m", "shared.rpc.health_probe", f"127.0.0.1:{port}", grpc_service]
+        assert test[:6] == ["CMD", "python", "-m", "shared.rpc.health_probe", f"127.0.0.1:{port}", grpc_service]
+        assert all(arg.endswith("=") or arg.startswith("--server-name=") for arg in test[6:])  # TLS off: plaintext
     assert services["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
     deps = services["scheduler"]["depends_on"]
     for name in ("redis", "target", "draft"):
