@@ -68,7 +68,7 @@ from shared.metrics import TandemMetrics, start_http_server
 from shared.rpc.gen.tandem.v1 import common_pb2, tandem_pb2_grpc
 from shared.rpc.api_keys import ApiKeyInterceptor
 from shared.rpc.shared_secret import SecretClientInterceptor
-from shared.rpc.tls import ClientTls
+from shared.rpc.tls import ClientTls, TlsConfigError
 from shared.rpc.tls_mismatch import tls_problem
 from shared.rpc.server import TANDEM_SERVICE, add_health, bind, create_server, public_options, set_serving
 from shared.state.ownership import Heartbeat, fail_orphaned, new_instance_id
@@ -335,7 +335,7 @@ async def _target_info(target: GrpcTargetWorker, wait_s: float, address: str = "
         except grpc.aio.AioRpcError as exc:
             problem = await asyncio.to_thread(tls_problem, address, tls=target.tls, details=exc.details() or "")
             if problem:
-                raise RuntimeError(f"the target service at {address}: {problem}") from None
+                raise TlsConfigError(f"the target service at {address}: {problem}") from None
             if time.monotonic() >= deadline:
                 raise RuntimeError(f"the target service did not answer Info within {wait_s:.0f} s: {exc.details()}")
             if not waited:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 
 class TlsConfigError(ValueError):
-    """A certificate, key or CA file is unusable; the message names the file."""
+    """A certificate, key or CA file is unusable (the message names the file), or the TLS settings of two
+    peers do not match (the message names the peer)."""
 
 
 @dataclass(frozen=True)

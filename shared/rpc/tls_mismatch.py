@@ -38,7 +38,12 @@ _UNREACHABLE = ("Connection refused", "DNS resolution failed", "No address", "Na
 def tls_problem(address: str, *, tls: bool, details: str, timeout_s: float = 2.0) -> str | None:
     """A one-line description of a TLS mismatch behind a failed connection, or None when it is not one."""
     if tls:
-        return next((text.format(a=address) for reason, text in _TLS_REASONS if reason in details), None)
+        named = next((text.format(a=address) for reason, text in _TLS_REASONS if reason in details), None)
+        if named or any(reason in details for reason in _UNREACHABLE):
+            return named
+        if speaks_tls(address, timeout_s) is False:  # e.g. a call that waited for ready: no reason in its details
+            return _TLS_REASONS[0][1].format(a=address)
+        return None
     if any(reason in details for reason in _UNREACHABLE):
         return None
     if speaks_tls(address, timeout_s):
@@ -52,18 +57,22 @@ def host_port(address: str) -> tuple[str, int] | None:
     return (m.group(1), int(m.group(2))) if m else None
 
 
-def speaks_tls(address: str, timeout_s: float = 2.0) -> bool:
-    """Whether the server at ``address`` answers a TLS ClientHello as TLS (a handshake or a TLS alert)."""
+def speaks_tls(address: str, timeout_s: float = 2.0) -> bool | None:
+    """Whether the server at ``address`` answers a TLS ClientHello as TLS (a handshake or a TLS alert);
+    None when nothing accepts the connection (or the address is not host:port)."""
     target = host_port(address)
     if target is None:
-        return False
+        return None
+    try:
+        raw = socket.create_connection(target, timeout=timeout_s)
+    except OSError:
+        return None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # only the protocol is in question
     context.set_alpn_protocols(["h2"])
     try:
-        with socket.create_connection(target, timeout=timeout_s) as raw:
-            with context.wrap_socket(raw, server_hostname=target[0]):
-                return True
+        with raw, context.wrap_socket(raw, server_hostname=target[0]):
+            return True
     except ssl.SSLError as exc:  # a server that sends a TLS alert speaks TLS (e.g. mutual TLS, no client cert)
         return "ALERT" in str(exc).upper()
     except OSError:

@@ -71,3 +71,36 @@ def test_a_rotated_ca_and_client_certificate_reach_new_calls(tmp_path):
             await server.stop(0)
 
     asyncio.run(main())
+
+
+def test_a_tls_mismatch_with_the_target_is_named_at_once(tmp_path):
+    """The scheduler waits for a target that is still loading, but not for one whose TLS does not match."""
+    from services.scheduler.main import _target_info, internal_channel_args
+    from shared.rpc.tls import TlsConfigError
+    from tests.support.certs import self_signed
+
+    cert, key = self_signed(tmp_path / "s")
+
+    async def main() -> list[str]:
+        tls_server, plain_server = _info_server(), _info_server()
+        tls_port = bind(tls_server, "127.0.0.1:0", tls=ServerTls(cert, key))
+        plain_port = bind(plain_server, "127.0.0.1:0")
+        await tls_server.start()
+        await plain_server.start()
+        errors = []
+        for port, channel in ((tls_port, {}), (plain_port, internal_channel_args(ClientTls(ca=cert)))):
+            address = f"127.0.0.1:{port}"
+            worker = GrpcTargetWorker(address, **channel)
+            try:
+                with pytest.raises(TlsConfigError) as info:
+                    await asyncio.wait_for(_target_info(worker, 60, address), 10)
+                errors.append(str(info.value))
+            finally:
+                await worker.close()
+        await tls_server.stop(0)
+        await plain_server.stop(0)
+        return errors
+
+    plaintext_at_tls, tls_at_plaintext = asyncio.run(main())
+    assert "speaks TLS but this client dialled it in plaintext" in plaintext_at_tls
+    assert "does not speak TLS (plaintext) but this client dialled it with TLS" in tls_at_plaintext

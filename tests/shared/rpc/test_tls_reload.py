@@ -107,7 +107,14 @@ def test_mutual_tls_and_one_line_mismatch_errors(loop, tmp_path, capsys):
         assert health_probe.main([p_address, "--ca", ""]) == 0  # an empty --ca (compose without TLS): plaintext
         assert health_probe.main([m_address, "--ca", str(roots), "--cert", str(client_cert), "--key", str(client_key),
                                   "--server-name", "localhost"]) == 0
-        assert speaks_tls(m_address) and not speaks_tls(p_address)
+        assert speaks_tls(m_address) and speaks_tls(p_address) is False and speaks_tls("127.0.0.1:9") is None
+        from sdk import Client
+        from sdk.errors import TlsMismatchError
+
+        started = time.monotonic()
+        with Client(p_address, root_certificates=roots) as client, pytest.raises(TlsMismatchError) as info:
+            client.health()  # the SDK with TLS at a plaintext port: one line, at once
+        assert f"{p_address} does not speak TLS (plaintext)" in str(info.value) and time.monotonic() - started < 5
         assert tls_problem(p_address, tls=False, details="Socket closed") is None  # plaintext both: not a mismatch
     finally:
         loop.run(mutual.stop(0))
