@@ -10,7 +10,9 @@ fresh clone works without ``make protos``; the check hashes four small files.
 
 Modules: ``build`` (protoc), ``interceptors`` (errors -> status codes, trace
 context), ``server`` (aio server + health), ``channel`` (client channels),
-``convert`` (protobuf <-> engine dataclasses).
+``convert`` (protobuf <-> engine dataclasses), ``tls`` (server credentials that
+follow their files, client credentials), ``tls_files`` (certificate checks),
+``tls_mismatch`` (one-line TLS errors), ``health_probe`` (probes, with TLS).
 """
 
 from __future__ import annotations
