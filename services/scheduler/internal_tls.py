@@ -1,21 +1,23 @@
-"""The scheduler's side of TLS to the model services follows its files, as the servers' side does.
+"""The scheduler's TLS credentials that live outside gRPC's server credentials follow their files too.
 
-    task = loop.create_task(follow_client_tls(tls, [target, draft]))   # cancelled when the scheduler stops
+    loop.create_task(follow_client_tls(tls, [target, draft]))   # its side of TLS to the model services
+    loop.create_task(follow_https(public_tls, uvicorn_config.ssl))   # the HTTP API's certificate
 
-Every ``interval_s`` the CA bundle and the client certificate and key (mutual TLS) are stat-ed; after a
-change that loads cleanly, each worker moves to a new channel with the new credentials (calls in flight
-finish on the old one). A change that does not load (a half-written pair, an expired certificate) is
-logged once and the current credentials stay.
+Every ``interval_s`` the files are stat-ed; after a change that loads cleanly, the workers move to a
+new channel with the new credentials (calls in flight finish on the old one), or the HTTP API's
+SSLContext loads the new certificate (for new connections). A change that does not load (a
+half-written pair, an expired certificate) is logged and the current credentials stay.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Sequence
 
 from scheduler.grpc_workers import _GrpcWorker
-from shared.rpc.tls import ClientTls, TlsConfigError, file_signature
+from shared.rpc.tls import ClientTls, ServerTls, TlsConfigError, file_changes
 
 log = logging.getLogger(__name__)
 
@@ -23,18 +25,22 @@ INTERVAL_S = 10.0
 
 
 async def follow_client_tls(tls: ClientTls, workers: Sequence[_GrpcWorker], interval_s: float = INTERVAL_S) -> None:
-    files = tls.files()
-    seen = file_signature(files)
-    while True:
-        await asyncio.sleep(interval_s)
-        signature = file_signature(files)
-        if signature == seen:
-            continue
-        seen = signature
+    async for _ in file_changes(tls.files(), interval_s):
         try:
             credentials = tls.credentials()
         except TlsConfigError as exc:
             log.warning("keeping the current credentials to the model services: %s", exc)
             continue
-        log.info("renewed the TLS credentials to the model services from %s", ", ".join(map(str, files)))
+        log.info("renewed the TLS credentials to the model services from %s", ", ".join(map(str, tls.files())))
         await asyncio.gather(*(worker.renew_credentials(credentials) for worker in workers))
+
+
+async def follow_https(tls: ServerTls, context: ssl.SSLContext, interval_s: float = INTERVAL_S) -> None:
+    async for _ in file_changes(tls.files(), interval_s):
+        try:
+            tls.load()  # checked first: load_cert_chain would take an expired certificate
+            context.load_cert_chain(str(tls.cert), str(tls.key))
+        except (TlsConfigError, ssl.SSLError, OSError) as exc:
+            log.warning("keeping the HTTP API's current certificate: %s", exc)
+            continue
+        log.info("the HTTP API serves the renewed certificate from %s", tls.cert)

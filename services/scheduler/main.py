@@ -50,7 +50,7 @@ from services.version import service_version
 from services.runtime import serve_until_stopped
 from services.scheduler.budget import Budget, load_budget, load_draft_cost_model
 from shared.rpc.convert import feature_spec_from_pb
-from services.scheduler.internal_tls import follow_client_tls
+from services.scheduler.internal_tls import follow_client_tls, follow_https
 from services.scheduler.ledger import StepLedger
 from services.scheduler.observers.metrics import MetricsObserver
 from services.scheduler.observers.policy_state import PolicyStateSync
@@ -292,7 +292,7 @@ async def _start_http(settings: ServiceSettings, servicer, model_name: str, keys
     from services.scheduler.http_api import build_app
 
     app = build_app(servicer, model_name=model_name, keys=keys)
-    tls = settings.public_tls()  # HTTPS with the gRPC endpoint's certificate (read once, at startup)
+    tls = settings.public_tls()  # HTTPS with the gRPC endpoint's certificate, renewed with it (follow_https)
     config = uvicorn.Config(app, host=settings.host, port=settings.http_port, log_level="warning", lifespan="off",
                             access_log=False, ssl_certfile=tls and str(tls.cert), ssl_keyfile=tls and str(tls.key))  # fmt: skip
     server = uvicorn.Server(config)
@@ -308,6 +308,9 @@ async def _start_http(settings: ServiceSettings, servicer, model_name: str, keys
         if task.done():
             raise RuntimeError(f"the HTTP API did not start on port {settings.http_port}: {task.exception()}")
         await asyncio.sleep(0.01)
+    if tls is not None:  # a renewed certificate reaches new HTTPS connections
+        follow = asyncio.get_running_loop().create_task(follow_https(tls, config.ssl), name="https-certificate")
+        closers.append(lambda: _cancel(follow))
     port = server.servers[0].sockets[0].getsockname()[1]
     log.info("OpenAI-compatible HTTP API on %s://%s:%d", "https" if tls else "http", settings.host, port)
     return port

@@ -19,9 +19,11 @@ next change completes the pair.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +33,7 @@ from shared.rpc.tls_files import KeyPair, TlsConfigError, read_ca, read_pair
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CertificateReloader", "ClientTls", "ServerTls", "TlsConfigError", "file_signature"]
+__all__ = ["CertificateReloader", "ClientTls", "ServerTls", "TlsConfigError", "file_changes", "file_signature"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,17 @@ def file_signature(paths: tuple[Path, ...]) -> tuple:
         except OSError:
             out.append(None)
     return tuple(out)
+
+
+async def file_changes(paths: tuple[Path, ...], interval_s: float) -> AsyncIterator[None]:
+    """Yields after each change of ``paths`` (``file_signature``), looking every ``interval_s``."""
+    seen = file_signature(paths)
+    while True:
+        await asyncio.sleep(interval_s)
+        signature = file_signature(paths)
+        if signature != seen:
+            seen = signature
+            yield None
 
 
 class CertificateReloader:

@@ -94,6 +94,8 @@ def test_public_tls_served_refused_and_rotated(tiny_pair, tmp_path):
         assert _until(lambda: served_certificate(host_port) == der(new_cert))
         with Client(address, root_certificates=new_cert.read_bytes(), api_key=KEY, timeout=60) as client:
             assert len(client.generate([4, 5, 6], max_new_tokens=3).token_ids) == 3
+        https = stack.endpoints.http_url.removeprefix("https://")
+        assert _until(lambda: served_certificate(https) == der(new_cert), 30)  # HTTPS looks every 10 s
 
 
 def test_public_and_internal_mutual_tls(tiny_pair, tmp_path):

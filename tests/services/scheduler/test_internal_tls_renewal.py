@@ -104,3 +104,38 @@ def test_a_tls_mismatch_with_the_target_is_named_at_once(tmp_path):
     plaintext_at_tls, tls_at_plaintext = asyncio.run(main())
     assert "speaks TLS but this client dialled it in plaintext" in plaintext_at_tls
     assert "does not speak TLS (plaintext) but this client dialled it with TLS" in tls_at_plaintext
+
+
+def test_the_https_certificate_follows_its_files(tmp_path):
+    import ssl
+
+    from services.scheduler.internal_tls import follow_https
+    from tests.support.certs import der, self_signed, served_certificate
+
+    cert, key = self_signed(tmp_path / "live")
+    tls = ServerTls(cert, key)
+
+    async def main() -> None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(str(cert), str(key))
+        server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0, ssl=context)
+        address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        follow = asyncio.create_task(follow_https(tls, context, interval_s=0.05))
+        try:
+            first = await asyncio.to_thread(served_certificate, address)
+            _, wrong_key = self_signed(tmp_path / "wrong")
+            replace_files({wrong_key: key})  # half-written: the old pair stays
+            await asyncio.sleep(0.3)
+            assert await asyncio.to_thread(served_certificate, address) == first == der(cert)
+            new_cert, new_key = self_signed(tmp_path / "new")
+            replace_files({new_cert: cert, new_key: key})
+            for _ in range(100):
+                if await asyncio.to_thread(served_certificate, address) != first:
+                    break
+                await asyncio.sleep(0.05)
+            assert await asyncio.to_thread(served_certificate, address) == der(new_cert)
+        finally:
+            follow.cancel()
+            server.close()
+
+    asyncio.run(main())
