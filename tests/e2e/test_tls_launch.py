@@ -48,8 +48,8 @@ def _until(predicate, timeout_s: float = 10.0) -> bool:
 def test_public_tls_served_refused_and_rotated(tiny_pair, tmp_path):
     target_dir, _ = tiny_pair
     cert, key = self_signed(tmp_path / "public")
-    config = _config(tmp_path, target_model=str(target_dir), draft_model="ngram:1-3", http_port=0,
-                     tls_cert=cert, tls_key=key)
+    config = _config(tmp_path, target_model=str(target_dir), draft_model="ngram:1-3", http_port=0)
+    config.extra_env.update(TANDEM_TLS_CERT=str(cert), TANDEM_TLS_KEY=str(key))  # as a user's environment would
     with launch(config) as stack:
         address = stack.endpoints.scheduler
         assert stack.endpoints.tls_ca == cert and stack.endpoints.http_url.startswith("https://")
