@@ -56,7 +56,8 @@ from pydantic import BaseModel, Field
 
 from shared.free_ports import free_ports
 from shared.omp_wait import apply_defaults
-from shared.rpc.health_probe import check
+from shared.rpc.health_probe import probe
+from shared.rpc.tls_mismatch import tls_problem
 from shared.rpc.server import DRAFT_SERVICE, TANDEM_SERVICE, TARGET_SERVICE
 from shared.rpc.tls import TlsConfigError
 from services.launch_tls import TlsPlan
@@ -450,12 +451,26 @@ def _wait_serving(stack: LaunchedStack, timeout_s: float, roles: list[str] | Non
             if proc.poll() is not None:
                 log = e.log_dir / f"{role}.log"
                 raise LaunchError(f"{role} exited with code {proc.returncode} while starting; {log}:\n{_tail(log)}")
-            if check(address, HEALTH[role], timeout_s=1.0, tls=stack.tls.probe(role)) == "SERVING":
+            tls = stack.tls.probe(role)
+            status, details = probe(address, HEALTH[role], timeout_s=1.0, tls=tls)
+            if status == "SERVING":
                 del pending[role]
+            elif tls is not None and status == "UNREACHABLE" and (problem := _certificate_problem(address, details)):
+                # the service is up but its certificate does not verify with what it was given: waiting won't help
+                raise LaunchError(f"{role}: {problem}; the certificate must name {address.rsplit(':', 1)[0]} and "
+                                  f"chain to {tls.ca} (--tls-ca / --internal-tls-ca for a certificate of a CA)")
         if pending and time.monotonic() > deadline:
             raise LaunchError(f"{', '.join(pending)} not SERVING after {timeout_s:.0f} s; logs in {e.log_dir}")
         if pending:
             time.sleep(0.2)
+
+
+def _certificate_problem(address: str, details: str) -> str | None:
+    """A TLS failure that waiting will not cure (an untrusted certificate, one for another name, a plaintext
+    port); None for anything else, e.g. a port not listening yet or a connection closed while starting."""
+    if "Socket closed" in details:
+        return None
+    return tls_problem(address, tls=True, details=details, timeout_s=1.0)
 
 
 def _wait_or_kill(proc: subprocess.Popen, timeout_s: float) -> None:

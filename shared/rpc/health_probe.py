@@ -29,11 +29,11 @@ from shared.rpc.tls_mismatch import tls_problem
 
 def check(address: str, service: str = "", timeout_s: float = 2.0, *, tls: ClientTls | None = None) -> str:
     """The serving status name; "UNREACHABLE" when the call fails, "UNKNOWN_SERVICE" for NOT_FOUND."""
-    return _check(address, service, timeout_s, tls)[0]
+    return probe(address, service, timeout_s, tls)[0]
 
 
-def _check(address: str, service: str, timeout_s: float, tls: ClientTls | None) -> tuple[str, str]:
-    """(status name, the failed call's details or "")."""
+def probe(address: str, service: str = "", timeout_s: float = 2.0, tls: ClientTls | None = None) -> tuple[str, str]:
+    """(status name as ``check`` gives it, the failed call's details or "")."""
     if tls is None:
         channel = grpc.insecure_channel(address)
     else:
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.wait > 0 and wait_serving(args.address, args.service, timeout_s=args.wait, tls=tls):
             status, details = "SERVING", ""
         else:
-            status, details = _check(args.address, args.service, args.timeout, tls)
+            status, details = probe(args.address, args.service, args.timeout, tls)
     except TlsConfigError as exc:
         print("UNREACHABLE")
         print(exc, file=sys.stderr)

@@ -26,6 +26,8 @@ _TLS_REASONS = (
     ("CERTIFICATE_VERIFY_FAILED", "the certificate of {a} is not signed by a CA this client trusts "
                                   "(SDK root_certificates=, CLI --ca)"),
     ("not in peer certificate", "the certificate of {a} does not name the host dialled (its subjectAltName)"),
+    ("Hostname Verification Check failed", "the certificate of {a} does not name the host dialled (its "
+                                           "subjectAltName)"),
     ("TLSV1_ALERT_UNKNOWN_CA", "{a} does not trust this client's certificate (mutual TLS: not signed by its CA)"),
     ("SSLV3_ALERT_BAD_CERTIFICATE", "{a} refused this client's certificate (mutual TLS)"),
     ("Socket closed", "{a} closed the connection in the TLS handshake: it requires a client certificate (mutual "

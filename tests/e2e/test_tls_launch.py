@@ -178,3 +178,14 @@ def test_a_service_with_an_unusable_certificate_exits_within_10_s(role, tiny_pai
     assert time.monotonic() - started < 10
     assert out.returncode == 1 and out.stderr.strip().splitlines()[-1].startswith("cannot start: ")
     assert expected in out.stderr.strip().splitlines()[-1]
+
+
+def test_a_certificate_for_another_name_fails_the_launch_at_once(tiny_pair, tmp_path):
+    """The launcher dials 127.0.0.1: a certificate that names only another host cannot pass its probe."""
+    target_dir, _ = tiny_pair
+    cert, key = self_signed(tmp_path / "elsewhere", names=("tandem.example.com",))
+    with pytest.raises(LaunchError) as info:
+        with launch(_config(tmp_path, target_model=str(target_dir), draft=False, tls_cert=cert, tls_key=key)):
+            pass
+    assert str(info.value).startswith("scheduler: the certificate of 127.0.0.1:")
+    assert "does not name the host dialled" in str(info.value) and "must name 127.0.0.1" in str(info.value)

@@ -95,6 +95,8 @@ def test_mutual_tls_and_one_line_mismatch_errors(loop, tmp_path, capsys):
             ([m_address], f"{m_address} speaks TLS but this client dialled it in plaintext"),
             ([p_address, "--ca", str(roots)], f"{p_address} does not speak TLS (plaintext)"),
             ([m_address, "--ca", str(stranger.write(tmp_path / "s.crt"))], "is not signed by a CA this client trusts"),
+            ([m_address, "--ca", str(roots), "--cert", str(client_cert), "--key", str(client_key),
+              "--server-name", "elsewhere.example.com"], "does not name the host dialled"),
             ([m_address, "--ca", str(roots), "--cert", str(client_cert), "--key", str(bad_key)],
              f"probe_KEY: {bad_key} is not the key of the certificate {client_cert}"),
         ]
