@@ -85,6 +85,7 @@ async def start_model_service(settings: ServiceSettings, role: str, service: str
     if tls is not None:
         tls.load()  # a bad certificate or key fails now, naming the file, before torch and the model load
     from services.engine_host import EngineHost
+
     provider = settings.tracing(role).setup()
     try:
         engine_host = await EngineHost.load(settings, role)
