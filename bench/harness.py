@@ -570,9 +570,7 @@ def run_bench(opts: BenchOptions, out_dir: Path | None = None, console: Console 
     return results
 
 
-# --- CLI: bench/harness_cli.py (`python -m bench.harness`) -----------------------------------------------
-from bench.harness_cli import app  # noqa: E402 - after run_bench, which the CLI calls through this module
+if __name__ == "__main__":  # the CLI lives in bench/harness_cli.py, which imports this module (never the reverse)
+    from bench.harness_cli import app
 
-
-if __name__ == "__main__":
     app()
