@@ -1,0 +1,51 @@
+"""The module layout's promises: one error hierarchy with gRPC codes, a scheduling core free of I/O libraries."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import grpc
+
+import services.scheduler.errors as request_errors
+import shared.engine.errors as engine_errors
+from shared.errors import TandemError
+
+ROOT = Path(__file__).resolve().parents[2]
+IO_LIBRARIES = ("grpc", "redis", "opentelemetry", "shared.rpc", "services")
+
+
+def _classes(module) -> list[type]:
+    return [c for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == module.__name__]
+
+
+def test_engine_and_request_errors_share_one_root_and_name_real_status_codes():
+    classes = _classes(engine_errors) + _classes(request_errors)
+    assert len(classes) >= 14
+    for cls in classes:
+        assert issubclass(cls, TandemError), cls
+        assert cls.grpc_code in grpc.StatusCode.__members__, (cls, cls.grpc_code)
+
+
+def test_request_errors_still_refine_their_builtins():
+    assert issubclass(request_errors.TandemRequestError, ValueError)
+    assert issubclass(request_errors.UnknownRequestError, LookupError)
+    assert issubclass(request_errors.QueueFullError, RuntimeError)
+
+
+def _imported(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def test_the_scheduling_core_imports_no_grpc_redis_or_opentelemetry():
+    """scheduler/ is the loop and its policies; the service around it (services/scheduler/) does the I/O."""
+    found = [f"{p.relative_to(ROOT)}: {name}" for p in sorted((ROOT / "scheduler").rglob("*.py"))
+             for name in sorted(_imported(p)) if any(name == lib or name.startswith(lib + ".") for lib in IO_LIBRARIES)]  # fmt: skip
+    assert not found, "I/O imports in the scheduling core:\n" + "\n".join(found)
