@@ -130,10 +130,10 @@ bench-faser: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing --draft
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --faser --pair $(PAIR) --name faser-$(PAIR) $(BENCH_ARGS)
 
-# FASER's early-exit signal on the pair's target (bench.exit_signal): per layer, the share of rejected / accepted
+# FASER's early-exit signal on the pair's target (bench.diagnostics.exit_signal): per layer, the share of rejected / accepted
 # drafted tokens outside the top-K of their parent row's logit lens. Results: bench/results/exit-signal-$(PAIR)/.
 bench-exit-signal: setup models
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.exit_signal --pair $(PAIR) $(BENCH_ARGS)
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.diagnostics.exit_signal --pair $(PAIR) $(BENCH_ARGS)
 
 # Nightjar's elastic draft memory (bench.harness --offload): two stacks under a deliberately small KV pool
 # (bench.offload.pool_env: TANDEM_NUM_BLOCKS, TANDEM_KV_GROW_BLOCKS = the draft's footprint in target blocks),

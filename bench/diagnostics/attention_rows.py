@@ -1,7 +1,7 @@
-"""Row-exact attention against its first formula, interleaved (`python -m bench.attention_rows`).
+"""Row-exact attention against its first formula, interleaved (`python -m bench.diagnostics.attention_rows`).
 
     rows=3 old 98.7 us new 86.9 us per layer      medians over interleaved repeats, N = 200 positions, bf16
-    python -m bench.attention_rows --shape tree --positions 1024 --rows 4,16
+    python -m bench.diagnostics.attention_rows --shape tree --positions 1024 --rows 4,16
                                                   tree rows (3 branches from the root): old = a gather per row
 
 ``reference_rows`` is attend_rows as first written (matmul, then the scaling, softmax, matmul, a copy

@@ -1,4 +1,4 @@
-"""Nightjar's variants against the best fixed k on synthetic stacks: ``python -m bench.bandit_sim``.
+"""Nightjar's variants against the best fixed k on synthetic stacks: ``python -m bench.diagnostics.bandit_sim``.
 
 Each case draws a batch size (1-4), a truth for the step cost (``tests.scheduler.sim_reports``: a cheap
 or a compute-bound verify, a draft of 2-6 ms a step) and per-request geometric acceptance around a common

@@ -1,6 +1,6 @@
 """Drafting cost of the feature draft (EAGLE-3 head) per speculate call, its logits over the head's draft
 vocabulary (now) against scattered into the whole vocabulary with -inf (before 2026-11-28), in process
-(`python -m bench.draft_trees`)::
+(`python -m bench.diagnostics.draft_trees`)::
 
     tree 6x4: compact 28.2 ms, scattered 49.0 ms (-42 %); tree 3x2: 15.9 / 20.7 ms (-23 %); chain 3: -2 %
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import typer
 
-from bench.exit_signal import PROMPTS
+from bench.diagnostics.exit_signal import PROMPTS
 from bench.run_info import machine
 from shared.engine.factory import build_feature_draft_engine, build_target_engine
 from shared.engine.types import PrefillItem, SpecItem, VerifyItem
@@ -88,7 +88,7 @@ def main(
     rows = [{"shape": name, **{v: round(statistics.median(times[(name, v)]) * 1e3, 2) for v in drafts}} for name in SHAPES]
     for r in rows:
         r["change"] = round(r["compact"] / r["scattered"] - 1, 3)
-    results = {"name": "draft-trees", "command": "python -m bench.draft_trees " + " ".join(sys.argv[1:]),
+    results = {"name": "draft-trees", "command": "python -m bench.diagnostics.draft_trees " + " ".join(sys.argv[1:]),
                "machine": machine(threads), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
                "duration_s": round(time.time() - started, 1), "batch": batch, "steps": steps, "dtype": dtype,
                "draft_ms": rows}  # fmt: skip
@@ -100,7 +100,7 @@ def main(
         "# draft-trees", "", f"Command: `{results['command']}`  ",
         f"Machine: {results['machine'].get('cpu_model')}, {threads} threads, {dtype}; {results['date']}", "",
         f"Feature draft (EAGLE-3 head, 8,192-token draft vocabulary of 49,152) drafting for {batch} sequences, "
-        f"medians of {steps} speculate calls per shape and variant (bench/draft_trees.py):", "",
+        f"medians of {steps} speculate calls per shape and variant (bench/diagnostics/draft_trees.py):", "",
         *[f"- {line}" for line in lines], "",
     ]  # fmt: skip
     (out / "README.md").write_text("\n".join(readme))

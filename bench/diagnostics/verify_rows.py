@@ -1,4 +1,4 @@
-"""What a verified row costs the target engine on this machine: ``python -m bench.verify_rows``.
+"""What a verified row costs the target engine on this machine: ``python -m bench.diagnostics.verify_rows``.
 
 The question behind AdaServe's budget and FASER's early exit: what does one more verified token (a row of
 the forward) cost, and is the cost a line or a staircase (matrix tiles)? The target engine alone
@@ -8,7 +8,7 @@ forward so every size sees the same context. Sizes interleaved in every repeat (
 state), medians over ``--repeats``; a least-squares line T = a + b*N per setting. Results:
 bench/results/<name>/ (results.json, README.md).
 
-    python -m bench.verify_rows --batch 1,4 --rows 4,8,12,16,17,20,24,32,48 --threads 1,2 --repeats 25
+    python -m bench.diagnostics.verify_rows --batch 1,4 --rows 4,8,12,16,17,20,24,32,48 --threads 1,2 --repeats 25
 """
 
 from __future__ import annotations
@@ -103,11 +103,11 @@ def main(
             cells.append({"threads": t, "batch": b, "median_ms": ms, "line_ms": {"a": a, "per_row": slope}})
             print(f"threads {t} batch {b}: " + "  ".join(f"{n}:{v:.1f}" for n, v in ms.items())
                   + f"   line {a:.1f} ms + {slope:.3f} ms/row")  # fmt: skip
-    results = {"name": name, "command": "python -m bench.verify_rows " + " ".join(sys.argv[1:]),
+    results = {"name": name, "command": "python -m bench.diagnostics.verify_rows " + " ".join(sys.argv[1:]),
                "machine": machine(counts[-1]), "started_unix": started,
                "duration_s": time.time() - started, "target": str(target_dir), "dtype": dtype, "repeats": repeats,
                "cells": cells}  # fmt: skip
-    out = Path(__file__).resolve().parent / "results" / name
+    out = Path(__file__).resolve().parents[1] / "results" / name
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "README.md").write_text(readme(results))

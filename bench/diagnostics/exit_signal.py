@@ -1,6 +1,6 @@
 """How well the target's intermediate layers tell which drafted tokens its last layer will reject.
 
-    python -m bench.exit_signal [--pair eagle] [--k 4] [--new-tokens 64] [--dtype bfloat16] [--name exit-signal-eagle]
+    python -m bench.diagnostics.exit_signal [--pair eagle] [--k 4] [--new-tokens 64] [--dtype bfloat16] [--name exit-signal-eagle]
 
 FASER's token-wise early exit (§3 Fig. 5a, §4.2) prunes a drafted token when it
 falls outside the top-K of its parent row's *intermediate* logits (final norm +
@@ -190,7 +190,7 @@ def main(
     tap.close()
     results = {
         "name": name or f"exit-signal-{pair}",
-        "command": "python -m bench.exit_signal " + " ".join(sys.argv[1:]),
+        "command": "python -m bench.diagnostics.exit_signal " + " ".join(sys.argv[1:]),
         "machine": machine(threads),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "duration_s": time.time() - started,

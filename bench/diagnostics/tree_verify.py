@@ -1,5 +1,5 @@
 """Verify cost of a token tree against a chain of as many nodes, batch 1, in process
-(`python -m bench.tree_verify`), with the row-exact attention gathering each tree row's positions
+(`python -m bench.diagnostics.tree_verify`), with the row-exact attention gathering each tree row's positions
 afresh (``gathered_rows``, as before 2026-11-28) and as it is now (ancestors moved in behind the
 prefix, shared/engine/attention/row_exact.py), the four cases alternating step by step (medians)::
 

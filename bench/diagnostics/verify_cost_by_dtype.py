@@ -1,4 +1,4 @@
-"""What one verify step costs the target engine per dtype on this CPU: ``python -m bench.verify_cost_by_dtype``.
+"""What one verify step costs the target engine per dtype on this CPU: ``python -m bench.diagnostics.verify_cost_by_dtype``.
 
 Decides which ``--dtype`` a benchmark should use on a given machine: on a CPU without native bf16
 matmuls (no AVX512-BF16 / AMX, ``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` False) the engine's
@@ -57,7 +57,7 @@ def main(pair: str = typer.Option("eagle", help="Model pair whose target is meas
     for dtype in dtypes.split(","):
         engine, _ = build_target_engine(target_dir, dtype=dtype)
         rows[dtype] = verify_ms(engine, chain, steps)
-    results = {"name": name, "command": "python -m bench.verify_cost_by_dtype " + " ".join(sys.argv[1:]),
+    results = {"name": name, "command": "python -m bench.diagnostics.verify_cost_by_dtype " + " ".join(sys.argv[1:]),
                "machine": machine(threads), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
                "native_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()), "target": str(target_dir),
                "ms_by_dtype_k": rows}
