@@ -115,7 +115,7 @@ bench-order: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing --draft
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --order --pair $(PAIR) --name order-$(PAIR) $(BENCH_ARGS)
 
-# Issue 4's short default suite (< 10 min on 2 cores): batch-1 rotation of target-only, HF generate, HF assisted
+# The serving benchmark's short default suite (< 10 min on 2 cores): batch-1 rotation of target-only, HF generate, HF assisted
 # generation (fixed and heuristic schedule) and Tandem k = 1, 3, 5, then a short Poisson sweep, all side by side
 # through the SDK and services. Results: bench/results/serving-$(PAIR)/. --long for the longer sweeps.
 bench-serving: setup models
@@ -144,7 +144,7 @@ bench-offload: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing --draft
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --offload --pair $(PAIR) --name offload-$(PAIR) $(BENCH_ARGS)
 
-# Issue 20: the policy benches where speculation pays, grounded prompts with the suffix draft (per-request trees:
+# The policy benches where speculation pays, grounded prompts with the suffix draft (per-request trees:
 # configurations sharing a stack must not feed each other), 3 interleaved repeats each, then the goals table
 # (bench/results/goals/). About 2 hours on the 2-core CPU. LAS is left out of the order bench: with 1,500-token
 # prompts its preemptions re-prefill constantly (5-7x the others' time per run).
@@ -157,19 +157,19 @@ bench-grounded: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --slo --pair $(PAIR) --name slo-grounded $(GROUNDED) --sweep-requests 10 --rate-factors 2,4 --stringent-shares '' --sweep-repeats 3
 	$(PY) -m bench.goals_table --suffix grounded
 
-# Issue 17's drafts side by side (bench.drafts): target-only, the EAGLE-3 feature draft (chains of 2 and 4; needs
+# The drafts side by side (bench.drafts): target-only, the EAGLE-3 feature draft (chains of 2 and 4; needs
 # `tandem models prepare --pair eagle`, done here), the ngram and the suffix draft (chains of 4), on open chat and on
 # grounded prompts, at batch 1 and 4 at once, 3 interleaved repeats, by task kind. Results: bench/results/drafts-$(PAIR)/.
 bench-drafts: setup models
 	$(VENV)/bin/tandem models prepare --pair eagle
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.drafts --pair $(PAIR) $(BENCH_ARGS)
 
-# Issue 23's HTTP API against the gRPC endpoint (bench.http_overhead): the same greedy requests both ways on one
+# The HTTP API against the gRPC endpoint (bench.http_overhead): the same greedy requests both ways on one
 # stack, interleaved, at batch 1 (time per token) and under load (tokens/s). Results: bench/results/http-$(PAIR)/.
 bench-http: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.http_overhead --pair $(PAIR) $(BENCH_ARGS)
 
-# Issue 21's soak with faults (bench.soak): SOAK_REQUESTS requests at SOAK_CONCURRENCY while the draft, the
+# The soak with faults (bench.soak): SOAK_REQUESTS requests at SOAK_CONCURRENCY while the draft, the
 # target and Redis are each killed and restarted SOAK_FAULTS times; lost requests, greedy outputs against a
 # fault-free reference, RSS, KV idle, p99. Results: bench/results/soak-$(PAIR)/. A short version runs in make test.
 SOAK_REQUESTS ?= 2000
@@ -189,7 +189,7 @@ clean:
 distclean: clean
 	rm -rf $(VENV)
 
-# GPU kit (docs/gpu.md). Here: `make gpu-kit` downloads what a lent GPU machine lacks (wheels for its Python 3.12,
+# GPU kit (docs/gpu.md). Here: `make gpu-kit` downloads what a borrowed GPU machine lacks (wheels for its Python 3.12,
 # the demo target's GGUF) into .gpu-kit/, cut into loads that fit one device call each, and prints the calls;
 # `make gpu-plan` prints them again, checked against the working tree now. On the GPU machine (no .venv there:
 # GPU_PYTHON is its image's python3, with torch): `make gpu-check` (setup + every GPU test) and `make gpu-bench`

@@ -1,4 +1,4 @@
-"""Policy benches on another prompt set and draft (issue 20): `--workload grounded --draft-model suffix:...`
+"""Policy benches on another prompt set and draft: `--workload grounded --draft-model suffix:...`
 makes every stack of a bench draft with the suffix tree on grounded prompts, the configurations unchanged."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def test_cli_sets_workload_and_stack_draft(monkeypatch):
     (opts,) = got
     assert set(opts.prompt_mix) == set(GROUNDED) and opts.max_prompt_tokens == GROUNDED_MAX_PROMPT_TOKENS
     assert opts.stack_draft == SUFFIX
-    # the widened fixed-k baselines of issue 20
+    # the widened fixed-k baselines of the grounded runs
     assert [c for c in opts.sweep if c.startswith("tandem-k") or c == "target-only"] == [
         "target-only", "tandem-k1", "tandem-k2", "tandem-k3", "tandem-k5", "tandem-k7"]  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""The codebase's shape (issue 19): a README that is an entry point, links that resolve, no import
+"""The codebase's shape: a README that is an entry point, links that resolve, no import
 cycles between the project's modules, no source file over 600 lines."""
 
 from __future__ import annotations
