@@ -1,5 +1,5 @@
-"""The codebase's shape: a README that is an entry point, links that resolve, no import
-cycles between the project's modules, no source file over 600 lines."""
+"""The codebase's shape: a README that is an entry point, no import cycles between the project's
+modules (imports inside functions included), no source file over 600 lines. Links: test_links.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("shared", "services", "scheduler", "sdk", "bench")
 MAX_LINES = 600
-_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
 def _sources() -> list[Path]:
@@ -19,21 +18,9 @@ def _sources() -> list[Path]:
 
 def test_readme_is_short_and_opens_with_the_two_commands():
     text = (ROOT / "README.md").read_text()
-    assert len(text.splitlines()) <= 300
+    assert len(text.splitlines()) <= 200
     first_block = re.search(r"```[^\n]*\n(.*?)```", text, re.S).group(1)
     assert [line.strip() for line in first_block.strip().splitlines()] == ["make demo", "make test"]
-
-
-def test_every_relative_link_in_the_docs_resolves():
-    broken = []
-    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "bench" / "results").rglob("README.md"))]:
-        for target in _LINK.findall(doc.read_text()):
-            if re.match(r"^[a-z]+://|^mailto:|^#", target):
-                continue
-            path = (doc.parent / target.split("#", 1)[0]).resolve()
-            if not path.exists():
-                broken.append(f"{doc.relative_to(ROOT)} -> {target}")
-    assert not broken, "broken links:\n" + "\n".join(broken)
 
 
 def _module_name(path: Path) -> str:
