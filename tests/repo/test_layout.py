@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 from pathlib import Path
 
 import grpc
@@ -49,3 +50,18 @@ def test_the_scheduling_core_imports_no_grpc_redis_or_opentelemetry():
     found = [f"{p.relative_to(ROOT)}: {name}" for p in sorted((ROOT / "scheduler").rglob("*.py"))
              for name in sorted(_imported(p)) if any(name == lib or name.startswith(lib + ".") for lib in IO_LIBRARIES)]  # fmt: skip
     assert not found, "I/O imports in the scheduling core:\n" + "\n".join(found)
+
+
+def test_every_architecture_reference_in_the_code_names_a_section_of_it():
+    """Code cites the design as ``architecture.md §N``: each N is a numbered section of docs/architecture.md."""
+    sections = set(re.findall(r"^## (\d+)\. ", (ROOT / "docs" / "architecture.md").read_text(), re.M))
+    assert sections == {str(n) for n in range(1, 9)}
+    cited = {}
+    for path in [*ROOT.glob("*/**/*.py"), *ROOT.glob("**/*.md")]:
+        if "gen" in path.parts or ".venv" in path.parts:
+            continue
+        for n in re.findall(r"architecture\.md §(\d+)", path.read_text(encoding="utf-8", errors="replace")):
+            cited.setdefault(n, []).append(str(path.relative_to(ROOT)))
+    assert len(cited) >= 5
+    unknown = {n: files for n, files in cited.items() if n not in sections}
+    assert not unknown, f"references to sections architecture.md does not have: {unknown}"
