@@ -65,3 +65,13 @@ def test_every_architecture_reference_in_the_code_names_a_section_of_it():
     assert len(cited) >= 5
     unknown = {n: files for n, files in cited.items() if n not in sections}
     assert not unknown, f"references to sections architecture.md does not have: {unknown}"
+
+
+def test_bench_results_hold_one_current_folder_per_benchmark_and_regime():
+    """At most 30 entries, each a folder with its README (command, machine, date); diagnostics live apart."""
+    entries = sorted((ROOT / "bench" / "results").iterdir())
+    assert len(entries) <= 30, [e.name for e in entries]
+    folders = [e for e in entries if e.is_dir()]
+    assert not [f.name for f in folders if not (f / "README.md").is_file()]
+    assert not [f.name for f in folders if f.name.startswith("diag-")]
+    assert (ROOT / "bench" / "diagnostics" / "README.md").is_file()
