@@ -66,8 +66,11 @@ models: setup
 test: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
+# The demo serves with the strongest prepared draft on its prompts (sdk/demo.py DEMO_DRAFT, measured by
+# bench.demo_drafts: bench/results/demo-drafts/), preparing it first; DEMO_ARGS="--pair demo" serves another.
+DEMO_ARGS ?=
 demo: setup models
-	$(PY) -m sdk.demo --pair $(PAIR)
+	$(PY) -m sdk.demo $(DEMO_ARGS)
 
 # Arize Phoenix, a local trace UI (http://127.0.0.1:6006) taking OTLP/gRPC on 127.0.0.1:4317. It gets a
 # venv of its own: it is a separate app, and its ~100 dependencies stay out of the serving venv.

@@ -1,9 +1,10 @@
 """Which prepared draft `make demo` should serve with: each one's mean accepted length on the demo's prompts.
 
-    python -m bench.demo_drafts [--ks 2,4] [--max-new-tokens 64]     # results: bench/results/demo-drafts/
+    python -m bench.demo_drafts [--ks 4] [--prompts 12] [--max-new-tokens 64]    # results: bench/results/demo-drafts/
 
 Every draft that can be prepared offline in seconds, on the demo's target (SmolLM2-135M-Instruct) and the
-demo's own prompts (sdk.demo.QUESTIONS in the chat template, greedy, as the demo sends them):
+demo's own prompts (the first ``--prompts`` of sdk.demo.QUESTIONS, the twelve `make demo` sends, in the chat
+template, greedy, as the demo sends them):
 
     smollm2-draft        the demo pair's distilled small draft (3 target layers + LoRA)
     smollm2-eagle3       the EAGLE-3 head over the target's features (the eagle pair; committed weights)
@@ -39,21 +40,21 @@ DRAFTS = (("smollm2-draft", "demo", None), ("smollm2-eagle3", "eagle", None), ("
           ("suffix", "demo", "suffix"))  # fmt: skip
 
 
-async def _measure(address: str, k: int, max_new_tokens: int) -> dict:
+async def _measure(address: str, k: int, num_prompts: int, max_new_tokens: int) -> dict:
     steps = accepted = drafted = tokens = 0
     async with AsyncClient(address, timeout=600) as client:
-        for question in QUESTIONS:
+        for question in QUESTIONS[:num_prompts]:
             res = await client.generate(chat_prompt(question), max_new_tokens=max_new_tokens, speculation=k)
             steps += res.stats.num_steps
             accepted += res.stats.num_accepted_tokens
             drafted += res.stats.num_draft_tokens
             tokens += res.num_generated
-    return {"k": k, "prompts": len(QUESTIONS), "tokens": tokens, "verify_steps": steps, "draft_tokens": drafted,
+    return {"k": k, "prompts": num_prompts, "tokens": tokens, "verify_steps": steps, "draft_tokens": drafted,
             "accepted_tokens": accepted, "acceptance": accepted / max(drafted, 1),
             "mean_accepted_length": (accepted + steps) / max(steps, 1)}  # fmt: skip
 
 
-def measure(ks: list[int], max_new_tokens: int, home: Path | None, console: Console) -> list[dict]:
+def measure(ks: list[int], num_prompts: int, max_new_tokens: int, home: Path | None, console: Console) -> list[dict]:
     from services.launcher import LaunchConfig, launch
     from shared.models import registry
     from shared.models.paths import Paths
@@ -65,7 +66,7 @@ def measure(ks: list[int], max_new_tokens: int, home: Path | None, console: Cons
             config = LaunchConfig(pair=pair, draft_model=draft_model, port=0, metrics_port=0, home=home)
             with launch(config) as stack:
                 row = {"draft": label, "pair": pair, "draft_model": draft_model,
-                       **asyncio.run(_measure(stack.endpoints.scheduler, k, max_new_tokens))}  # fmt: skip
+                       **asyncio.run(_measure(stack.endpoints.scheduler, k, num_prompts, max_new_tokens))}  # fmt: skip
             console.print(f"{label} k={k}: mean accepted length {row['mean_accepted_length']:.2f} "
                           f"(acceptance {row['acceptance']:.0%} of {row['draft_tokens']})")  # fmt: skip
             rows.append(row)
@@ -101,15 +102,17 @@ def readme(results: dict) -> str:
 
 
 def main(
-    ks: str = typer.Option("2,4", help="Chain lengths, comma-separated (the demo sends k = 2 and 4)."),
+    ks: str = typer.Option("4", help="Chain lengths, comma-separated (the demo's longest chain and its server "
+                           "policy's, fixed:4)."),
+    prompts: int = typer.Option(12, help="How many of the demo's questions (the demo sends the first 12)."),
     max_new_tokens: int = typer.Option(64, help="Longest answer (the demo's default)."),
     home: Path | None = typer.Option(None, help="Tandem home (default $TANDEM_HOME or ~/.cache/tandem)."),
 ) -> None:
     console = Console()
     started = time.time()
-    rows = measure([int(k) for k in ks.split(",") if k.strip()], max_new_tokens, home, console)
+    rows = measure([int(k) for k in ks.split(",") if k.strip()], prompts, max_new_tokens, home, console)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    results = {"command": f"python -m bench.demo_drafts --ks {ks} --max-new-tokens {max_new_tokens}", "commit": commit,
+    results = {"command": f"python -m bench.demo_drafts --ks {ks} --prompts {prompts} --max-new-tokens {max_new_tokens}", "commit": commit,
                "date": datetime.fromtimestamp(started, timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                "machine": machine(0), "rows": rows, "best": best(rows)}  # fmt: skip
     OUT.mkdir(parents=True, exist_ok=True)
