@@ -66,8 +66,11 @@ models: setup
 test: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
+# The demo serves with the strongest prepared draft on its prompts (sdk/demo.py DEMO_DRAFT, measured by
+# bench.demo_drafts: bench/results/demo-drafts/), preparing it first; DEMO_ARGS="--pair demo" serves another.
+DEMO_ARGS ?=
 demo: setup models
-	$(PY) -m sdk.demo --pair $(PAIR)
+	$(PY) -m sdk.demo $(DEMO_ARGS)
 
 # Arize Phoenix, a local trace UI (http://127.0.0.1:6006) taking OTLP/gRPC on 127.0.0.1:4317. It gets a
 # venv of its own: it is a separate app, and its ~100 dependencies stay out of the serving venv.
@@ -115,7 +118,7 @@ bench-order: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing --draft
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --order --pair $(PAIR) --name order-$(PAIR) $(BENCH_ARGS)
 
-# Issue 4's short default suite (< 10 min on 2 cores): batch-1 rotation of target-only, HF generate, HF assisted
+# The serving benchmark's short default suite (< 10 min on 2 cores): batch-1 rotation of target-only, HF generate, HF assisted
 # generation (fixed and heuristic schedule) and Tandem k = 1, 3, 5, then a short Poisson sweep, all side by side
 # through the SDK and services. Results: bench/results/serving-$(PAIR)/. --long for the longer sweeps.
 bench-serving: setup models
@@ -130,10 +133,10 @@ bench-faser: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing --draft
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --faser --pair $(PAIR) --name faser-$(PAIR) $(BENCH_ARGS)
 
-# FASER's early-exit signal on the pair's target (bench.exit_signal): per layer, the share of rejected / accepted
+# FASER's early-exit signal on the pair's target (bench.diagnostics.exit_signal): per layer, the share of rejected / accepted
 # drafted tokens outside the top-K of their parent row's logit lens. Results: bench/results/exit-signal-$(PAIR)/.
 bench-exit-signal: setup models
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.exit_signal --pair $(PAIR) $(BENCH_ARGS)
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.diagnostics.exit_signal --pair $(PAIR) $(BENCH_ARGS)
 
 # Nightjar's elastic draft memory (bench.harness --offload): two stacks under a deliberately small KV pool
 # (bench.offload.pool_env: TANDEM_NUM_BLOCKS, TANDEM_KV_GROW_BLOCKS = the draft's footprint in target blocks),
@@ -144,7 +147,7 @@ bench-offload: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/tandem profile --pair $(PAIR) --if-missing --draft
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --offload --pair $(PAIR) --name offload-$(PAIR) $(BENCH_ARGS)
 
-# Issue 20: the policy benches where speculation pays, grounded prompts with the suffix draft (per-request trees:
+# The policy benches where speculation pays, grounded prompts with the suffix draft (per-request trees:
 # configurations sharing a stack must not feed each other), 3 interleaved repeats each, then the goals table
 # (bench/results/goals/). About 2 hours on the 2-core CPU. LAS is left out of the order bench: with 1,500-token
 # prompts its preemptions re-prefill constantly (5-7x the others' time per run).
@@ -157,19 +160,19 @@ bench-grounded: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.harness --slo --pair $(PAIR) --name slo-grounded $(GROUNDED) --sweep-requests 10 --rate-factors 2,4 --stringent-shares '' --sweep-repeats 3
 	$(PY) -m bench.goals_table --suffix grounded
 
-# Issue 17's drafts side by side (bench.drafts): target-only, the EAGLE-3 feature draft (chains of 2 and 4; needs
+# The drafts side by side (bench.drafts): target-only, the EAGLE-3 feature draft (chains of 2 and 4; needs
 # `tandem models prepare --pair eagle`, done here), the ngram and the suffix draft (chains of 4), on open chat and on
 # grounded prompts, at batch 1 and 4 at once, 3 interleaved repeats, by task kind. Results: bench/results/drafts-$(PAIR)/.
 bench-drafts: setup models
 	$(VENV)/bin/tandem models prepare --pair eagle
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.drafts --pair $(PAIR) $(BENCH_ARGS)
 
-# Issue 23's HTTP API against the gRPC endpoint (bench.http_overhead): the same greedy requests both ways on one
+# The HTTP API against the gRPC endpoint (bench.http_overhead): the same greedy requests both ways on one
 # stack, interleaved, at batch 1 (time per token) and under load (tokens/s). Results: bench/results/http-$(PAIR)/.
 bench-http: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m bench.http_overhead --pair $(PAIR) $(BENCH_ARGS)
 
-# Issue 21's soak with faults (bench.soak): SOAK_REQUESTS requests at SOAK_CONCURRENCY while the draft, the
+# The soak with faults (bench.soak): SOAK_REQUESTS requests at SOAK_CONCURRENCY while the draft, the
 # target and Redis are each killed and restarted SOAK_FAULTS times; lost requests, greedy outputs against a
 # fault-free reference, RSS, KV idle, p99. Results: bench/results/soak-$(PAIR)/. A short version runs in make test.
 SOAK_REQUESTS ?= 2000
@@ -189,7 +192,7 @@ clean:
 distclean: clean
 	rm -rf $(VENV)
 
-# GPU kit (docs/gpu.md). Here: `make gpu-kit` downloads what a lent GPU machine lacks (wheels for its Python 3.12,
+# GPU kit (docs/gpu.md). Here: `make gpu-kit` downloads what a borrowed GPU machine lacks (wheels for its Python 3.12,
 # the demo target's GGUF) into .gpu-kit/, cut into loads that fit one device call each, and prints the calls;
 # `make gpu-plan` prints them again, checked against the working tree now. On the GPU machine (no .venv there:
 # GPU_PYTHON is its image's python3, with torch): `make gpu-check` (setup + every GPU test) and `make gpu-bench`

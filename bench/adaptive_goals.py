@@ -1,4 +1,4 @@
-"""Issue 6's goals, checked on a `bench-adaptive` results.json.
+"""The adaptive-length goals, checked on a `bench-adaptive` results.json.
 
     python -m bench.adaptive_goals bench/results/adaptive-demo/results.json   # prints, writes goals.json beside it
 
@@ -11,7 +11,7 @@ For every load point (the Poisson sweep, then the bursty trace):
   interleaved bench sent minutes apart, so the machine's drift between runs
   cancels; the spread of the per-run distances is the noise a single run has.
 
-Goals (issue 6): every policy within 5 % of the best fixed k at every load;
+Goals: every policy within 5 % of the best fixed k at every load;
 at the highest load never more than 5 % worse than target-only; on the bursty
 trace at least one policy better than every fixed k.
 """

@@ -88,7 +88,7 @@ class Config:
 
 HF_ASSISTED_HEURISTIC = {"num_assistant_tokens": 5, "num_assistant_tokens_schedule": "heuristic"}
 
-# The peers issue 4 asks for, measured at batch 1.
+# The peers the serving benchmark compares against, measured at batch 1.
 BATCH1_PEERS = ("target-only", "hf-target", "hf-assisted", "tandem-k1", "tandem-k3", "tandem-k5")
 # Served under load (the HF peers cannot serve concurrent requests).
 SWEEP_PEERS = ("target-only", "tandem-k1", "tandem-k3", "tandem-k5")

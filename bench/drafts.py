@@ -1,4 +1,4 @@
-"""`make bench-drafts`: the drafts side by side, by task kind (issue 17's figures).
+"""`make bench-drafts`: the drafts side by side, by task kind.
 
     python -m bench.drafts [--repeats 3] [--prompts 8] [--feature-draft smollm2-eagle3]
 

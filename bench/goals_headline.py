@@ -1,7 +1,7 @@
-"""Issue 20's goals at a glance: one line per goal, paper and regime, picked from the full table's rows.
+"""The policy goals at a glance: one line per goal, paper and regime, picked from the full table's rows.
 
 The full table (bench.goals_table) holds every run: each policy variant, each re-run with a larger sample,
-each machine. The headline answers what the issue asks of each goal: is it met on this machine, by which
+each machine. The headline answers what each goal asks: is it met on this machine, by which
 policy in which run, and where it is not, how close the closest run came. A line is met when some run met
 it (by the full table's rule: the pooled value and a majority of the repeats); its value is then that
 run's, else the run with the smallest shortfall (how far its pooled value is from the goal).
@@ -13,7 +13,7 @@ run's, else the run with the smallest shortfall (how far its pooled value is fro
 
 from __future__ import annotations
 
-GOALS = (  # (row kind, goal as the issue states it)
+GOALS = (  # (row kind, goal as stated)
     ("adaptive-latency", "mean latency within 5 % of the best fixed k at every load and on the bursty trace"),
     ("adaptive-goodput", "goodput ≥ 1.2× target-only at the lowest load"),
     ("adaserve", "SLO attainment ≥ 1.3× the best baseline where it falls below 70 %"),
@@ -120,7 +120,7 @@ def plot(lines: list[dict], path) -> None:
         ax.axhline(threshold, ls="--", c="black", lw=1)
         ax.set_xticks(range(len(mine)), labels, fontsize=7)
         ax.set_title(f"{label}\n(goal {'≤' if better == 'lower' else '≥'} {threshold:g})", fontsize=9)
-    fig.suptitle("Issue 20's goals: the run that met each (green) or came closest (grey)", fontsize=10)
+    fig.suptitle("The policy goals: the run that met each (green) or came closest (grey)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -1,6 +1,6 @@
-"""Issue 20's goals table: the five papers' policies, each goal checked on the results of its own bench run.
+"""The policy goals table: the five papers' policies, each goal checked on the results of its own bench run.
 
-    python -m bench.goals_table            # reads bench/results/{adaptive,slo,order,faser}-grounded/results.json
+    python -m bench.goals_table            # reads bench/results/{adaptive,slo,order,faser}-{grounded,eagle}/results.json
     python -m bench.goals_table --suffix demo --out bench/results/goals-demo
     python -m bench.goals_table --readme README.md   # also rewrites the README's goals section (between markers)
 
@@ -14,7 +14,7 @@ repeats, with the per-repeat ratios as the spread. A goal counts as met only whe
     laps-sd    mean latency >= 25 % below FCFS at 30 and at 50 requests sent at once
     faser      frontier pipelining + early exit: batch-1 TPOT >= 15 % below serial SD; early exit pruning
                (share of drafted tokens stopped early, from the scheduler's counters); checked on the suffix
-               draft (faser-<suffix>) and on the feature draft over open chat (faser-eagle), the issue's
+               draft (faser-<suffix>) and on the feature draft over open chat (faser-eagle), the goal's
                "early exit measurably pruning on the feature draft's trees"
 
 Writes goals.json, README.md (the table) and summary.png (one panel per paper) under --out.
@@ -242,15 +242,8 @@ def repeat_noise(results: dict) -> float | None:
 
 def calibration_lines(root: Path, suffix: str) -> list[str]:
     """One line per adaptive results folder: which fixed configurations would meet the latency goal themselves."""
-    lines = []
-    for s in dict.fromkeys([suffix, FEATURE_DRAFT["adaptive"][0]]):
-        found = [results_of(root, "adaptive", s)]
-        for tail, _ in LARGER_SAMPLE["adaptive"].get(s, []):
-            folder = root / f"adaptive-{s}-{tail}"
-            if (folder / "results.json").is_file():
-                found.append((json.loads((folder / "results.json").read_text()), folder))
-        lines += [_calibration_line(*f) for f in found if f is not None]
-    return lines
+    found = [results_of(root, "adaptive", s) for s in dict.fromkeys([suffix, FEATURE_DRAFT["adaptive"][0]])]
+    return [_calibration_line(*f) for f in found if f is not None]
 
 
 def _calibration_line(results: dict, folder: Path) -> str:
@@ -270,71 +263,14 @@ CALIBRATION_INTRO = ("Calibration of the adaptive latency goal (bench.goals_tabl
 CHECKS = {"adaptive": adaptive, "slo": adaserve, "order": laps, "faser": faser}
 # bench -> (its feature-draft run's suffix, label)
 FEATURE_DRAFT = {bench: ("eagle", " (feature draft, open chat)") for bench in ("adaptive", "slo", "order", "faser")}
-# bench -> {suffix: [(folder tail, label)]}: reruns of a few of its configurations with a larger sample (more
-# requests per load point, more repeats) in <bench>-<suffix>-<tail>: their goals are rows of their own beside the
-# first run's, which stay as measured
-LARGER_SAMPLE = {"adaptive": {
-    "grounded": [("16", " (16 requests per point)"), ("5rep", " (5 repeats, a prompt sample per repeat)")],
-    "eagle": [("5rep", " (feature draft, open chat, 5 repeats, a prompt sample per repeat)"),
-              ("nightjar-5rep", " (feature draft, open chat, 5 repeats, a prompt sample per repeat)"),
-              ("pooled", " (feature draft, open chat, 3 repeats, a prompt sample per repeat, fixed k of 0-3 only)"),
-              ("joint-drift", " (feature draft, open chat, 5 repeats, a prompt sample per repeat)"),
-              ("local", " (feature draft, open chat, 5 repeats, a prompt sample per repeat)"),
-              ("bounds", " (feature draft, open chat, 3 repeats, a prompt sample per repeat, float32 on an AMD EPYC "
-                         "without AVX-512: no fixed k would meet the goal itself in this run)"),
-              ("weighted", " (feature draft, open chat, 3 repeats, a prompt sample per repeat, float32 on an AMD EPYC "
-                           "without AVX-512: again no fixed k would meet the goal itself in this run)"),
-              ("amd-ref", " (feature draft, open chat, 3 repeats, a prompt sample per repeat, float32 on an AMD EPYC "
-                          "without AVX-512, SmartSpec per request beside them as the reference that met the goal on "
-                          "the Intel machines: no fixed k would meet the goal itself in this run)"),
-              ("intel", " (feature draft, open chat, 5 repeats, a prompt sample per repeat, bfloat16 on an Intel "
-                        "Xeon, the eleventh and twelfth sessions' Nightjar variants and faser-joint: again no fixed k "
-                        "would meet the goal itself in this run)"),
-              ("intel-quiet", " (feature draft, open chat, 5 repeats, a prompt sample per repeat, bfloat16 on an Intel "
-                              "Xeon that a short probe first read as quiet: one repeat misread two fixed k by 6.1 %)"),
-              ("profiled", " (feature draft, open chat, 3 repeats, a prompt sample per repeat, bfloat16 on an Intel "
-                           "Xeon, with the target's profile, which the runs from the ninth session on lacked; the first "
-                           "repeat's first three configurations at the lowest load ran beside unit tests)")],
-}, "slo": {
-    "eagle": [("3x", " (feature draft, open chat, 5 repeats at 3x)"),
-              ("depth", " (feature draft, open chat, 3 repeats at 2x and 3x, the drafting depth priced beside the "
-                        "marginal rule)"),
-              ("paced", " (feature draft, open chat, 5 repeats at 3x and 3.5x, SpecInfer left out)"),
-              ("band", " (feature draft, open chat, 4 repeats at 3x and 3.5x, the strongest baselines of the earlier "
-                       "runs beside the priced, paced, triaged AdaServe)")],
-}}  # fmt: skip
-
-
-def _by_factor(results: dict) -> dict[float, str]:
-    """Load factor (x batch-1 capacity, ``--rate-factors``) -> the sweep's load key (rates ascend with factors)."""
-    loads = sorted(results.get("sweep") or {}, key=lambda load: float(load.split("=")[1]))
-    factors = sorted((results.get("options") or {}).get("rate_factors") or [])
-    return dict(zip(factors, loads)) if len(factors) == len(loads) else {float(i): lo for i, lo in enumerate(loads)}
-
-
-def merged_adaptive(low: dict, high: dict) -> dict:
-    """A rerun of the higher loads (``adaptive-<suffix>-high``) over the first run: the first run's loads at the
-    factors the rerun did not measure (each run's rates are factors of its own measured capacity), then the
-    rerun's loads and bursty trace; the command names both."""
-    redone = _by_factor(high)
-    kept = {f: lo for f, lo in _by_factor(low).items() if f not in redone}
-    sweep = {lo: low["sweep"][lo] for lo in kept.values()} | (high.get("sweep") or {})
-    sweep = dict(sorted(sweep.items(), key=lambda item: float(item[0].split("=")[1])))
-    factors = ", ".join(f"{f:g}x" for f in kept)
-    return {**high, "sweep": sweep, "bursty": high.get("bursty") or low.get("bursty") or {},
-            "command": f"{low.get('command')} (its {factors} loads) + {high.get('command')}"}  # fmt: skip
 
 
 def results_of(root: Path, bench: str, suffix: str) -> tuple[dict, Path] | None:
-    """A bench's results and folder; the adaptive bench's merged with its high-load rerun when there is one."""
+    """A bench's results and folder: the current run of that bench in that regime, ``<bench>-<suffix>``."""
     folder = root / f"{bench}-{suffix}"
     if not (folder / "results.json").is_file():
         return None
-    results = json.loads((folder / "results.json").read_text())
-    high = root / f"{bench}-{suffix}-high"
-    if bench == "adaptive" and (high / "results.json").is_file():
-        return merged_adaptive(results, json.loads((high / "results.json").read_text())), high
-    return results, folder
+    return json.loads((folder / "results.json").read_text()), folder
 
 
 def collect(root: Path, suffix: str) -> list[dict]:
@@ -343,22 +279,11 @@ def collect(root: Path, suffix: str) -> list[dict]:
         found = results_of(root, bench, suffix)
         if found is not None:
             rows += check(*found)
-        rows += _reruns(root, bench, suffix, check)
         if bench in FEATURE_DRAFT and suffix != FEATURE_DRAFT[bench][0]:
             other, label = FEATURE_DRAFT[bench]
             found = results_of(root, bench, other)
             if found is not None:
                 rows += check(*found, draft=label)
-            rows += _reruns(root, bench, other, check)
-    return rows
-
-
-def _reruns(root: Path, bench: str, suffix: str, check) -> list[dict]:
-    rows = []
-    for tail, label in LARGER_SAMPLE.get(bench, {}).get(suffix, []):
-        folder = root / f"{bench}-{suffix}-{tail}"
-        if (folder / "results.json").is_file():
-            rows += check(json.loads((folder / "results.json").read_text()), folder, draft=label)
     return rows
 
 
@@ -386,7 +311,7 @@ def readme_section(rows: list[dict], out: Path, readme: Path) -> str:
             f"({rel}/README.md) has every row behind these lines ({sum(r['met'] for r in rows)} of {len(rows)} met: "
             "each policy variant in each run) and the adaptive goal's noise floor on the same runs.", "",
             goals_headline.markdown(lines, str(rel.parent)), "",
-            f"![issue 20's goals, one panel per paper]({rel}/summary.png)", "", README_END]  # fmt: skip
+            f"![the policy goals, one panel per paper]({rel}/summary.png)", "", README_END]  # fmt: skip
     return "\n".join(text)
 
 
@@ -471,7 +396,7 @@ def main(
     goals_headline.plot(goals_headline.headline(rows), out / "summary.png")
     plot(rows, root, suffix, out / "runs.png")
     met = sum(r["met"] for r in rows)
-    text = [f"# Issue 20's goals: the policies where speculation pays ({suffix})", "",
+    text = [f"# The papers' policy goals where speculation pays ({suffix} and feature-draft regimes)", "",
             f"Generated by `python -m bench.goals_table --suffix {suffix}` from the results folders linked in the table; "
             f"{met} of {len(rows)} goals met. A goal is met when the pooled value meets it and so does "
             "a majority of the repeats.", "", "## At a glance: one line per goal, paper and regime", "",

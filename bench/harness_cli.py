@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from bench import offload
+from bench import harness, offload
 from bench.configs import BATCH1_PEERS, SWEEP_PEERS
 from bench.options import (
     GROUNDED_MAX_PROMPT_TOKENS,
@@ -104,8 +104,6 @@ def main(
     profile: bool = typer.Option(True, help="With a preset (--adaptive, --slo, --order, --faser, --offload): profile "
                                  "the target and the draft first when this machine has no profile of them."),
 ) -> None:
-    from bench import harness
-
     _stop_on_sigterm()
     if workload not in WORKLOADS:
         raise typer.BadParameter(f"--workload: one of {', '.join(WORKLOADS)}, got {workload!r}")

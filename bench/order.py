@@ -5,7 +5,7 @@
     write(results, out_dir)  order_summary.json + order_latency.png; the table on the console
 
 ``mean_vs_fcfs`` is the mean latency relative to FCFS at the same load
-(0.75 = 25 % lower, LAPS-SD's goal in issue 7); ``replayed_order_vs_fcfs`` (per repeat) the order the
+(0.75 = 25 % lower, LAPS-SD's goal); ``replayed_order_vs_fcfs`` (per repeat) the order the
 policy admitted in, replayed on FCFS's work and costs (bench/order_replay.py: the order alone, without
 the machine's drift between runs or what preemption changed); ``mean_tokens`` and
 ``bound_length_rank_corr`` (Spearman's ρ of max_new_tokens and the actual

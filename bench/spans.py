@@ -5,7 +5,7 @@
         ... run the stack with env, stop it (the services flush their spans on SIGTERM) ...
         spans = sink.spans()                  # list[Span], from all three services
 
-The spans are the ones DESIGN §6 specifies (scheduler phases, model-service
+The spans are the ones architecture.md §6 specifies (scheduler phases, model-service
 server spans); bench.overhead reads where iteration time goes from them. The
 batch processor's queue is raised so a busy run drops nothing, and its delay
 shortened so spans arrive while the run goes on.

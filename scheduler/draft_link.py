@@ -1,5 +1,5 @@
 """The loop's side of the draft service: may it be used, what may it still hold, when to try it again,
-and how requests get (back) onto it (DESIGN §4: a failed draft degrades to plain decoding).
+and how requests get (back) onto it (architecture.md §4: a failed draft degrades to plain decoding).
 
     up ──a call fails──▶ down (every request it held is now "stale": released on recovery)
      ▲                     │ backoff: retry_initial_s, doubling up to retry_max_s

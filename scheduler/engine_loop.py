@@ -1,4 +1,4 @@
-"""The iteration loop (DESIGN §2): admit → prefill → plan → speculate → select → verify → commit.
+"""The iteration loop (architecture.md §2): admit → prefill → plan → speculate → select → verify → commit.
 
     submit() ─▶ waiting ──admit──▶ running ──finish/abort/fail──▶ (released on both workers)
                    ▲                  │

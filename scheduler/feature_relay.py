@@ -1,4 +1,4 @@
-"""Relaying target features to a feature-level (EAGLE-family) draft: the scheduler's side of DESIGN §3.
+"""Relaying target features to a feature-level (EAGLE-family) draft: the scheduler's side of architecture.md §3.
 
 The target returns the features of the tokens each prefill and verify
 committed; the scheduler holds them per request until the next draft call for

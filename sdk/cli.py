@@ -3,9 +3,11 @@
     tandem up [--pair demo|tiny]          Redis + target + draft + scheduler on loopback, until Ctrl-C
     tandem up --draft-model ngram         ... with model-free prompt lookup as the draft
     tandem up --draft-model suffix        ... with model-free suffix-tree drafting (suffix:alpha=2,... for options)
+    tandem up --target-model DIR --draft-model DIR   your own pair (docs/models.md#your-own-pair)
     tandem serve target|draft|scheduler   one service, configured by TANDEM_* variables (what compose runs)
     tandem generate "Once upon" --max-new-tokens 32 --spec 4 --slo-tpot-ms 50
     tandem status                         the scheduler's Info and health
+    tandem --version
     tandem models list|prepare|check      model pairs (shared.models.cli)
     tandem profile [--pair tiny --quick]  verify cost of the target: budget B, cost model (shared.profiling.cli)
     tandem profile --shares               draft and target latency per share of the machine (FASER §4.4)
@@ -37,6 +39,24 @@ from shared.profiling.cli import profile
 app = typer.Typer(help="Tandem: LLM serving with SLO-aware speculative decoding.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.command()(profile)
+
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from services.version import service_version
+
+        typer.echo(f"tandem {service_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
+                                          help="Print Tandem's version and exit.")] = False,  # fmt: skip
+) -> None:
+    """Tandem: LLM serving with SLO-aware speculative decoding."""
+
 
 DEFAULT_ADDR = "127.0.0.1:50051"
 AddrOption = Annotated[str, typer.Option("--addr", envvar="TANDEM_ADDR", help="host:port of the scheduler.")]
@@ -78,16 +98,54 @@ def serve(role: Annotated[Role, typer.Argument(help="Which service to run.")]) -
 
     from services.settings import ServiceSettings
 
-    settings = ServiceSettings.from_env()
+    from shared.engine.errors import ModelLoadError
+
+    settings = _settings_or_exit(role)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if role is Role.scheduler:
-        from services.scheduler.main import serve as serve_scheduler
+    try:
+        if role is Role.scheduler:
+            from services.scheduler.main import serve as serve_scheduler
 
-        asyncio.run(serve_scheduler(settings))
-    else:
-        from services.model_main import serve as serve_model
+            asyncio.run(serve_scheduler(settings))
+        else:
+            from services.model_main import serve as serve_model
 
-        asyncio.run(serve_model(settings, role.value))
+            asyncio.run(serve_model(settings, role.value))
+    except ModelLoadError as exc:  # a model the settings name that cannot be served: a setting, not a crash
+        _bad_setting(role, str(exc))
+
+
+def _settings_or_exit(role: Role):
+    """ServiceSettings from TANDEM_* variables; a value that does not parse ends the command with one line, exit 2."""
+    from pydantic import ValidationError
+
+    from services.settings import ServiceSettings
+
+    try:
+        settings = ServiceSettings.from_env()
+        if role is Role.scheduler:  # its policies by name: checked before it waits for the model services
+            from services.scheduler.policies import queue_policy, speculation_policy
+
+            speculation_policy(settings.speculation_policy)
+            queue_policy(settings.queue_policy)
+    except ValidationError as exc:
+        _bad_setting(role, "; ".join(_setting_problem(err) for err in exc.errors(include_url=False)))
+    except ValueError as exc:
+        _bad_setting(role, str(exc))
+    return settings
+
+
+def _setting_problem(err: dict) -> str:
+    """One pydantic error as the variable that caused it: ``TANDEM_PORT='abc': Input should be a valid integer``."""
+    field = str(err["loc"][0]) if err.get("loc") else ""
+    name = f"TANDEM_{field.upper()}" if field else "settings"
+    given = f"={err['input']!r}" if field and isinstance(err.get("input"), str | int | float) else ""
+    return f"{name}{given}: {err['msg']}"
+
+
+def _bad_setting(role: Role, message: str) -> None:
+    typer.echo(f"tandem serve {role.value}: {' '.join(message.split())}", err=True)
+    raise typer.Exit(2)
 
 
 @app.command()
@@ -108,6 +166,11 @@ def up(
         ),
     ] = "fixed",
     draft: Annotated[bool, typer.Option(help="Run the draft service (when its model is prepared).")] = True,
+    target_model: Annotated[
+        str | None,
+        typer.Option(help="Your own target: an HF directory (config.json + safetensors) or a .gguf of the Llama, "
+                     "Qwen2, Qwen3 or Mistral families; unset = the pair's (docs/models.md#your-own-pair)."),
+    ] = None,
     draft_model: Annotated[
         str | None,
         typer.Option(help="Draft model path or name, or a model-free draft: ngram[:MIN-MAX] (prompt lookup) or "
@@ -146,7 +209,8 @@ def up(
     try:
         config = LaunchConfig(
             pair=pair, port=port, metrics_port=metrics_port, http_port=http_port, redis_url=redis_url,
-            speculation_policy=speculation_policy, draft=draft, draft_model=draft_model, home=home, device=device, dtype=dtype,
+            speculation_policy=speculation_policy, draft=draft, target_model=target_model, draft_model=draft_model,
+            home=home, device=device, dtype=dtype,
             log_dir=log_dir, draft_share=draft_share, share_batch=share_batch, share_chunk=share_chunk,
             draft_threads=draft_threads, target_threads=target_threads,
             **_launch_tls(tls_cert, tls_key, tls_ca, internal_tls_cert, internal_tls_key, internal_tls_ca, internal_mtls),

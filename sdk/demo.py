@@ -1,17 +1,21 @@
 """`make demo`: the whole system on this machine, a mixed-SLO workload through the SDK, a report.
 
-    python -m sdk.demo [--pair demo] [--requests 12] [--max-new-tokens 64]
+    python -m sdk.demo [--pair demo|eagle] [--draft-model ngram|suffix|PATH] [--requests 12] [--max-new-tokens 64]
 
-1. ``services.launcher`` starts Redis, target, draft and scheduler on loopback
-   (the pair's draft is used when it is prepared; without it every request
-   decodes plainly and the report says so).
+1. ``services.launcher`` starts Redis, target, draft and scheduler on loopback.
+   By default the draft is ``DEMO_DRAFT``: of the drafts that are prepared
+   offline in seconds, the one with the highest mean accepted length on these
+   prompts (measured by ``python -m bench.demo_drafts``:
+   bench/results/demo-drafts/). ``--pair`` / ``--draft-model`` serve another;
+   without a draft every request decodes plainly and the report says so.
 2. One warm-up request alone measures this machine's TPOT; the SLO classes
    are multiples of it (tight 2x, standard 4x, relaxed 8x, plus best effort),
    so the demo means the same on a laptop and on a loaded CI box.
 3. A dozen chat requests arrive together, spread over the SLO classes and
    over speculation modes (server policy, off, fixed k = 2 and 4).
 4. A table per request (TTFT, TPOT, SLO met, accepted length) and totals
-   (throughput, goodput, SLO attainment), then everything is stopped.
+   (the draft served with, its mean accepted length, throughput, goodput,
+   SLO attainment), then everything is stopped.
 """
 
 from __future__ import annotations
@@ -48,6 +52,18 @@ QUESTIONS = [
 # (class name, TPOT target as a multiple of the lone-request TPOT; None = best effort)
 SLO_CLASSES: list[tuple[str, float | None]] = [("tight", 2.0), ("standard", 4.0), ("relaxed", 8.0), ("none", None)]
 SPECULATION: list[str | int] = ["auto", "off", 2, 4]
+
+
+@dataclass(frozen=True)
+class DemoDraft:
+    label: str  # what the report names
+    pair: str  # the model pair (tandem models list) whose target, and unless draft_model is set draft, serve
+    draft_model: str | None = None  # a draft other than the pair's: ngram, suffix, or a model name or path
+
+
+# The strongest prepared draft on QUESTIONS: the highest mean accepted length at k = 4 in
+# bench/results/demo-drafts/results.json (tests/sdk/test_demo.py holds the two together).
+DEMO_DRAFT = DemoDraft(label="smollm2-eagle3 (EAGLE-3 head)", pair="eagle")
 
 
 @dataclass
@@ -102,7 +118,8 @@ async def run(address: str, num_requests: int, max_new_tokens: int) -> tuple[lis
     return requests, results, wall_s, base_tpot_ms
 
 
-def report(console: Console, requests: list[DemoRequest], results: list, wall_s: float, base_tpot_ms: float) -> None:
+def report(console: Console, requests: list[DemoRequest], results: list, wall_s: float, base_tpot_ms: float,
+           draft: str | None = None) -> None:
     table = Table(title="Mixed-SLO workload (times in ms; acc = tokens per verify step)", title_justify="left")
     for column in ("#", "class", "SLO", "spec", "tokens", "TTFT", "TPOT", "met", "acc", "end"):
         table.add_column(column, justify="left" if column in ("class", "spec", "end") else "right", no_wrap=True)
@@ -127,6 +144,7 @@ def report(console: Console, requests: list[DemoRequest], results: list, wall_s:
     with_slo = [r for r, q in zip(results, requests) if q.slo_tpot_ms is not None and not isinstance(r, BaseException)]
     speculating = [r for r in ok if r.stats.num_draft_tokens]
     totals = Table(show_header=False, title="Totals", title_justify="left")
+    totals.add_row("draft", draft or "none (plain decoding)")
     totals.add_row("requests", f"{len(ok)} of {len(requests)} finished")
     totals.add_row("lone-request TPOT (SLO unit)", f"{base_tpot_ms:.1f} ms")
     totals.add_row("wall time", f"{wall_s:.1f} s")
@@ -146,20 +164,41 @@ def report(console: Console, requests: list[DemoRequest], results: list, wall_s:
         console.print(f"[dim]request 0 answered:[/] {ok[0].text.strip()[:200]!r}")
 
 
+def demo_draft(pair: str | None, draft_model: str | None) -> DemoDraft:
+    """DEMO_DRAFT unless the command line names a pair or a draft; then that pair's draft, or the one named."""
+    if pair is None and draft_model is None:
+        return DEMO_DRAFT
+    pair = pair or DEMO_DRAFT.pair
+    if draft_model:
+        return DemoDraft(label=draft_model, pair=pair, draft_model=draft_model)
+    from shared.models.registry import PAIRS
+
+    known = PAIRS.get(pair)
+    return DemoDraft(label=known.draft.name if known and known.draft else f"the {pair} pair's draft", pair=pair)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sdk.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--pair", default="demo", help="model pair (tandem models list); default: demo")
+    parser.add_argument("--pair", default=None, help=f"model pair (tandem models list); default: {DEMO_DRAFT.pair}, "
+                        f"serving {DEMO_DRAFT.label}")  # fmt: skip
+    parser.add_argument("--draft-model", default=None, help="a draft other than the pair's: ngram, suffix, a model")
     parser.add_argument("--requests", type=int, default=12, help="concurrent requests (default 12)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="longest answer (default 64)")
     args = parser.parse_args(argv)
+    draft = demo_draft(args.pair, args.draft_model)
 
     from services.launcher import LaunchConfig, LaunchError, launch  # the services pull in torch
+    from shared.models import registry
+    from shared.models.paths import Paths
 
     console = Console()
-    console.print(f"[bold]Tandem demo[/]: starting Redis, target, draft and scheduler ({args.pair} pair) ...")
+    if draft.pair in registry.PAIRS:  # idempotent: seconds when prepared (make demo prepares the demo pair)
+        registry.prepare(registry.PAIRS[draft.pair], Paths.resolve(None), console)
+    console.print(f"[bold]Tandem demo[/]: starting Redis, target, draft and scheduler ({draft.pair} pair, "
+                  f"draft {draft.label}) ...")  # fmt: skip
     t = time.perf_counter()
     try:
-        with launch(LaunchConfig(pair=args.pair, port=0, metrics_port=0)) as stack:
+        with launch(LaunchConfig(pair=draft.pair, draft_model=draft.draft_model, port=0, metrics_port=0)) as stack:
             e = stack.endpoints
             console.print(
                 f"up in {time.perf_counter() - t:.0f} s: scheduler {e.scheduler}, target {e.target}, "
@@ -167,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             console.print(f"serving {args.requests} concurrent requests ...")
             requests, results, wall_s, base = asyncio.run(run(e.scheduler, args.requests, args.max_new_tokens))
-            report(console, requests, results, wall_s, base)
+            report(console, requests, results, wall_s, base, draft=draft.label if e.draft else None)
             console.print("stopping ...")
     except LaunchError as exc:
         console.print(f"[red]could not start the stack:[/] {exc}")

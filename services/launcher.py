@@ -1,4 +1,4 @@
-"""One machine, no containers (DESIGN §8): Redis and the three services as child processes on loopback.
+"""One machine, no containers (architecture.md §8): Redis and the three services as child processes on loopback.
 
     with launch(LaunchConfig(pair="tiny")) as stack:      # returns once all three report SERVING
         Client(stack.endpoints.scheduler).generate(...)

@@ -2,7 +2,7 @@
 
 The tracing interceptor (shared.rpc.interceptors) opens one SERVER span per
 RPC, parented on the scheduler's span, and makes it current while the handler
-runs; handlers only add what the call was about (DESIGN §6: batch size, k or
+runs; handlers only add what the call was about (architecture.md §6: batch size, k or
 tree size, accepted length), as ``tandem.*`` attributes.
 """
 

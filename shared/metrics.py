@@ -1,4 +1,4 @@
-"""Prometheus metrics of the serving loop (DESIGN §6), on a registry of their own.
+"""Prometheus metrics of the serving loop (architecture.md §6), on a registry of their own.
 
     metrics = TandemMetrics()                      # its own CollectorRegistry, not the global one
     server, thread = start_http_server(9400, metrics.registry)

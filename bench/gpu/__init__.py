@@ -1,4 +1,4 @@
-"""The GPU kit: validate and measure Tandem on a lent GPU with prepared commands (docs/gpu.md).
+"""The GPU kit: validate and measure Tandem on a borrowed GPU with prepared commands (docs/gpu.md).
 
     here         make gpu-kit     kit.py      wheels + demo GGUF cut into loads under .gpu-kit/, the calls printed
     GPU machine  stage            kit.py      one call per load but the last: copy it into the staging directory

@@ -1,4 +1,4 @@
-"""The GPU kit: what a lent GPU machine needs beyond its image, cut into loads that fit one call each.
+"""The GPU kit: what a borrowed GPU machine needs beyond its image, cut into loads that fit one call each.
 
 The device tool sends the working tree plus carried ignored paths, 64 MiB in all per call, to a
 machine that cannot reach the internet. Tandem needs there about 130 MB more than its image holds,
@@ -169,7 +169,7 @@ def wheel_requirements(path: Path) -> list[str]:
     return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Requires-Dist:")]
 
 
-# What the GPU sessions move out of the checkout for their calls (docs/gpu.md, "Keeping the tree small"):
+# What a GPU run moves out of the checkout for their calls (docs/gpu.md, "Keeping the tree small"):
 # the GPU run reads none of it, and the whole checkout no longer fits one call beside a load.
 GPU_ASIDE = ("bench/results", "shared/models/weights/tiny-trained", "shared/models/weights/smollm2-eagle3")
 
@@ -281,7 +281,7 @@ def check_plan(plan: dict, tree: int | None = None) -> list[str]:
 
 
 def format_plan(plan: dict) -> str:
-    """The carry list and the exact device calls, for a person or a session to follow."""
+    """The carry list and the exact device calls, for a person or an agent to follow."""
     mb = lambda n: f"{n / MIB:.1f} MiB"  # noqa: E731
     lines = [
         f"GPU kit {plan['kit_id']}: {len(plan['loads'])} loads under .gpu-kit/ "
@@ -292,7 +292,7 @@ def format_plan(plan: dict) -> str:
         lines.append(f"  .gpu-kit/{load['name']}: {mb(load['bytes'])}, {len(load['files'])} files; "
                      f"call total {mb(plan['tree_bytes'] + load['bytes'])}")  # fmt: skip
     lines.append("carry paths: " + ", ".join(f".gpu-kit/{ld['name']}" for ld in plan["loads"]))
-    lines.append("On a lent GPU, these device `run` calls in this order, back to back (the machine stays warm 30 s "
+    lines.append("On a borrowed GPU, these device `run` calls in this order, back to back (the machine stays warm 30 s "
                  "after a call, and what is staged lives only as long as it does):")  # fmt: skip
     for i, c in enumerate(plan["calls"], 1):
         lines.append(f"  {i}. run(carry={json.dumps(c['carry'])}, timeout_s={c['timeout_s']}, "

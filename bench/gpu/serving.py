@@ -8,7 +8,7 @@ configurations), with the stacks launched on CUDA in bfloat16 (attention "auto":
 installed) and fewer requests::
 
     faser   FASER_SWEEP (serial, +pipelining, +early exit, both) at batch 1 only: 4 prompts x 64 tokens
-            (issue 8's goal is batch-1 TPOT); the stacks' draft share 0.5 is an MPS split, so an MPS
+            (FASER's goal is batch-1 TPOT); the stacks' draft share 0.5 is an MPS split, so an MPS
             daemon runs for the stage (its own pipe directory; recorded as "mps" in the result)
     slo     SLO_SWEEP less AdaServe's options (target-only, a chain of 3, SpecInfer, EqualGreedy,
             GlobalGreedy, AdaServe as printed: a seventh stack would not fit the stage's device time) on the
@@ -17,7 +17,7 @@ installed) and fewer requests::
 
 Both interleave (every stack up at once, started together: one after the other, each took ~25 s
 on an H200, 2026-11-28, and the stage's budget ran out before the last configurations).
-``--long`` keeps the presets' full sizes (for a session with device time to spare). The harness
+``--long`` keeps the presets' full sizes (for a machine with time to spare). The harness
 writes results.json and its plots into --out-dir; a summary of what ran is added as gpu_serving.
 """
 

@@ -1,4 +1,4 @@
-"""Step costs of a GPU nobody lent us: the roofline of a named GPU and a model shape.
+"""Step costs of a GPU this project has no machine of: the roofline of a named GPU and a model shape.
 
 One forward of N batched tokens over b sequences that attend to C cached tokens::
 

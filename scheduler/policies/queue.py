@@ -1,4 +1,4 @@
-"""Who runs: admission and order (DESIGN §2 step 1).
+"""Who runs: admission and order (architecture.md §2 step 1).
 
 Capacity is a worst-case reservation: a running request holds
 ``len(prompt_ids) + max_new_tokens`` tokens of the budget from admission to

@@ -1,4 +1,4 @@
-"""Which drafted nodes to verify (DESIGN §2 step 5; AdaServe §4.3, Algorithm 2).
+"""Which drafted nodes to verify (architecture.md §2 step 5; AdaServe §4.3, Algorithm 2).
 
 The draft returns candidate trees; a selector prunes each to a subtree so that
 the batch fits the verify token budget B. Every function here keeps the one

@@ -1,4 +1,4 @@
-"""Learned policy state that survives restarts and is shared by scheduler replicas (DESIGN §6).
+"""Learned policy state that survives restarts and is shared by scheduler replicas (architecture.md §6).
 
 A learning policy keeps what it learned as one JSON-able dict and changes it
 only through *events* (JSON-able too) and a pure ``apply(state, event)``::

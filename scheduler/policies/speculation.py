@@ -1,4 +1,4 @@
-"""How much to speculate, per request, per iteration (DESIGN §2 step 3, §5).
+"""How much to speculate, per request, per iteration (architecture.md §2 step 3, §5).
 
 A policy looks at the whole batch (costs depend on batch size) and returns one
 ``SpecShape`` per request. ``plan_shapes`` then applies what is not the

@@ -2,13 +2,17 @@
 
 The error interceptor (shared.rpc.interceptors) turns them into statuses, so
 the servicer holds no try/except. Messages are written for the client: they
-say which field is wrong and what would be accepted.
+say which field is wrong and what would be accepted. They share their root,
+``shared.errors.TandemError``, with the engine's errors; each also derives from
+the builtin it refines (ValueError, LookupError, RuntimeError).
 """
 
 from __future__ import annotations
 
+from shared.errors import TandemError
 
-class TandemRequestError(ValueError):
+
+class TandemRequestError(TandemError, ValueError):
     """A malformed request (INVALID_ARGUMENT)."""
 
     grpc_code = "INVALID_ARGUMENT"
@@ -32,13 +36,13 @@ class DuplicateRequestError(TandemRequestError):
     grpc_code = "ALREADY_EXISTS"
 
 
-class UnknownRequestError(LookupError):
+class UnknownRequestError(TandemError, LookupError):
     """No live or recently finished request has this id (NOT_FOUND)."""
 
     grpc_code = "NOT_FOUND"
 
 
-class QueueFullError(RuntimeError):
+class QueueFullError(TandemError, RuntimeError):
     """The scheduler's queue is at TANDEM_MAX_QUEUE (RESOURCE_EXHAUSTED); retry after ``retry_after_ms``.
 
     The hint also travels as trailing metadata ``grpc-retry-pushback-ms``, the key gRPC's retry

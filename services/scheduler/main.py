@@ -43,7 +43,7 @@ from redis.exceptions import RedisError
 import shared.rpc  # noqa: F401 - builds the generated code if needed
 from scheduler.engine_loop import Scheduler, SchedulerConfig
 from scheduler.target_link import TargetRecoveryConfig
-from scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker
+from services.scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker
 from scheduler.policies.elastic_memory import ElasticDraftMemory, ElasticMemoryConfig, PoolGrowth
 from scheduler.workers import RealClock
 from services.version import service_version

@@ -1,6 +1,6 @@
 """Request (scheduler) -> GenerateSummary (wire): finish reason, latencies, SLO outcome, acceptance.
 
-Definitions, shared with the metrics and the Redis records (DESIGN §6)::
+Definitions, shared with the metrics and the Redis records (architecture.md §6)::
 
     TTFT   = t_first - t_arrival
     TPOT   = (t_last - t_first) / (n - 1)                      0 for n < 2

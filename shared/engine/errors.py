@@ -4,11 +4,15 @@ Every error the engine raises on bad input derives from ``EngineError`` and
 leaves the engine usable: nothing is allocated before validation passes, and
 a failed forward releases what it took. The gRPC layer maps each class to a
 status code (``grpc_code``) so handlers need no try/except of their own.
+The root, shared with the scheduler service's request errors, is
+``shared.errors.TandemError``.
 """
 
+from shared.errors import TandemError
 
-class EngineError(Exception):
-    """Base class; ``grpc_code`` names the gRPC status the services return."""
+
+class EngineError(TandemError):
+    """Base class of the engine's errors; ``grpc_code`` names the gRPC status the services return."""
 
     grpc_code = "INTERNAL"
 

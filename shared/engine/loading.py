@@ -23,6 +23,10 @@ from shared.engine import vocab_subset
 from shared.engine.errors import ModelLoadError
 from shared.engine.tokenizer_dir import has_tokenizer
 
+# The decoder families the engine drives (runner.py: embed_tokens, rotary_emb, layers whose attention calls the
+# "tandem" function); each is tested on a tiny model (tests/conftest.py FAMILIES, shared/models/tiny.py).
+SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -113,6 +117,10 @@ def load_causal_lm(
         )
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
         raise ModelLoadError(f"cannot load a causal LM from {str(path)!r}: {e}") from e
+    family = getattr(model.config, "model_type", None)
+    if family not in SUPPORTED_FAMILIES:
+        raise ModelLoadError(f"{str(path)!r} is a {family!r} model; the engine runs the {', '.join(SUPPORTED_FAMILIES)} "
+                             "families (docs/models.md#your-own-pair)")  # fmt: skip
     subset = vocab_subset.read(model_dir)
     if subset is not None:  # a draft that only ever proposes its target's frequent tokens
         try:

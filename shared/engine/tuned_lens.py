@@ -4,7 +4,7 @@ FASER's early exit (§4.2) prunes a drafted token when it falls outside the top-
 of its parent row's *intermediate* logits. The paper reads them with the final
 norm and LM head straight off layer l (the "logit lens"), which works for the
 8B-class models it serves. SmolLM2-135M's middle layers do not rank the final
-choice that way (``bench.exit_signal``: half of the accepted tokens fall outside
+choice that way (``bench.diagnostics.exit_signal``: half of the accepted tokens fall outside
 the logit lens's top 10 at L/2), so early exit there prunes accepted tokens as
 often as rejected ones. A tuned lens (Belrose et al. 2023, "Eliciting Latent
 Predictions from Transformers with the Tuned Lens") fixes the reading, not the

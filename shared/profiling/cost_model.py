@@ -3,7 +3,7 @@
 What the profiler measures is one ``ForwardCost`` per target forward. Two
 things are fitted from them:
 
-1. The linear cost model every policy shares (SmartSpec §4, DESIGN §5.2)::
+1. The linear cost model every policy shares (SmartSpec §4, architecture.md §5)::
 
        T_fwd = alpha * N_context + gamma * N_batched + delta
 

@@ -10,7 +10,7 @@ The error interceptor is the outer one, so the span sees the original
 exception (type, stack) and the caller sees a clean status. Mapping, first
 match wins (see ``status_for_exception``):
 
-    has ``grpc_code`` (EngineError and subclasses)  → that code, str(exc)
+    has ``grpc_code`` (shared.errors.TandemError)  → that code, str(exc)
     pydantic.ValidationError, ValueError             → INVALID_ARGUMENT
     NotImplementedError                              → UNIMPLEMENTED
     TimeoutError (asyncio's too)                     → DEADLINE_EXCEEDED

@@ -1,4 +1,4 @@
-"""Issue 6's goal check on a hand-made results dict: best fixed in hindsight, pooled and per-run distances."""
+"""The adaptive-length goal check on a hand-made results dict: best fixed in hindsight, pooled and per-run distances."""
 
 import pytest
 

@@ -45,10 +45,11 @@ def test_faser_flag_presets_what_the_command_line_does_not_give(monkeypatch):
     from typer.testing import CliRunner
 
     import bench.harness as harness
+    import bench.harness_cli as harness_cli
 
     got = []
     monkeypatch.setattr(harness, "run_bench", lambda opts: got.append(opts) or {})
-    result = CliRunner().invoke(harness.app, ["--faser", "--pair", "tiny", "--rate-factors", "1"])
+    result = CliRunner().invoke(harness_cli.app, ["--faser", "--pair", "tiny", "--rate-factors", "1"])
     assert result.exit_code == 0, result.output
     (opts,) = got
     assert opts.name == "faser" and opts.sweep == list(FASER_SWEEP) and opts.batch1 == list(FASER_SWEEP)

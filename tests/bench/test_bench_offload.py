@@ -51,6 +51,7 @@ def test_preset_and_flag(monkeypatch, tiny):
     from typer.testing import CliRunner
 
     import bench.harness as harness
+    import bench.harness_cli as harness_cli
 
     opts = offload_options()
     assert opts.sweep == list(OFFLOAD_SWEEP) and opts.batch1 == [] and opts.rate_factors == []
@@ -62,7 +63,7 @@ def test_preset_and_flag(monkeypatch, tiny):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("TANDEM_NUM_BLOCKS", "80")  # given: kept
     args = ["--offload", "--target", str(tiny[0]), "--draft", str(tiny[1]), "--concurrency", "6"]
-    result = CliRunner().invoke(harness.app, args)
+    result = CliRunner().invoke(harness_cli.app, args)
     assert result.exit_code == 0, result.output
     (opts,) = got
     assert opts.name == "offload" and opts.sweep == list(OFFLOAD_SWEEP) and opts.concurrency == [6]

@@ -31,12 +31,13 @@ def test_order_flag_presets_what_the_command_line_does_not_give(monkeypatch):
     from typer.testing import CliRunner
 
     import bench.harness as harness
+    import bench.harness_cli as harness_cli
 
     got = []
     monkeypatch.setattr(harness, "run_bench", lambda opts: got.append(opts) or {})
     monkeypatch.setattr("bench.order.write", lambda *a, **k: None)
     monkeypatch.delenv("TANDEM_MAX_BATCH_SIZE", raising=False)
-    result = CliRunner().invoke(harness.app, ["--order", "--pair", "tiny", "--concurrency", "2,4"])
+    result = CliRunner().invoke(harness_cli.app, ["--order", "--pair", "tiny", "--concurrency", "2,4"])
     assert result.exit_code == 0, result.output
     (opts,) = got
     assert opts.concurrency == [2, 4] and opts.sweep == list(ORDER_SWEEP) and opts.name == "order"

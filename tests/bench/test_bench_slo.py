@@ -73,11 +73,12 @@ def test_slo_flag_presets_what_the_command_line_does_not_give(monkeypatch):
     from typer.testing import CliRunner
 
     import bench.harness as harness
+    import bench.harness_cli as harness_cli
 
     got = []
     monkeypatch.setattr(harness, "run_bench", got.append)
     args = ["--slo", "--pair", "tiny", "--name", "slo-tiny", "--sweep-requests", "5", "--stringent-shares", "0.5"]
-    result = CliRunner().invoke(harness.app, args)
+    result = CliRunner().invoke(harness_cli.app, args)
     assert result.exit_code == 0, result.output
     (opts,) = got
     assert (opts.name, opts.sweep_requests, opts.stringent_shares) == ("slo-tiny", 5, [0.5])  # given: kept

@@ -1,4 +1,4 @@
-"""Policy benches on another prompt set and draft (issue 20): `--workload grounded --draft-model suffix:...`
+"""Policy benches on another prompt set and draft: `--workload grounded --draft-model suffix:...`
 makes every stack of a bench draft with the suffix tree on grounded prompts, the configurations unchanged."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from bench import harness
+from bench import harness, harness_cli
 from bench.harness import Harness, adaptive_options, run_bench
 from bench.options import GROUNDED_MAX_PROMPT_TOKENS, WORKLOADS, BenchOptions
 from bench.prompts import GROUNDED
@@ -20,19 +20,19 @@ def test_cli_sets_workload_and_stack_draft(monkeypatch):
     got: list[BenchOptions] = []
     monkeypatch.setattr(harness, "run_bench", lambda opts: got.append(opts) or {})
     args = ["--adaptive", "--pair", "tiny", "--workload", "grounded", "--draft-model", SUFFIX]
-    result = CliRunner().invoke(harness.app, args)
+    result = CliRunner().invoke(harness_cli.app, args)
     assert result.exit_code == 0, result.output
     (opts,) = got
     assert set(opts.prompt_mix) == set(GROUNDED) and opts.max_prompt_tokens == GROUNDED_MAX_PROMPT_TOKENS
     assert opts.stack_draft == SUFFIX
-    # the widened fixed-k baselines of issue 20
+    # the widened fixed-k baselines of the grounded runs
     assert [c for c in opts.sweep if c.startswith("tandem-k") or c == "target-only"] == [
         "target-only", "tandem-k1", "tandem-k2", "tandem-k3", "tandem-k5", "tandem-k7"]  # fmt: skip
 
 
 def test_cli_refuses_an_unknown_workload(monkeypatch):
     monkeypatch.setattr(harness, "run_bench", lambda opts: pytest.fail("ran with a bad workload"))
-    result = CliRunner().invoke(harness.app, ["--workload", "poetry"])
+    result = CliRunner().invoke(harness_cli.app, ["--workload", "poetry"])
     assert result.exit_code != 0 and "poetry" in result.output
 
 

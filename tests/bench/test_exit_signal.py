@@ -1,8 +1,8 @@
-"""bench.exit_signal's tally: per layer and K, the shares of rejected (caught) and accepted (false exit) tokens."""
+"""bench.diagnostics.exit_signal's tally: per layer and K, the shares of rejected (caught) and accepted (false exit) tokens."""
 
 import pytest
 
-from bench.exit_signal import KS, summarise
+from bench.diagnostics.exit_signal import KS, summarise
 
 
 def test_shares_per_layer_split_by_verdict():

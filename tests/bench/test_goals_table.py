@@ -1,4 +1,4 @@
-"""bench.goals_table: a high-load rerun of the adaptive bench merges over the first run's lower loads."""
+"""bench.goals_table: each goal checked on the current run of its bench in each regime."""
 
 from __future__ import annotations
 
@@ -6,32 +6,17 @@ import json
 
 import pytest
 
-from bench.goals_table import _met, merged_adaptive, results_of
+from bench.goals_table import _met, results_of
 
 
-def _run(command: str, rates: list[float], bursty: str, factors: list[float] | None = None) -> dict:
-    return {"command": command, "sweep": {f"rate={r}": {"k": r} for r in rates}, "bursty": {bursty: {"k": 0}},
-            "options": {"rate_factors": factors or [float(i + 1) for i in range(len(rates))]}}  # fmt: skip
-
-
-def test_high_load_rerun_replaces_the_loads_it_covers():
-    # each run's rates are factors of its own measured capacity: 2x was 0.607 req/s in one, 0.652 in the other
-    low = _run("first", [0.152, 0.304, 0.607, 1.21], "on=1.21", [0.5, 1, 2, 4])
-    high = _run("rerun", [0.652, 1.3], "on=1.3", [2, 4])
-    merged = merged_adaptive(low, high)
-    assert list(merged["sweep"]) == ["rate=0.152", "rate=0.304", "rate=0.652", "rate=1.3"]
-    assert list(merged["bursty"]) == ["on=1.3"]
-    assert merged["command"] == "first (its 0.5x, 1x loads) + rerun"
-
-
-def test_results_of_reads_the_rerun_beside_the_first_run(tmp_path):
-    for name, run in (("adaptive-g", _run("first", [0.1, 1.0], "b1", [1, 4])), ("adaptive-g-high", _run("rerun", [0.5], "b2", [4])),
-                      ("order-g", {"command": "order"}), ("order-g-high", {"command": "ignored"})):  # fmt: skip
+def test_results_of_reads_only_the_current_folder_of_each_bench_and_regime(tmp_path):
+    for name, run in (("adaptive-g", {"command": "current"}), ("adaptive-g-high", {"command": "an older rerun"}),
+                      ("order-g", {"command": "order"})):  # fmt: skip
         (tmp_path / name).mkdir()
         (tmp_path / name / "results.json").write_text(json.dumps(run))
     results, folder = results_of(tmp_path, "adaptive", "g")
-    assert folder.name == "adaptive-g-high" and list(results["sweep"]) == ["rate=0.1", "rate=0.5"]
-    results, folder = results_of(tmp_path, "order", "g")  # only the adaptive bench has a high-load rerun
+    assert folder.name == "adaptive-g" and results["command"] == "current"
+    results, folder = results_of(tmp_path, "order", "g")
     assert folder.name == "order-g" and results["command"] == "order"
     assert results_of(tmp_path, "slo", "g") is None
 
@@ -155,7 +140,7 @@ def test_repeat_noise_is_the_median_per_repeat_misreading_of_fixed_pairs():
     assert repeat_noise({"sweep": {}}) is None
 
 
-def test_a_larger_sample_rerun_adds_its_own_rows_beside_the_first_run(tmp_path):
+def test_reruns_beside_the_current_folder_add_no_rows(tmp_path):
     from bench.goals_table import collect
 
     def cell(mean: float, runs: list[float], tpot: float = 0.02) -> dict:
@@ -174,11 +159,8 @@ def test_a_larger_sample_rerun_adds_its_own_rows_beside_the_first_run(tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "results.json").write_text(json.dumps(run))
     latency = [r for r in collect(tmp_path, "grounded") if "mean latency" in r["goal"]]
-    # the first run's row stays as measured; the rerun's is a row of its own, named by its sample
-    assert [(r["folder"], r["met"]) for r in latency] == [("adaptive-grounded", False), ("adaptive-grounded-16", True),
-                                                           ("adaptive-eagle", True), ("adaptive-eagle-5rep", False)]  # fmt: skip
-    assert latency[1]["goal"].endswith("(16 requests per point)") and latency[1]["value"] == "1/1 loads; worst +3.0%"
-    assert latency[3]["goal"].endswith("(feature draft, open chat, 5 repeats, a prompt sample per repeat)")
+    assert [(r["folder"], r["met"]) for r in latency] == [("adaptive-grounded", False), ("adaptive-eagle", True)]
+    assert latency[1]["goal"].endswith("(feature draft, open chat)")
 
 
 def test_early_exit_pruning_is_read_at_every_load(tmp_path):

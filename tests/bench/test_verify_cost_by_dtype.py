@@ -1,6 +1,6 @@
-"""bench.verify_cost_by_dtype on a tiny target: a median per chain length, and the probe's sequence released."""
+"""bench.diagnostics.verify_cost_by_dtype on a tiny target: a median per chain length, and the probe's sequence released."""
 
-from bench.verify_cost_by_dtype import verify_ms
+from bench.diagnostics.verify_cost_by_dtype import verify_ms
 from shared.engine.factory import build_target_engine
 from tests.support.tiny_stack import save_tiny_pair
 

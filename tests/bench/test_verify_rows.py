@@ -1,10 +1,10 @@
-"""bench.verify_rows: rows spread over the batch, the fitted line, and a measurement that leaves the runner clean."""
+"""bench.diagnostics.verify_rows: rows spread over the batch, the fitted line, and a measurement that leaves the runner clean."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.verify_rows import line, measure, readme, spread
+from bench.diagnostics.verify_rows import line, measure, readme, spread
 
 
 def test_rows_are_spread_evenly_and_every_sequence_keeps_its_root():
@@ -26,7 +26,7 @@ def test_a_measurement_on_a_tiny_model_rolls_every_forward_back(tiny_llama):
     ms = measure(runner, prompts, [2, 5, 9], repeats=3)
     assert set(ms) == {2, 5, 9} and all(v > 0 for v in ms.values())
     assert runner.cache.num_free_blocks == runner.cache.num_blocks  # every sequence released, nothing leaked
-    text = readme({"name": "r", "command": "python -m bench.verify_rows", "started_unix": 0, "duration_s": 1,
+    text = readme({"name": "r", "command": "python -m bench.diagnostics.verify_rows", "started_unix": 0, "duration_s": 1,
                    "machine": {"cpu_model": "cpu", "cpu_count": 2, "platform": "linux", "torch": "2"},
                    "target": "/m/t", "dtype": "float32", "repeats": 3,
                    "cells": [{"threads": 1, "batch": 2, "median_ms": {"2": 1.0, "5": 2.0}, "line_ms": {"a": 0.5, "per_row": 0.3}}]})  # fmt: skip
@@ -36,7 +36,7 @@ def test_a_measurement_on_a_tiny_model_rolls_every_forward_back(tiny_llama):
 def test_bad_lists_are_usage_errors_before_any_model_loads():
     from typer.testing import CliRunner
 
-    from bench.verify_rows import app
+    from bench.diagnostics.verify_rows import app
 
     for args in (["--rows", "4,x"], ["--batch", "0"], ["--threads", ""]):
         result = CliRunner().invoke(app, args)

@@ -1,4 +1,4 @@
-"""docker-compose.yml is valid Compose and wires the system as DESIGN §8 says.
+"""docker-compose.yml is valid Compose and wires the system as architecture.md §8 says.
 
 Validation: against the official Compose Specification JSON schema, vendored as
 deploy/compose-spec.json. No PyPI package ships the schema as a plain file, but

@@ -1,4 +1,4 @@
-"""The short soak (issue 21): requests under load while the draft, the target and Redis are killed
+"""The short soak: requests under load while the draft, the target and Redis are killed
 and restarted; nothing lost, greedy outputs equal the fault-free reference, everything idle after."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The iteration loop's collaborators on their own (issue 19): DraftLink (draft health, releases, resync),
+"""The iteration loop's collaborators on their own: DraftLink (draft health, releases, resync),
 ElasticControl (offload/reload and the KV pool) and AdmissionControl (caps, preemption, eviction)."""
 
 from __future__ import annotations

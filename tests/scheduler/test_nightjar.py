@@ -287,7 +287,7 @@ def test_the_lean_variant_loses_less_to_exploration_than_alg_1_as_printed():
     expected goodput is higher in each case and within 10 % of the best fixed k."""
     import dataclasses
 
-    from bench.bandit_sim import goodput
+    from bench.diagnostics.bandit_sim import goodput
     from tests.scheduler.sim_reports import CHEAP_DRAFT, EXPENSIVE_VERIFY, run_steps
 
     lean = speculation_policy("nightjar-lean")
@@ -318,11 +318,11 @@ def test_pooled_time_fits_a_line_over_the_speculating_arms():
 def test_pooled_time_keeps_the_chain_estimate_when_step_times_stall():
     """Step times that a shared CPU scales by ±15 % and stalls 10x one step in fifty: the chain estimate's time
     per arm, the mean of the arm's own plays, lets a stall or two push an arm out (elimination draws on observed
-    rewards, and the estimate is not corrected); the pooled line holds better over bench.bandit_sim's first 8
+    rewards, and the estimate is not corrected); the pooled line holds better over bench.diagnostics.bandit_sim's first 8
     synthetic stacks (scored on the noiseless truth). Not in every case: on average."""
     import numpy as np
 
-    from bench.bandit_sim import compare
+    from bench.diagnostics.bandit_sim import compare
 
     lean = {"exploration": "global", "eliminate": 2.0, "estimate": "chain"}
     ratios, _ = compare({"lean": lean, "pooled": {**lean, "chain_time": "pooled"}}, cases=8, seeds=2, noise=0.15,

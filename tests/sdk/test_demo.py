@@ -3,7 +3,12 @@
 from rich.console import Console
 
 from sdk.client import AcceptanceStats, FinishReason, GenerateResult
-from sdk.demo import SLO_CLASSES, SPECULATION, report, workload
+import json
+from pathlib import Path
+
+from sdk.demo import DEMO_DRAFT, SLO_CLASSES, SPECULATION, DemoDraft, demo_draft, report, workload
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "demo-drafts" / "results.json"
 
 
 def test_workload_mixes_slo_classes_and_speculation_modes():
@@ -24,8 +29,26 @@ def test_report_renders_results_errors_and_totals():
     )  # fmt: skip
     missed = ok.model_copy(update={"request_id": "b", "slo_attained": False})
     console = Console(record=True, width=120)
-    report(console, requests, [ok, missed, RuntimeError("boom")], wall_s=2.0, base_tpot_ms=50.0)
+    report(console, requests, [ok, missed, RuntimeError("boom")], wall_s=2.0, base_tpot_ms=50.0, draft="my-draft")
     text = console.export_text()
+    assert "my-draft" in text
     assert "2 of 3 finished" in text and "boom" in text
     assert "SLO attainment" in text and "1/2 (50%)" in text
     assert "mean accepted length" in text
+
+
+def test_the_demo_serves_the_draft_with_the_highest_measured_accepted_length():
+    measured = json.loads(RESULTS.read_text())
+    k = max(r["k"] for r in measured["rows"])
+    at_k = {r["draft"]: r for r in measured["rows"] if r["k"] == k}
+    best = max(at_k.values(), key=lambda r: r["mean_accepted_length"])
+    assert measured["best"] == best["draft"]
+    assert DEMO_DRAFT.label.split()[0] == best["draft"]
+    assert (DEMO_DRAFT.pair, DEMO_DRAFT.draft_model) == (best["pair"], best["draft_model"])
+    assert {"smollm2-draft", "smollm2-eagle3", "ngram", "suffix"} <= set(at_k)  # every draft prepared offline
+
+
+def test_the_command_line_can_name_another_pair_or_draft():
+    assert demo_draft(None, None) == DEMO_DRAFT
+    assert demo_draft("demo", None) == DemoDraft(label="smollm2-draft", pair="demo")
+    assert demo_draft(None, "suffix") == DemoDraft(label="suffix", pair=DEMO_DRAFT.pair, draft_model="suffix")

@@ -8,7 +8,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker, WorkerRpcError
+from services.scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker, WorkerRpcError
 from shared.engine.types import PrefillItem, SpecItem, VerifyItem
 from shared.telemetry import setup_tracing
 from tests.support.model_services import NUM_BLOCKS, free_port, greedy_reference, serving

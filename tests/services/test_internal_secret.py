@@ -9,7 +9,7 @@ import logging
 import grpc
 import pytest
 
-from scheduler.grpc_workers import GrpcTargetWorker
+from services.scheduler.grpc_workers import GrpcTargetWorker
 from shared.engine.types import PrefillItem, SamplingParams
 from shared.rpc.health_probe import check
 from shared.rpc.shared_secret import SecretClientInterceptor, load_secret

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from scheduler.engine_loop import Scheduler
-from scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker
+from services.scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker
 from scheduler.policies.speculation import FixedChain
 from scheduler.request import FinishReason, Request, RequestState, SpecMode, SpeculationSetting
 from scheduler.workers import NullObserver

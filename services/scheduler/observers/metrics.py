@@ -1,4 +1,4 @@
-"""Prometheus metrics from the iteration loop (shared.metrics.TandemMetrics, DESIGN §6).
+"""Prometheus metrics from the iteration loop (shared.metrics.TandemMetrics, architecture.md §6).
 
     on_submit   queue depth
     on_step     per request: draft tokens proposed/accepted, accepted length, per-position acceptance,

@@ -1,4 +1,4 @@
-"""Keeps a learning policy's state in Redis (scheduler.policies.shared_state, DESIGN §6).
+"""Keeps a learning policy's state in Redis (scheduler.policies.shared_state, architecture.md §6).
 
     tandem:v1:blob:policy:<name>     JSON   the policy's SharedState (with its own layout version)
 

@@ -1,4 +1,4 @@
-"""Request records and acceptance statistics in Redis (shared.state.store, DESIGN §6).
+"""Request records and acceptance statistics in Redis (shared.state.store, architecture.md §6).
 
     on_submit   put_request   state queued, prompt length, max_new_tokens, SLO, arrival
     on_step     update_request state running (newly prefilled)

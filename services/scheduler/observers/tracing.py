@@ -1,4 +1,4 @@
-"""One trace per request across scheduler, draft and target (DESIGN §6).
+"""One trace per request across scheduler, draft and target (architecture.md §6).
 
 The span tree of one request::
 

@@ -139,7 +139,7 @@ def main(
     for kind in sorted({s.kind for s in held}):
         heldout[kind] = evaluate.chain_acceptance(head, [s for s in held if s.kind == kind], k=4)
     console.print(f"held out, k = 4 chain: {heldout['all']}")
-    # the benchmark's open-chat prompts: never trained on (exclude_bench), the figure issue 17's goal is about
+    # the benchmark's open-chat prompts: never trained on (exclude_bench), the figure the feature draft's goal is about
     from bench.prompts import CHAT
 
     chat = data.build(target, tokenizer, [corpus.Prompt("chat", t, True) for t in CHAT], paths.home / "eagle-data",

@@ -17,7 +17,7 @@ Two averages of the same chains:
   harder than average (the target just chose what the head did not expect),
   so it is lower: on the bench's chat prompts 1.75 against 1.94 for the third
   head (1.78 against 1.99 for the fourth). It is what a serving run measures as tokens per step
-  (the drafts benchmark: 1.76 at k = 4), and what issue 17's goal counts.
+  (the drafts benchmark: 1.76 at k = 4), and what the feature draft's goal counts.
 """
 
 from __future__ import annotations

@@ -293,7 +293,7 @@ def test_a_published_layout_head_serves_llama_and_qwen_targets(tmp_path, family)
 def test_drafting_over_the_draft_vocabulary_picks_what_the_full_vocabulary_would(dirs, shape, sampling):
     """The head's logits stay over its draft vocabulary (ForwardOutput.vocab_ids); the drafters map the columns they
     pick. Same trees, token ids and probabilities as the logits scattered into the whole vocabulary (-inf elsewhere)."""
-    from bench.draft_trees import scatter_to_full_vocabulary
+    from bench.diagnostics.draft_trees import scatter_to_full_vocabulary
 
     target, compact, _ = engines(dirs)
     _, full, _ = engines(dirs)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from shared.engine.attention.padded_matmul import attend_padded
-from bench.attention_rows import reference_rows
+from bench.diagnostics.attention_rows import reference_rows
 from shared.engine.attention.row_exact import attend_rows
 
 

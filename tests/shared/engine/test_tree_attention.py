@@ -1,4 +1,4 @@
-"""Tree attention: every node's logits equal running its root-to-node path alone (DESIGN §4)."""
+"""Tree attention: every node's logits equal running its root-to-node path alone (architecture.md §4)."""
 
 import random
 
