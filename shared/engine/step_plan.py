@@ -65,16 +65,17 @@ class StepShape:
 
     def offsets(self) -> dict[str, tuple[int, int, tuple[int, ...]]]:
         """(start, size, shape) of every segment in the flat staging array."""
-        return _offsets(self)
+        return _offsets(self.batch, self.rows, self.q, self.nodes, self.blocks)
 
     @property
     def size(self) -> int:
-        start, size, _ = _offsets(self)["valid"]
+        start, size, _ = self.offsets()["valid"]
         return start + size
 
 
 @lru_cache(maxsize=1024)
-def _offsets(shape: StepShape) -> dict[str, tuple[int, int, tuple[int, ...]]]:
+def _offsets(batch: int, rows: int, q: int, nodes: int, blocks: int) -> dict[str, tuple[int, int, tuple[int, ...]]]:
+    shape = StepShape(batch=batch, rows=rows, q=q, nodes=nodes, blocks=blocks, kv_cap=0, chains=True)
     out, start = {}, 0
     for name, dims in shape.shapes().items():
         size = math.prod(dims)
@@ -121,6 +122,7 @@ def shape_of(steps: list[SeqStep], block_size: int, chains: bool) -> StepShape:
         kv = max(kv, len(s.token_ids) + k)
         nodes = max(nodes, k)
         blocks = max(blocks, len(s.block_ids))
+    blocks = 1 << (blocks - 1).bit_length()  # a power of two: the segment layout repeats from step to step
     return StepShape(batch=len(steps), rows=rows, q=q, nodes=nodes, blocks=blocks, kv_cap=kv, chains=chains)
 
 
