@@ -166,4 +166,5 @@ class HostWorkCounter:
 
 def engine_device_tensors(runner) -> list[torch.Tensor]:
     """What lives on the device for a runner: its parameters, buffers and KV pool."""
-    return [*runner.model.parameters(), *runner.model.buffers(), runner.cache.kv]
+    modules = getattr(runner, "weight_modules", (runner.model,))  # the fused decoder's merged weights too
+    return [t for m in modules for t in (*m.parameters(), *m.buffers())] + [runner.cache.kv]

@@ -50,11 +50,15 @@ class StaticBatchAttention:
         self.new_slots = seg["new_slots"]  # [T]
         self.shape = (batch, kv_cap)
 
-    def attend(self, layer_idx, query, key, value, scaling):
-        """query [1, H, T, D], key/value [1, Hkv, T, D] -> [1, T, H, D]; writes the new k/v first."""
+    def attend(self, layer_idx, query, key, value, scaling, new_kv=None):
+        """query [1, H, T, D], key/value [1, Hkv, T, D] (or new_kv [2, T, Hkv, D]) -> [1, T, H, D]; writes the
+        new k/v first."""
         kv = self.cache.kv[layer_idx]  # [2, num_slots, Hkv, D]
-        kv[0, self.new_slots] = key[0].transpose(0, 1)
-        kv[1, self.new_slots] = value[0].transpose(0, 1)
+        if new_kv is not None:
+            kv.index_copy_(1, self.new_slots, new_kv)
+        else:
+            kv[0, self.new_slots] = key[0].transpose(0, 1)
+            kv[1, self.new_slots] = value[0].transpose(0, 1)
         shape = (*self.shape, *kv.shape[2:])
         k = kv[0].index_select(0, self.gather_flat).view(shape).transpose(1, 2)  # [B, Hkv, K, D]
         v = kv[1].index_select(0, self.gather_flat).view(shape).transpose(1, 2)  # [B, Hkv, K, D]
