@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from shared.engine import step_plan
+from shared.engine.acceptance import accept_tree
 from shared.engine.attention.static_batch import StaticBatchAttention
 from shared.engine.device_acceptance import accept_greedy_batch, node_status
 from shared.engine.errors import ContextLengthError, OutOfBlocksError
@@ -52,12 +53,16 @@ class StaticStep:
 
     @torch.inference_mode()
     def run(self, verifies: list[VerifyItem]) -> tuple[list[AcceptResult], ForwardCost]:
-        """One greedy verify step (items already validated by ``TargetEngine._validate``)."""
+        """One verify step (items already validated by ``TargetEngine._validate``). All greedy: acceptance on
+        the device and one host read; any request sampling: the rows' logits come back and each request's
+        acceptance runs on the host (``acceptance.accept_tree``), the preparation staying as cheap."""
         runner = self.runner
         start = time.perf_counter()
         seqs = [runner.seqs[v.seq_id] for v in verifies]
-        steps = self._plan(seqs, verifies)  # grows block tables; nothing else mutated yet
         cached = [s.num_cached for s in seqs]
+        steps = self._plan(seqs, verifies)  # grows block tables; nothing else mutated yet
+        if not all(s.sampling.greedy for s in seqs):
+            return self._run_sampled(seqs, verifies, steps, cached, start)
         try:
             chains = True
             for v in verifies:
@@ -75,13 +80,47 @@ class StaticStep:
                 s.num_cached = c
             raise
         results = [self._commit(s, v, row) for s, v, row in zip(seqs, verifies, rows)]
-        cost = ForwardCost(
+        return results, self._cost(start, steps, shape)
+
+    @staticmethod
+    def _cost(start: float, steps: list[step_plan.SeqStep], shape: step_plan.StepShape) -> ForwardCost:
+        return ForwardCost(
             duration_s=time.perf_counter() - start,
-            num_seqs=len(seqs),
+            num_seqs=len(steps),
             num_batched_tokens=shape.rows,
             num_context_tokens=sum([len(s.token_ids) + len(s.tokens) for s in steps]),
         )
-        return results, cost
+
+    def _run_sampled(self, seqs, verifies, steps, cached, start) -> tuple[list[AcceptResult], ForwardCost]:
+        runner = self.runner
+        try:
+            shape = step_plan.shape_of(steps, runner.cache.block_size, False)
+            flat = self.stage(step_plan.build(steps, shape, runner.cache.block_size))
+            with graph_body():
+                logits = self.body_logits(flat, shape)  # [B, 1 + M, vocab]
+        except BaseException:
+            for s, c in zip(seqs, cached):
+                s.num_cached = c
+            raise
+        results = []
+        for b, (seq, v) in enumerate(zip(seqs, verifies)):
+            accepted = accept_tree(v.tree, logits[b, : 1 + len(v.tree.token_ids)], seq.sampling, seq.generator)
+            self._move_path_host(seq, accepted.accepted_nodes)
+            self._commit_tokens(seq, accepted.tokens, len(accepted.accepted_nodes))
+            results.append(accepted)
+        return results, self._cost(start, steps, shape)
+
+    def _move_path_host(self, seq: Sequence, path: list[int]) -> None:
+        """The accepted tree path's KV from n + node to n + depth (a chain's is already in place)."""
+        if path == list(range(len(path))):
+            return
+        bs = self.runner.cache.block_size
+        n = len(seq.token_ids)
+        table = seq.block_ids
+        src = [table[(n + j) // bs] * bs + (n + j) % bs for j in path]
+        dst = [table[(n + d) // bs] * bs + (n + d) % bs for d in range(len(path))]
+        device = self.runner.device
+        self.runner.cache.move(torch.tensor(src, device=device), torch.tensor(dst, device=device))
 
     def _plan(self, seqs: list[Sequence], verifies: list[VerifyItem]) -> list[step_plan.SeqStep]:
         """Check context and KV space for every sequence, then grow their block tables; one plain loop."""
@@ -128,6 +167,18 @@ class StaticStep:
 
     def body(self, flat: torch.Tensor, shape: step_plan.StepShape) -> torch.Tensor:
         """The captured region: staged step [size] -> outcome [B, 2 + M]. Device ops only, no host reads."""
+        seg, logits = self._forward(flat, shape)  # [B, 1 + M, vocab]
+        best = logits.argmax(-1)  # [B, 1 + M]
+        outcome = accept_greedy_batch(best, seg["tokens"], seg["parents"], seg["anc"] > 0, seg["valid"] > 0)
+        if not shape.chains:
+            self._move_path(seg, outcome)
+        return outcome
+
+    def body_logits(self, flat: torch.Tensor, shape: step_plan.StepShape) -> torch.Tensor:
+        """The same forward for sampled steps: staged step [size] -> float32 logits [B, 1 + M, vocab]."""
+        return self._forward(flat, shape)[1].float()
+
+    def _forward(self, flat: torch.Tensor, shape: step_plan.StepShape):
         seg = {name: flat[a : a + n].view(dims) for name, (a, n, dims) in shape.offsets().items()}
         self.attn.prepare(seg, shape.kv_cap)
         runner = self.runner
@@ -135,11 +186,8 @@ class StaticStep:
             input_ids=seg["ids"][None], position_ids=seg["pos"][None], use_cache=False, tandem_backend=self.attn
         ).last_hidden_state[0]  # [T, hidden]
         rows = torch.cat([seg["root_row"][:, None], seg["node_row"]], dim=1)  # [B, 1 + M]
-        best = runner.lm_head(hidden[rows.reshape(-1)]).argmax(-1).view(rows.shape)  # [B, 1 + M]
-        outcome = accept_greedy_batch(best, seg["tokens"], seg["parents"], seg["anc"] > 0, seg["valid"] > 0)
-        if not shape.chains:
-            self._move_path(seg, outcome)
-        return outcome
+        logits = runner.lm_head(hidden[rows.reshape(-1)]).view(*rows.shape, -1)  # [B, 1 + M, vocab]
+        return seg, logits
 
     def _move_path(self, seg: dict[str, torch.Tensor], outcome: torch.Tensor) -> None:
         """Move each accepted path's KV from n + node to n + depth, in every layer (one gather, one scatter).
@@ -165,12 +213,16 @@ class StaticStep:
         node_tokens = v.tree.token_ids
         tokens = [node_tokens[j] for j in path]
         tokens.append(bonus)
+        self._commit_tokens(seq, tokens, count)
+        return AcceptResult(accepted_nodes=path, tokens=tokens, node_status=node_status(v.tree.parent_ids, path))
+
+    def _commit_tokens(self, seq: Sequence, tokens: list[int], kept: int) -> None:
+        """Append the step's tokens; the KV of the fed tokens and ``kept`` path nodes stays, later blocks go."""
         n = len(seq.token_ids)
         seq.token_ids += tokens
-        seq.num_cached = n + count
+        seq.num_cached = n + kept
         cache = self.runner.cache
         keep = -(-seq.num_cached // cache.block_size)
         if keep < len(seq.block_ids):
             cache.allocator.free(seq.block_ids[keep:])
             del seq.block_ids[keep:]
-        return AcceptResult(accepted_nodes=path, tokens=tokens, node_status=node_status(v.tree.parent_ids, path))

@@ -185,11 +185,8 @@ class TargetEngine:
             _validate_child_dists(tree, children_of(tree.parent_ids), vocab)
 
     def _static_eligible(self, prefills: list[PrefillItem], verifies: list[VerifyItem], features) -> bool:
-        """A greedy verify-only step with nothing the static path leaves to the eager forward (static_step.py)."""
-        if self.static is None or prefills or not verifies or features is not None or self.early_exit is not None:
-            return False
-        seqs = self.runner.seqs
-        return all(seqs[v.seq_id].sampling.greedy for v in verifies)
+        """A verify-only step with nothing the static path leaves to the eager forward (static_step.py)."""
+        return not (self.static is None or prefills or not verifies or features is not None or self.early_exit is not None)
 
     def step(
         self, prefills: list[PrefillItem], verifies: list[VerifyItem], features: FeatureSpec | None = None

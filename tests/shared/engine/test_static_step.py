@@ -157,11 +157,34 @@ def test_bad_steps_change_nothing():
     fast.runner.check_accounting()
 
 
-def test_sixteen_bit_cpu_and_sampling_stay_eager():
+def test_what_stays_eager():
+    """16-bit models on CPU (row exactness), prefills and feature capture run the eager forward."""
     model = build_tiny("llama", vocab_size=96, seed=0).to(torch.bfloat16)
     assert not static_step.supported(make_runner(model))
     fast, _ = engines(build_tiny("llama", vocab_size=96, seed=0))
+    fast.prefill([PrefillItem("a", [1, 2, 3])])
+    item = VerifyItem("a", TokenTree([4], [-1]))
+    assert fast._static_eligible([], [item], None)
+    assert not fast._static_eligible([PrefillItem("b", [1])], [item], None)
+    assert not fast._static_eligible([], [item], features=object())
+
+
+def test_sampled_steps_seeded_and_equal_to_eager():
+    """A sampled verify through the static forward draws what the eager forward draws, seed for seed."""
     from shared.engine.types import SamplingParams
 
-    fast.prefill([PrefillItem("a", [1, 2, 3], SamplingParams(temperature=0.8, seed=1))])
-    assert not fast._static_eligible([], [VerifyItem("a", TokenTree([4], [-1]))], None)
+    fast, eager = engines(build_tiny("llama", vocab_size=96, seed=0))
+    for e in (fast, eager):
+        e.prefill([PrefillItem(f"s{i}", [1 + i, 2, 3], SamplingParams(temperature=0.9, top_p=0.95, seed=i)) for i in range(3)])
+    rng = random.Random(5)
+    for step in range(10):
+        items = []
+        for i in range(3):
+            m = rng.randrange(0, 5)
+            parents = [rng.randrange(-1, j) for j in range(m)]
+            items.append(VerifyItem(f"s{i}", TokenTree([rng.randrange(96) for _ in range(m)], parents)))
+        for a, b in zip(fast.verify(items), eager.verify(items)):
+            assert (a.tokens, a.accepted_nodes) == (b.tokens, b.accepted_nodes)
+        fast.runner.check_accounting()
+    for i in range(3):
+        assert fast.runner.get(f"s{i}").token_ids == eager.runner.get(f"s{i}").token_ids
