@@ -39,3 +39,9 @@ class EngineConfig(BaseModel):
     draft_top_k: int = Field(
         64, ge=1, description="When sampling, the draft samples from its top-k (after top-p) and reports that sparse q."
     )
+    static_step: bool = Field(
+        True,
+        description="Greedy verify and decode steps of a target without early exit or features run the static path "
+        "(static_step.py: the step staged in one copy, acceptance on the device, one host read; CUDA graphs on a GPU); "
+        "off = every step through the eager forward.",
+    )

@@ -119,6 +119,7 @@ class ModelRunner:
         self.max_blocks = num_blocks + self.config.kv_grow_blocks
         self.backend = select_backend(self.config.attention_backend, self.cache, self.device)
         self.seqs: dict[str, Sequence] = {}
+        self.reserved: set[int] = set()  # KV blocks no sequence owns: the CUDA graphs' scratch (cuda_graphs.py)
         self._capture: FeatureCapture | None = None  # hooks for feature-level drafts, made on first use
 
     @property
@@ -166,7 +167,7 @@ class ModelRunner:
         owners = self.cache.allocator.owners()
         held = [b for s in self.seqs.values() for b in s.block_ids]
         assert len(held) == len(set(held)), "a KV block is held by two sequences"
-        assert set(held) == set(owners), "allocator and block tables disagree"
+        assert set(held) | self.reserved == set(owners), "allocator and block tables disagree"
         for s in self.seqs.values():
             assert all(owners[b] == s.seq_id for b in s.block_ids)
             assert len(s.block_ids) >= self.cache.blocks_for(s.num_cached + len(s.tree))

@@ -26,12 +26,13 @@ from pathlib import Path
 
 import torch
 
-from shared.engine import tuned_lens
+from shared.engine import cuda_graphs, static_step, tuned_lens
 from shared.engine.acceptance import _validate_child_dists, accept_tree
 from shared.engine.early_exit import EarlyExitConfig, EarlyExitController, layer_outcomes, prune_outcome
 from shared.engine.errors import ContextLengthError, DuplicateSequenceError, InvalidRequestError, KVPoolSizeError
 from shared.engine.features import FeatureBlock, FeatureSpec
 from shared.engine.runner import ModelRunner, Work
+from shared.engine.static_step import StaticStep
 from shared.engine.sampling import make_generator, probs_from_logits, sample, validate_sampling
 from shared.engine.tree import children_of, validate_tree
 from shared.engine.tuned_lens import TunedLens
@@ -60,6 +61,10 @@ class TargetEngine:
     ):
         self.runner = runner
         self.max_tree_nodes = max_tree_nodes
+        # greedy verify steps with one host read (static_step.py); None: every step is eager
+        self.static: StaticStep | None = None
+        if runner.config.static_step and static_step.supported(runner):
+            self.static = StaticStep(runner, graphs=cuda_graphs.pool_for(runner))
         self.early_exit: EarlyExitController | None = None
         self.set_early_exit(early_exit)
 
@@ -179,11 +184,18 @@ class TargetEngine:
             validate_tree(tree.token_ids, tree.parent_ids, vocab)
             _validate_child_dists(tree, children_of(tree.parent_ids), vocab)
 
+    def _static_eligible(self, prefills: list[PrefillItem], verifies: list[VerifyItem], features) -> bool:
+        """A verify-only step with nothing the static path leaves to the eager forward (static_step.py)."""
+        return not (self.static is None or prefills or not verifies or features is not None or self.early_exit is not None)
+
     def step(
         self, prefills: list[PrefillItem], verifies: list[VerifyItem], features: FeatureSpec | None = None
     ) -> TargetStepOutput:
         """``features``: also return, per sequence, the features of the tokens this step ran and committed."""
         self._validate(prefills, verifies)
+        if self._static_eligible(prefills, verifies, features):
+            accepted, cost = self.static.run(verifies)
+            return TargetStepOutput(verifies=accepted, cost=cost)
         added = [self.runner.add(p.seq_id, p.prompt_ids, p.sampling) for p in prefills]
         for seq in added:
             seq.generator = make_generator(seq.sampling.seed)
