@@ -163,7 +163,7 @@ class ModelRunner:
                 raise InvalidRequestError(f"{what}: token id {t} is outside the vocabulary [0, {self.vocab_size})")
 
     def check_accounting(self) -> None:
-        """Every block is owned by exactly one live sequence or free (DESIGN §4)."""
+        """Every block is owned by exactly one live sequence or free (architecture.md §4)."""
         owners = self.cache.allocator.owners()
         held = [b for s in self.seqs.values() for b in s.block_ids]
         assert len(held) == len(set(held)), "a KV block is held by two sequences"
