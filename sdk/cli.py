@@ -4,7 +4,9 @@
     tandem up --draft-model ngram         ... with model-free prompt lookup as the draft
     tandem up --draft-model suffix        ... with model-free suffix-tree drafting (suffix:alpha=2,... for options)
     tandem serve target|draft|scheduler   one service, configured by TANDEM_* variables (what compose runs)
-    tandem generate "Once upon" --max-new-tokens 32 --spec 4 --slo-tpot-ms 50
+    tandem generate "What is the capital of France?" --max-new-tokens 32 --spec 4 --slo-tpot-ms 50
+                                          (in the model's chat template when it has one; --raw: as it is)
+    tandem chat [--system "..."]          an interactive conversation, streamed, stats after each answer
     tandem status                         the scheduler's Info and health
     tandem models list|prepare|check      model pairs (shared.models.cli)
     tandem profile [--pair tiny --quick]  verify cost of the target: budget B, cost model (shared.profiling.cli)
@@ -31,12 +33,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from sdk.chat_cli import chat
 from shared.models.cli import app as models_app
 from shared.profiling.cli import profile
 
 app = typer.Typer(help="Tandem: LLM serving with SLO-aware speculative decoding.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.command()(profile)
+app.command()(chat)
 
 DEFAULT_ADDR = "127.0.0.1:50051"
 AddrOption = Annotated[str, typer.Option("--addr", envvar="TANDEM_ADDR", help="host:port of the scheduler.")]
@@ -165,7 +169,8 @@ def _print_endpoints(console: Console, e) -> None:
     table.add_row("HTTP (OpenAI-compatible)", f"{e.http_url}/v1" if e.http_url else "-")
     table.add_row("logs", str(e.log_dir))
     console.print(table)
-    console.print(f'try:  tandem generate "Once upon a time" --addr {e.scheduler}     (Ctrl-C stops everything)')
+    console.print(f'try:  tandem generate "What is the capital of France?" --addr {e.scheduler}   or   '
+                  f'tandem chat --addr {e.scheduler}     (Ctrl-C stops everything)')
 
 
 @app.command()
@@ -173,6 +178,8 @@ def generate(
     prompt: Annotated[str, typer.Argument(help='Prompt text, or token ids with --ids ("1,2,3").')],
     addr: AddrOption = DEFAULT_ADDR,
     ids: Annotated[bool, typer.Option("--ids", help="PROMPT is comma-separated token ids.")] = False,
+    raw: Annotated[bool, typer.Option("--raw", help="Send the text as it is, without the model's chat template.")] = False,
+    system: Annotated[str | None, typer.Option(help="System message (with the chat template).")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate at most.")] = 64,
     spec: Annotated[str, typer.Option(help="Speculation: auto, off, or a chain length k.")] = "auto",
     slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT target in ms.")] = None,
@@ -183,9 +190,12 @@ def generate(
     stop: Annotated[list[str] | None, typer.Option(help="Stop string (repeatable).")] = None,
     priority: Annotated[int, typer.Option(help="Higher runs earlier.")] = 0,
 ) -> None:
-    """Stream one generation to stdout; its summary goes to stderr."""
+    """Stream one generation to stdout; its summary goes to stderr. The prompt is a user message in the
+    model's chat template when the model has one (--system adds a system message); --raw sends it as is."""
+    from sdk.chat_cli import prompt_for
     from sdk.client import Client
     from sdk.errors import TandemError
+    from sdk.stats_line import stats_line
 
     err = Console(stderr=True)
     try:
@@ -195,6 +205,8 @@ def generate(
         raise typer.BadParameter("--ids needs comma-separated integers; --spec auto, off or an integer") from None
     try:
         with Client(addr) as client:
+            if not ids:
+                prompt_arg = prompt_for(client, prompt, raw=raw, system=system)
             stream = client.stream(
                 prompt_arg, max_new_tokens=max_new_tokens, speculation=speculation, slo_tpot_ms=slo_tpot_ms,
                 slo_ttft_ms=slo_ttft_ms, temperature=temperature, top_p=top_p, seed=seed, stop=stop or (),
@@ -209,11 +221,7 @@ def generate(
         err.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None
     sys.stdout.write("\n")
-    slo = "" if slo_tpot_ms is None and slo_ttft_ms is None else f", SLO {'met' if r.slo_attained else 'missed'}"
-    err.print(
-        f"[dim]{r.num_generated} tokens ({r.finish_reason}), TTFT {r.ttft_ms:.1f} ms, TPOT {r.tpot_ms:.1f} ms, "
-        f"{r.stats.mean_accepted_length:.2f} tokens/step, acceptance {r.stats.acceptance_rate:.0%}{slo}[/]"
-    )
+    err.print(f"[dim]{stats_line(r, slo=slo_tpot_ms is not None or slo_ttft_ms is not None)}[/]")
 
 
 @app.command()

@@ -2,7 +2,8 @@
 
 The span tree of one request::
 
-    tandem.v1.Tandem/Generate        SERVER span (rpc interceptor); child of the client's span if it sent one
+    tandem.v1.Tandem/Generate        SERVER span (rpc interceptor); child of the client's span if it sent one;
+                                     the request's summary (below) for trace lists
       request                        submission -> end: prompt/SLO/speculation in, outcome and latencies out
         queue                        submission -> first prefill (again after a preemption)
         prefill                      one per worker call (tandem.worker = target | draft)
@@ -12,7 +13,21 @@ The span tree of one request::
                                      finish reason, the step's phase times (tandem.step_{total,verify,...}_ms)
                                      and its k over the batch (tandem.step_k_mean, tandem.step_k_max),
                                      what the length policy's decision rested on (tandem.policy.*)
-          └╌▶ TargetService/Verify, DraftService/Speculate ...   SERVER spans of the model services
+        release                      the worker calls that free its KV cache (tandem.worker = target | draft)
+          └╌▶ TargetService/Verify, DraftService/Speculate, .../Release ...   SERVER spans of the model services
+
+The summary, on the request span and on the top span of the request this process owns (the Generate
+server span; the request span itself behind the HTTP API): ``tandem.num_prompt_tokens``,
+``tandem.num_generated``, ``tandem.ttft_ms``, ``tandem.tpot_ms``, ``tandem.mean_accepted_length``
+(tokens per verify step), ``tandem.acceptance_rate``, ``tandem.slo_class``
+(services.scheduler.slo_class), ``tandem.slo_attained``, ``tandem.finish_reason``; the top span
+also carries OpenInference's ``openinference.span.kind`` = LLM and ``llm.token_count.{prompt,
+completion,total}``, which Arize Phoenix shows in its trace list.
+
+Nothing else is a root: the model services trace a call only when it carries a trace context
+(shared.rpc.interceptors), so the scheduler's startup Info, health and target probes, and releases of
+sequences no live request owns, leave no spans; worker calls with no traced request run with no
+context at all.
 
 The catch is batching: one Verify RPC serves every running request, but an
 RPC carries a single trace context. So each worker call opens a phase span
@@ -28,7 +43,7 @@ trace gets its share of draft and target spans, not just the oldest one's.
 ``TracedTarget`` / ``TracedDraft`` wrap the workers (they need the call, to
 make the span current around it); ``RequestTracer`` owns the request spans
 and is the observer (``on_submit`` opens, ``on_step`` adds commit spans,
-``on_finish`` closes). Span attributes are ``tandem.*``.
+``on_summary`` writes the summary, ``on_finish`` closes). Span attributes are ``tandem.*``.
 """
 
 from __future__ import annotations
@@ -45,7 +60,9 @@ from opentelemetry.trace import Link, Span, Status, StatusCode
 from scheduler.report import StepReport
 from scheduler.request import Request
 from scheduler.workers import DraftWorker, TargetWorker
+from services.scheduler.slo_class import slo_class
 from services.scheduler.summary import slo_attained
+from shared.rpc.gen.tandem.v1 import tandem_pb2
 from shared.engine.types import AcceptResult, PrefillItem, PrefillResult, SpecItem, TokenTree, VerifyItem
 
 Attributes = dict[str, Any]
@@ -55,7 +72,9 @@ Attributes = dict[str, Any]
 class _Live:
     span: Span  # the request span
     queue: Span | None  # open while the request waits for (re-)admission
+    top: Span  # this process's top span of the request: the Generate server span, or the request span itself
     num_represented: int = 0  # worker calls whose RPC ran in this request's context
+    summarized: bool = False  # on_summary wrote the outcome as the client got it
 
 
 class RequestTracer:
@@ -69,6 +88,7 @@ class RequestTracer:
     def on_submit(self, request: Request) -> None:
         """Open the request span under the current context (the Generate call's server span)."""
         spec = request.speculation
+        parent = trace.get_current_span()  # recording: the local server span; else a remote caller's context
         span = self.tracer.start_span(
             "request",
             attributes={
@@ -80,9 +100,13 @@ class RequestTracer:
                 "tandem.speculation.mode": spec.mode.value,
                 "tandem.speculation.k": spec.k,
                 "tandem.temperature": request.sampling.temperature,
+                "tandem.slo_class": slo_class(request.slo),
             },
         )
-        self._live[request.id] = _Live(span, self._child(span, "queue"))
+        top = parent if parent.is_recording() else span
+        if top is parent:
+            parent.set_attribute("tandem.request_id", request.id)
+        self._live[request.id] = _Live(span, self._child(span, "queue"), top)
 
     def on_step(self, report: StepReport) -> None:
         end_ns = time.time_ns()
@@ -122,6 +146,18 @@ class RequestTracer:
                 live.queue.end()
                 live.queue = None
 
+    def on_summary(self, request: Request, summary: tandem_pb2.GenerateSummary) -> None:
+        """The request's outcome, as its client gets it, on the request span and the top span (before they end)."""
+        live = self._live.get(request.id)
+        if live is None:
+            return
+        attrs = summary_attributes(request, summary)
+        live.summarized = True
+        live.span.set_attributes(attrs)
+        if live.top is not live.span:
+            live.top.set_attributes(attrs)
+        live.top.set_attributes(_openinference(summary))
+
     def on_finish(self, request: Request) -> None:
         live = self._live.pop(request.id, None)
         if live is None:
@@ -129,17 +165,18 @@ class RequestTracer:
         if live.queue is not None:
             live.queue.end()
         span = live.span
-        span.set_attributes(
-            {
-                "tandem.finish_reason": request.finish_reason.value if request.finish_reason else "",
-                "tandem.num_generated": len(request.output_ids),
-                "tandem.ttft_ms": (request.ttft or 0.0) * 1e3,
-                "tandem.tpot_ms": (request.tpot or 0.0) * 1e3,
-                "tandem.slo_attained": slo_attained(request),
-                "tandem.num_drafted": request.num_drafted_tokens,
-                "tandem.num_accepted": request.num_accepted_tokens,
-            }
-        )
+        span.set_attributes({"tandem.num_drafted": request.num_drafted_tokens,
+                             "tandem.num_accepted": request.num_accepted_tokens})  # fmt: skip
+        if not live.summarized:  # no summary reached a client (e.g. it hung up): the outcome from the loop
+            span.set_attributes(
+                {
+                    "tandem.finish_reason": request.finish_reason.value if request.finish_reason else "",
+                    "tandem.num_generated": len(request.output_ids),
+                    "tandem.ttft_ms": (request.ttft or 0.0) * 1e3,
+                    "tandem.tpot_ms": (request.tpot or 0.0) * 1e3,
+                    "tandem.slo_attained": slo_attained(request),
+                }
+            )
         if request.error:
             span.set_status(Status(StatusCode.ERROR, request.error))
         span.end()
@@ -153,8 +190,9 @@ class RequestTracer:
         lives = [self._live.get(sid) for sid in seq_ids]
         traced = [i for i, live in enumerate(lives) if live is not None]
         spans: list[Span | None] = [None] * len(seq_ids)
-        if not traced:
-            yield spans
+        if not traced:  # no context on the wire: the service's server span would be a root of its own
+            with trace.use_span(trace.INVALID_SPAN, end_on_exit=False):
+                yield spans
             return
         rep = min(traced, key=lambda i: lives[i].num_represented)
         lives[rep].num_represented += 1
@@ -223,7 +261,8 @@ class TracedTarget:
             return results
 
     async def release(self, seq_ids: list[str]) -> None:
-        await self.target.release(seq_ids)
+        with self.tracer.batch_phase("release", seq_ids, [{"tandem.worker": "target"}] * len(seq_ids)):
+            await self.target.release(seq_ids)
 
     async def resize_kv(self, num_blocks: int) -> int:
         """A span of its own, like draft.offload: the target's ResizeKV server span hangs under it."""
@@ -259,7 +298,8 @@ class TracedDraft:
             return trees
 
     async def release(self, seq_ids: list[str]) -> None:
-        await self.draft.release(seq_ids)
+        with self.tracer.batch_phase("release", seq_ids, [{"tandem.worker": "draft"}] * len(seq_ids)):
+            await self.draft.release(seq_ids)
 
     async def offload(self) -> int:
         """A span of its own (no request owns it); the draft's server span hangs under it."""
@@ -273,6 +313,33 @@ class TracedDraft:
             moved = await self.draft.reload()
             span.set_attribute("tandem.bytes_moved", moved)
             return moved
+
+
+def summary_attributes(request: Request, summary: tandem_pb2.GenerateSummary) -> Attributes:
+    """What a user looks for in a request's trace, in the definitions of its GenerateSummary (summary.py)."""
+    return {
+        "tandem.request_id": request.id,
+        "tandem.num_prompt_tokens": summary.num_prompt_tokens,
+        "tandem.num_generated": summary.num_generated_tokens,
+        "tandem.ttft_ms": summary.ttft_ms,
+        "tandem.tpot_ms": summary.tpot_ms,
+        "tandem.mean_accepted_length": summary.stats.mean_accepted_length,
+        "tandem.acceptance_rate": summary.stats.acceptance_rate,
+        "tandem.num_steps": summary.stats.num_steps,
+        "tandem.slo_class": slo_class(request.slo),
+        "tandem.slo_attained": summary.slo_attained,
+        "tandem.finish_reason": tandem_pb2.FinishReason.Name(summary.finish_reason).removeprefix("FINISH_REASON_").lower(),
+    }
+
+
+def _openinference(summary: tandem_pb2.GenerateSummary) -> Attributes:
+    """OpenInference's names for the same counts: Phoenix lists a trace's kind and tokens from them."""
+    return {
+        "openinference.span.kind": "LLM",
+        "llm.token_count.prompt": summary.num_prompt_tokens,
+        "llm.token_count.completion": summary.num_generated_tokens,
+        "llm.token_count.total": summary.num_prompt_tokens + summary.num_generated_tokens,
+    }
 
 
 def _shape_attrs(item: SpecItem) -> Attributes:
