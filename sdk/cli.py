@@ -169,8 +169,8 @@ def _print_endpoints(console: Console, e) -> None:
     table.add_row("HTTP (OpenAI-compatible)", f"{e.http_url}/v1" if e.http_url else "-")
     table.add_row("logs", str(e.log_dir))
     console.print(table)
-    console.print(f'try:  tandem generate "What is the capital of France?" --addr {e.scheduler}   or   '
-                  f'tandem chat --addr {e.scheduler}     (Ctrl-C stops everything)')
+    console.print(f'try:  tandem generate "What is the capital of France?" --addr {e.scheduler}\n'
+                  f'      tandem chat --addr {e.scheduler}     (Ctrl-C stops everything)')
 
 
 @app.command()
@@ -214,7 +214,8 @@ def generate(
             )  # fmt: skip
             with stream:
                 for event in stream:
-                    sys.stdout.write(event.text or "".join(f"{t} " for t in event.token_ids))
+                    # token ids only for an id prompt on a server without text (an EOS token has no text either)
+                    sys.stdout.write(event.text if not ids or event.text else "".join(f"{t} " for t in event.token_ids))
                     sys.stdout.flush()
             r = stream.result
     except TandemError as exc:

@@ -20,7 +20,8 @@ The summary, on the request span and on the top span of the request this process
 server span; the request span itself behind the HTTP API): ``tandem.num_prompt_tokens``,
 ``tandem.num_generated``, ``tandem.ttft_ms``, ``tandem.tpot_ms``, ``tandem.mean_accepted_length``
 (tokens per verify step), ``tandem.acceptance_rate``, ``tandem.slo_class``
-(services.scheduler.slo_class), ``tandem.slo_attained``, ``tandem.finish_reason``; the top span
+(services.scheduler.slo_class), ``tandem.slo_attained``, ``tandem.finish_reason`` (the loop's:
+length, stop_token, stop_string, aborted, error); the top span
 also carries OpenInference's ``openinference.span.kind`` = LLM and ``llm.token_count.{prompt,
 completion,total}``, which Arize Phoenix shows in its trace list.
 
@@ -74,7 +75,8 @@ class _Live:
     queue: Span | None  # open while the request waits for (re-)admission
     top: Span  # this process's top span of the request: the Generate server span, or the request span itself
     num_represented: int = 0  # worker calls whose RPC ran in this request's context
-    summarized: bool = False  # on_summary wrote the outcome as the client got it
+    num_steps: int = 0  # verify steps it took part in (as the ledger counts them for GenerateSummary)
+    summarized: bool = False  # its outcome is written
 
 
 class RequestTracer:
@@ -147,16 +149,10 @@ class RequestTracer:
                 live.queue = None
 
     def on_summary(self, request: Request, summary: tandem_pb2.GenerateSummary) -> None:
-        """The request's outcome, as its client gets it, on the request span and the top span (before they end)."""
+        """The servicer is about to send the final message: its server span is still open, so write the outcome."""
         live = self._live.get(request.id)
-        if live is None:
-            return
-        attrs = summary_attributes(request, summary)
-        live.summarized = True
-        live.span.set_attributes(attrs)
-        if live.top is not live.span:
-            live.top.set_attributes(attrs)
-        live.top.set_attributes(_openinference(summary))
+        if live is not None:
+            self._write_outcome(live, request)
 
     def on_finish(self, request: Request) -> None:
         live = self._live.pop(request.id, None)
@@ -164,22 +160,32 @@ class RequestTracer:
             return
         if live.queue is not None:
             live.queue.end()
+        self._write_outcome(live, request)  # unless on_summary did: the loop may report first, or no reply went out
         span = live.span
         span.set_attributes({"tandem.num_drafted": request.num_drafted_tokens,
                              "tandem.num_accepted": request.num_accepted_tokens})  # fmt: skip
-        if not live.summarized:  # no summary reached a client (e.g. it hung up): the outcome from the loop
-            span.set_attributes(
-                {
-                    "tandem.finish_reason": request.finish_reason.value if request.finish_reason else "",
-                    "tandem.num_generated": len(request.output_ids),
-                    "tandem.ttft_ms": (request.ttft or 0.0) * 1e3,
-                    "tandem.tpot_ms": (request.tpot or 0.0) * 1e3,
-                    "tandem.slo_attained": slo_attained(request),
-                }
-            )
         if request.error:
             span.set_status(Status(StatusCode.ERROR, request.error))
         span.end()
+
+    def _write_outcome(self, live: _Live, request: Request) -> None:
+        """The summary on the request span and the top span (whichever of on_summary / on_finish comes first,
+        while the top span is still open; both read the finished request, so both write the same)."""
+        if live.summarized:
+            return
+        live.summarized = True
+        attrs = summary_attributes(request, live.num_steps)
+        live.span.set_attributes(attrs)
+        if live.top is not live.span and live.top.is_recording():  # not when the call ended first (cancelled)
+            live.top.set_attributes(attrs)
+        if live.top.is_recording():
+            live.top.set_attributes(_openinference(request))
+
+    def counted_steps(self, seq_ids: Sequence[str]) -> None:
+        """A verify call took these sequences one step further."""
+        for sid in seq_ids:
+            if (live := self._live.get(sid)) is not None:
+                live.num_steps += 1
 
     # ------------------------------------------------------------------ phases of a batched call
     @contextmanager
@@ -253,6 +259,7 @@ class TracedTarget:
         attrs = [{"tandem.worker": "target", "tandem.tree_size": len(it.tree)} for it in items]
         with self.tracer.batch_phase("verify", [it.seq_id for it in items], attrs) as spans:
             results = await self.target.verify(items)
+            self.tracer.counted_steps([it.seq_id for it in items])
             for span, res in zip(spans, results):
                 if span is not None:
                     span.set_attributes(
@@ -315,30 +322,30 @@ class TracedDraft:
             return moved
 
 
-def summary_attributes(request: Request, summary: tandem_pb2.GenerateSummary) -> Attributes:
-    """What a user looks for in a request's trace, in the definitions of its GenerateSummary (summary.py)."""
+def summary_attributes(request: Request, num_steps: int) -> Attributes:
+    """What a user looks for in a finished request's trace; the definitions of GenerateSummary (summary.py)."""
     return {
-        "tandem.request_id": request.id,
-        "tandem.num_prompt_tokens": summary.num_prompt_tokens,
-        "tandem.num_generated": summary.num_generated_tokens,
-        "tandem.ttft_ms": summary.ttft_ms,
-        "tandem.tpot_ms": summary.tpot_ms,
-        "tandem.mean_accepted_length": summary.stats.mean_accepted_length,
-        "tandem.acceptance_rate": summary.stats.acceptance_rate,
-        "tandem.num_steps": summary.stats.num_steps,
+        "tandem.num_prompt_tokens": len(request.prompt_ids),
+        "tandem.num_generated": len(request.output_ids),
+        "tandem.ttft_ms": (request.ttft or 0.0) * 1e3,
+        "tandem.tpot_ms": (request.tpot or 0.0) * 1e3,
+        "tandem.mean_accepted_length": (request.num_accepted_tokens + num_steps) / num_steps if num_steps else 0.0,
+        "tandem.acceptance_rate": request.acceptance_rate or 0.0,
+        "tandem.num_steps": num_steps,
         "tandem.slo_class": slo_class(request.slo),
-        "tandem.slo_attained": summary.slo_attained,
-        "tandem.finish_reason": tandem_pb2.FinishReason.Name(summary.finish_reason).removeprefix("FINISH_REASON_").lower(),
+        "tandem.slo_attained": slo_attained(request),
+        "tandem.finish_reason": request.finish_reason.value if request.finish_reason else "",
     }
 
 
-def _openinference(summary: tandem_pb2.GenerateSummary) -> Attributes:
-    """OpenInference's names for the same counts: Phoenix lists a trace's kind and tokens from them."""
+def _openinference(request: Request) -> Attributes:
+    """OpenInference's names for the token counts: Phoenix lists a trace's kind and tokens from them."""
+    prompt, completion = len(request.prompt_ids), len(request.output_ids)
     return {
         "openinference.span.kind": "LLM",
-        "llm.token_count.prompt": summary.num_prompt_tokens,
-        "llm.token_count.completion": summary.num_generated_tokens,
-        "llm.token_count.total": summary.num_prompt_tokens + summary.num_generated_tokens,
+        "llm.token_count.prompt": prompt,
+        "llm.token_count.completion": completion,
+        "llm.token_count.total": prompt + completion,
     }
 
 
