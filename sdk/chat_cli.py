@@ -3,7 +3,7 @@
     $ tandem chat --system "You are terse."
     you> What is the capital of France?
     The capital of France is Paris.
-    24 tokens (eos), TTFT 41.2 ms, TPOT 18.3 ms, 2.41 tokens/step, acceptance 71%      (dim)
+    turn 1, context 46 tokens: 8 tokens (eos), TTFT 41.2 ms, TPOT 18.3 ms, 2.33 tokens/step, acceptance 33%   (dim)
     you> /exit
 
 Templating happens on the server, where the target's tokenizer lives: the client sends the
@@ -126,5 +126,6 @@ def _turn(client, console: Console, messages: list[dict], options: dict, has_slo
         console.print(f"\n[red]{exc}[/]")
         return None
     console.print()
-    console.print(f"[dim]{stats_line(result, slo=has_slo)}[/]")
+    turn = sum(m["role"] == "user" for m in messages)
+    console.print(f"[dim]turn {turn}, context {result.num_prompt_tokens} tokens: {stats_line(result, slo=has_slo)}[/]")
     return result.text
