@@ -23,9 +23,12 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from sdk.cli_options import (
+    DEFAULT_ADDR, AddrOption, SeedOption, SloTpotOption, SloTtftOption, SpecOption, SystemOption, TemperatureOption,
+    TopPOption, speculation_arg,
+)
 from sdk.stats_line import stats_line
 
-AddrOption = Annotated[str, typer.Option("--addr", envvar="TANDEM_ADDR", help="host:port of the scheduler.")]
 COMMANDS = {"/exit": "leave (Ctrl-D too)", "/quit": "leave", "/reset": "forget the conversation", "/help": "this list"}
 
 
@@ -49,25 +52,22 @@ def prompt_for(client, text: str, *, raw: bool, system: str | None) -> str | lis
 
 
 def chat(
-    addr: AddrOption = "127.0.0.1:50051",
-    system: Annotated[str | None, typer.Option(help="System message at the start of the conversation.")] = None,
+    addr: AddrOption = DEFAULT_ADDR,
+    system: SystemOption = None,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per answer at most.")] = 256,
-    spec: Annotated[str, typer.Option(help="Speculation: auto, off, or a chain length k.")] = "auto",
-    slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT target in ms.")] = None,
-    slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT target in ms.")] = None,
-    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
-    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
-    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    spec: SpecOption = "auto",
+    slo_tpot_ms: SloTpotOption = None,
+    slo_ttft_ms: SloTtftOption = None,
+    temperature: TemperatureOption = 0.0,
+    top_p: TopPOption = 1.0,
+    seed: SeedOption = None,
 ) -> None:
     """Talk with the served model: streamed answers, speculation stats after each (/exit leaves)."""
     from sdk.client import Client
     from sdk.errors import TandemError
 
     console = Console(highlight=False)
-    speculation = int(spec) if spec.isdigit() else spec
-    if speculation not in ("auto", "off") and not isinstance(speculation, int):
-        raise typer.BadParameter("--spec auto, off or an integer")
-    options = dict(max_new_tokens=max_new_tokens, speculation=speculation, slo_tpot_ms=slo_tpot_ms,
+    options = dict(max_new_tokens=max_new_tokens, speculation=speculation_arg(spec), slo_tpot_ms=slo_tpot_ms,
                    slo_ttft_ms=slo_ttft_ms, temperature=temperature, top_p=top_p, seed=seed)  # fmt: skip
     has_slo = slo_tpot_ms is not None or slo_ttft_ms is not None
     try:

@@ -34,6 +34,10 @@ from rich.console import Console
 from rich.table import Table
 
 from sdk.chat_cli import chat
+from sdk.cli_options import (
+    DEFAULT_ADDR, AddrOption, SeedOption, SloTpotOption, SloTtftOption, SpecOption, SystemOption, TemperatureOption,
+    TopPOption,
+)
 from shared.models.cli import app as models_app
 from shared.profiling.cli import profile
 
@@ -41,10 +45,6 @@ app = typer.Typer(help="Tandem: LLM serving with SLO-aware speculative decoding.
 app.add_typer(models_app, name="models")
 app.command()(profile)
 app.command()(chat)
-
-DEFAULT_ADDR = "127.0.0.1:50051"
-AddrOption = Annotated[str, typer.Option("--addr", envvar="TANDEM_ADDR", help="host:port of the scheduler.")]
-
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
@@ -179,14 +179,14 @@ def generate(
     addr: AddrOption = DEFAULT_ADDR,
     ids: Annotated[bool, typer.Option("--ids", help="PROMPT is comma-separated token ids.")] = False,
     raw: Annotated[bool, typer.Option("--raw", help="Send the text as it is, without the model's chat template.")] = False,
-    system: Annotated[str | None, typer.Option(help="System message (with the chat template).")] = None,
+    system: SystemOption = None,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate at most.")] = 64,
-    spec: Annotated[str, typer.Option(help="Speculation: auto, off, or a chain length k.")] = "auto",
-    slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT target in ms.")] = None,
-    slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT target in ms.")] = None,
-    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
-    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
-    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    spec: SpecOption = "auto",
+    slo_tpot_ms: SloTpotOption = None,
+    slo_ttft_ms: SloTtftOption = None,
+    temperature: TemperatureOption = 0.0,
+    top_p: TopPOption = 1.0,
+    seed: SeedOption = None,
     stop: Annotated[list[str] | None, typer.Option(help="Stop string (repeatable).")] = None,
     priority: Annotated[int, typer.Option(help="Higher runs earlier.")] = 0,
 ) -> None:
