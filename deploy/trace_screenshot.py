@@ -57,9 +57,11 @@ async def capture(ws_url: str, args) -> bytes:
             await asyncio.sleep(2)
         await asyncio.sleep(3)
         if args.tab:
-            x, y = await page.value(FIND_TAB % args.tab) or (None, None)
-            if x is None:
-                raise SystemExit(f"no tab {args.tab!r} on the page")
+            while (point := await page.value(FIND_TAB % args.tab)) is None:  # the span's panel renders last
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"no tab {args.tab!r} on the page")
+                await asyncio.sleep(2)
+            x, y = point
             for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
                 await page.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
             await asyncio.sleep(6)
