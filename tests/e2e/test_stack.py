@@ -152,7 +152,8 @@ def _ids(*ids: int) -> tandem_pb2.TokenIds:
             "INVALID_ARGUMENT",
         ),
     ],
-    ids=["empty", "out-of-vocab", "oversized", "text-no-tokenizer", "chat-no-tokenizer", "chat-empty", "bad-slo", "bad-temperature", "bad-top-p"],
+    ids=["empty", "out-of-vocab", "oversized", "text-no-tokenizer", "chat-no-tokenizer", "chat-empty", "bad-slo",
+         "bad-temperature", "bad-top-p"],
 )
 def test_bad_input_gets_its_status_and_leaks_nothing(stack, msg, code):
     with grpc.insecure_channel(stack.address) as channel, pytest.raises(grpc.RpcError) as info:
