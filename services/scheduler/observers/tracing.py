@@ -21,8 +21,8 @@ server span; the request span itself behind the HTTP API): ``tandem.num_prompt_t
 ``tandem.num_generated``, ``tandem.ttft_ms``, ``tandem.tpot_ms``, ``tandem.mean_accepted_length``
 (tokens per verify step), ``tandem.acceptance_rate``, ``tandem.slo_class``
 (services.scheduler.slo_class), ``tandem.slo_attained``, ``tandem.finish_reason`` (the loop's:
-length, stop_token, stop_string, aborted, error); the top span
-also carries OpenInference's ``openinference.span.kind`` = LLM and ``llm.token_count.{prompt,
+length, stop_token, stop_string, aborted, error), ``tandem.num_steps``; the top span also carries
+OpenInference's ``openinference.span.kind`` = LLM and ``llm.token_count.{prompt,
 completion,total}``, which Arize Phoenix shows in its trace list.
 
 Nothing else is a root: the model services trace a call only when it carries a trace context
@@ -63,8 +63,8 @@ from scheduler.request import Request
 from scheduler.workers import DraftWorker, TargetWorker
 from services.scheduler.slo_class import slo_class
 from services.scheduler.summary import slo_attained
-from shared.rpc.gen.tandem.v1 import tandem_pb2
 from shared.engine.types import AcceptResult, PrefillItem, PrefillResult, SpecItem, TokenTree, VerifyItem
+from shared.rpc.gen.tandem.v1 import tandem_pb2
 
 Attributes = dict[str, Any]
 
