@@ -127,5 +127,6 @@ def _turn(client, console: Console, messages: list[dict], options: dict, has_slo
         return None
     console.print()
     turn = sum(m["role"] == "user" for m in messages)
-    console.print(f"[dim]turn {turn}, context {result.num_prompt_tokens} tokens: {stats_line(result, slo=has_slo)}[/]")
+    line = f"turn {turn}, context {result.num_prompt_tokens} tokens: {stats_line(result, slo=has_slo)}"
+    console.print(f"[dim]{line}[/]", soft_wrap=True)  # one line, however narrow the terminal (it wraps, not rich)
     return result.text

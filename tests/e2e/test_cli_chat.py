@@ -86,8 +86,9 @@ class Tmux:
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
 def test_chat_two_turns_in_a_terminal(demo_stack):
     stats = r"turn (\d+), context (\d+) tokens: (\d+) tokens \(\w+\), TTFT [\d.]+ ms, .* tokens/step"
-    tmux = Tmux(f"cd {REPO} && PYTHONPATH={REPO} {sys.executable} -m sdk.cli chat --max-new-tokens 48 "
-                f"--spec 3 --addr {demo_stack}")  # fmt: skip
+    # the pane's own size, not a COLUMNS this process may have inherited
+    tmux = Tmux(f"cd {REPO} && env -u COLUMNS -u LINES PYTHONPATH={REPO} {sys.executable} -m sdk.cli chat "
+                f"--max-new-tokens 48 --spec 3 --addr {demo_stack}")  # fmt: skip
     try:
         tmux.wait_for(r"you> ")
         tmux.send(QUESTION)
