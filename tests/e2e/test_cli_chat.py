@@ -2,7 +2,8 @@
 
 `tandem generate` sends the README's question in the model's chat template and gets Paris (raw, the same
 text gets a token or two of nonsense); `tandem chat` is driven through two turns in a real terminal (tmux):
-streamed answers, a dim stats line per turn whose context grows with the conversation, and /exit.
+streamed answers, a dim stats line per turn whose context grows with the conversation, Ctrl-C stopping an
+answer midway, and /exit.
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ class Tmux:
         subprocess.run([*self.base, "send-keys", "-t", self.name, "-l", text], check=True)
         subprocess.run([*self.base, "send-keys", "-t", self.name, "Enter"], check=True)
 
+    def key(self, name: str) -> None:
+        subprocess.run([*self.base, "send-keys", "-t", self.name, name], check=True)
+
     def screen(self) -> str:
         out = subprocess.run([*self.base, "capture-pane", "-p", "-J", "-S", "-500", "-t", self.name],
                              capture_output=True, text=True)  # fmt: skip
@@ -99,6 +103,11 @@ def test_chat_two_turns_in_a_terminal(demo_stack):
         (t1, ctx1, gen1), (t2, ctx2, _) = [tuple(map(int, m)) for m in re.findall(stats, screen)]
         assert (t1, t2) == (1, 2) and ctx2 > ctx1 + gen1  # the second turn carried the first, question and answer
         tmux.wait_for(r"you> ", count=3)
+        tmux.send("Tell me a long story about a robot who learns to paint.")
+        tmux.wait_for(r"learns to paint\.\n\S")  # the answer has begun streaming
+        tmux.key("C-c")  # stops it: the server aborts the request, the turn is dropped, the chat goes on
+        screen = tmux.wait_for(r"you> ", count=4)
+        assert "stopped" in screen and len(re.findall(stats, screen)) == 2
         tmux.send("/exit")
         deadline = time.monotonic() + 30
         while tmux.alive() and time.monotonic() < deadline:
