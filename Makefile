@@ -81,7 +81,7 @@ trace-ui:
 	@$(TRACE_UI_VENV)/bin/python -c 'import importlib.metadata as m, sys; sys.exit(m.version("arize-phoenix") != "$(PHOENIX_VERSION)")' 2>/dev/null \
 		|| { echo "installing arize-phoenix==$(PHOENIX_VERSION) into $(TRACE_UI_VENV) (a few minutes, once) ..."; \
 		     $(TRACE_UI_VENV)/bin/pip install -q 'arize-phoenix==$(PHOENIX_VERSION)'; }
-	PHOENIX_HOST=$(TRACE_UI_HOST) $(TRACE_UI_VENV)/bin/python deploy/trace_ui.py
+	@PHOENIX_HOST=$(TRACE_UI_HOST) $(TRACE_UI_VENV)/bin/python deploy/trace_ui.py
 
 # Passive OpenMP waits: spinning threads distort timings badly when the cores are shared.
 bench-engine: setup models
