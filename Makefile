@@ -72,15 +72,19 @@ DEMO_ARGS ?=
 demo: setup models
 	$(PY) -m sdk.demo $(DEMO_ARGS)
 
-# Arize Phoenix, a local trace UI (http://127.0.0.1:6006) taking OTLP/gRPC on 127.0.0.1:4317. It gets a
-# venv of its own: it is a separate app, and its ~100 dependencies stay out of the serving venv.
-# Then: TANDEM_TRACE_EXPORTER=otlp tandem up   (or make demo with the same variable)
+# Arize Phoenix, a local trace UI: UI http://127.0.0.1:6006, OTLP/gRPC 127.0.0.1:4317, both on loopback only
+# (TRACE_UI_HOST=0.0.0.0 to open them to the network); prints the exact URL of Tandem's traces (deploy/trace_ui.py).
+# It gets a venv of its own, at a pinned version: it is a separate app, and its ~100 dependencies stay out of the
+# serving venv. Then: TANDEM_TRACE_EXPORTER=otlp tandem up   (or make demo with the same variable)
 TRACE_UI_VENV := .venv-trace-ui
+PHOENIX_VERSION := 20.26.1
+TRACE_UI_HOST ?= 127.0.0.1
 trace-ui:
 	@test -x $(TRACE_UI_VENV)/bin/python || $(PYTHON) -m venv $(TRACE_UI_VENV)
-	@$(TRACE_UI_VENV)/bin/python -c 'import phoenix' 2>/dev/null || $(TRACE_UI_VENV)/bin/pip install -q 'arize-phoenix'
-	@echo "Phoenix: UI http://127.0.0.1:6006, OTLP/gRPC 127.0.0.1:4317; run Tandem with TANDEM_TRACE_EXPORTER=otlp"
-	$(TRACE_UI_VENV)/bin/python -m phoenix.server.main serve
+	@$(TRACE_UI_VENV)/bin/python -c 'import importlib.metadata as m, sys; sys.exit(m.version("arize-phoenix") != "$(PHOENIX_VERSION)")' 2>/dev/null \
+		|| { echo "installing arize-phoenix==$(PHOENIX_VERSION) into $(TRACE_UI_VENV) (a few minutes, once) ..."; \
+		     $(TRACE_UI_VENV)/bin/pip install -q 'arize-phoenix==$(PHOENIX_VERSION)'; }
+	@PHOENIX_HOST=$(TRACE_UI_HOST) $(TRACE_UI_VENV)/bin/python deploy/trace_ui.py
 
 # Passive OpenMP waits: spinning threads distort timings badly when the cores are shared.
 bench-engine: setup models

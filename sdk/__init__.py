@@ -25,6 +25,7 @@ _EXPORTS = {
     "Timing": "sdk.client",
     "ServerInfo": "sdk.client",
     "ModelInfo": "sdk.client",
+    "ChatMessage": "sdk.client",
     "TandemError": "sdk.errors",
     "InvalidRequestError": "sdk.errors",
     "ContextLengthError": "sdk.errors",

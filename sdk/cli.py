@@ -5,7 +5,9 @@
     tandem up --draft-model suffix        ... with model-free suffix-tree drafting (suffix:alpha=2,... for options)
     tandem up --target-model DIR --draft-model DIR   your own pair (docs/models.md#your-own-pair)
     tandem serve target|draft|scheduler   one service, configured by TANDEM_* variables (what compose runs)
-    tandem generate "Once upon" --max-new-tokens 32 --spec 4 --slo-tpot-ms 50
+    tandem generate "What is the capital of France?" --max-new-tokens 32 --spec 4 --slo-tpot-ms 50
+                                          (in the model's chat template when it has one; --raw: as it is)
+    tandem chat [--system "..."]          an interactive conversation, streamed, stats after each answer
     tandem status                         the scheduler's Info and health
     tandem --version
     tandem models list|prepare|check      model pairs (shared.models.cli)
@@ -33,6 +35,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from sdk.chat_cli import chat
+from sdk.cli_options import (
+    DEFAULT_ADDR, AddrOption, CaOption, SeedOption, TlsOption, client_tls, SloTpotOption, SloTtftOption, SpecOption, SystemOption, TemperatureOption,
+    TopPOption,
+)
 from shared.models.cli import app as models_app
 from shared.profiling.cli import profile
 
@@ -58,11 +65,6 @@ def main(
     """Tandem: LLM serving with SLO-aware speculative decoding."""
 
 
-DEFAULT_ADDR = "127.0.0.1:50051"
-AddrOption = Annotated[str, typer.Option("--addr", envvar="TANDEM_ADDR", help="host:port of the scheduler.")]
-TlsOption = Annotated[bool, typer.Option("--tls", help="Dial the scheduler with TLS (the system's CAs unless --ca).")]
-CaOption = Annotated[Path | None, typer.Option("--ca", envvar="TANDEM_TLS_CA",
-                                               help="PEM CA bundle the scheduler's certificate chains to (implies --tls).")]
 TlsCertOption = Annotated[Path | None, typer.Option(help="Public endpoint over TLS: PEM certificate chain "
                                                     "(default $TANDEM_TLS_CERT).")]
 TlsKeyOption = Annotated[Path | None, typer.Option(help="PEM private key of --tls-cert (default $TANDEM_TLS_KEY).")]
@@ -75,6 +77,7 @@ InternalCaOption = Annotated[Path | None, typer.Option(help="CA of --internal-tl
 InternalMtlsOption = Annotated[bool, typer.Option(help="Mutual TLS inside: the model services require the "
                                                   "scheduler's client certificate (--internal-tls-cert).")]
 
+app.command()(chat)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
@@ -252,7 +255,8 @@ def _print_endpoints(console: Console, e) -> None:
     table.add_row("HTTP (OpenAI-compatible)", f"{e.http_url}/v1" if e.http_url else "-")
     table.add_row("logs", str(e.log_dir))
     console.print(table)
-    console.print(f'try:  tandem generate "Once upon a time" --addr {e.scheduler}     (Ctrl-C stops everything)')
+    console.print(f'try:  tandem generate "What is the capital of France?" --addr {e.scheduler}\n'
+                  f'      tandem chat --addr {e.scheduler}     (Ctrl-C stops everything)')
 
 
 @app.command()
@@ -260,21 +264,26 @@ def generate(
     prompt: Annotated[str, typer.Argument(help='Prompt text, or token ids with --ids ("1,2,3").')],
     addr: AddrOption = DEFAULT_ADDR,
     ids: Annotated[bool, typer.Option("--ids", help="PROMPT is comma-separated token ids.")] = False,
+    raw: Annotated[bool, typer.Option("--raw", help="Send the text as it is, without the model's chat template.")] = False,
+    system: SystemOption = None,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate at most.")] = 64,
-    spec: Annotated[str, typer.Option(help="Speculation: auto, off, or a chain length k.")] = "auto",
-    slo_tpot_ms: Annotated[float | None, typer.Option(help="TPOT target in ms.")] = None,
-    slo_ttft_ms: Annotated[float | None, typer.Option(help="TTFT target in ms.")] = None,
-    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
-    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
-    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    spec: SpecOption = "auto",
+    slo_tpot_ms: SloTpotOption = None,
+    slo_ttft_ms: SloTtftOption = None,
+    temperature: TemperatureOption = 0.0,
+    top_p: TopPOption = 1.0,
+    seed: SeedOption = None,
     stop: Annotated[list[str] | None, typer.Option(help="Stop string (repeatable).")] = None,
     priority: Annotated[int, typer.Option(help="Higher runs earlier.")] = 0,
     tls: TlsOption = False,
     ca: CaOption = None,
 ) -> None:
-    """Stream one generation to stdout; its summary goes to stderr."""
+    """Stream one generation to stdout; its summary goes to stderr. The prompt is a user message in the
+    model's chat template when the model has one (--system adds a system message); --raw sends it as is."""
+    from sdk.chat_cli import prompt_for
     from sdk.client import Client
     from sdk.errors import TandemError
+    from sdk.stats_line import stats_line
 
     err = Console(stderr=True)
     try:
@@ -283,7 +292,9 @@ def generate(
     except ValueError:
         raise typer.BadParameter("--ids needs comma-separated integers; --spec auto, off or an integer") from None
     try:
-        with Client(addr, **_client_tls(tls, ca)) as client:
+        with Client(addr, **client_tls(tls, ca)) as client:
+            if not ids:
+                prompt_arg = prompt_for(client, prompt, raw=raw, system=system)
             stream = client.stream(
                 prompt_arg, max_new_tokens=max_new_tokens, speculation=speculation, slo_tpot_ms=slo_tpot_ms,
                 slo_ttft_ms=slo_ttft_ms, temperature=temperature, top_p=top_p, seed=seed, stop=stop or (),
@@ -291,18 +302,15 @@ def generate(
             )  # fmt: skip
             with stream:
                 for event in stream:
-                    sys.stdout.write(event.text or "".join(f"{t} " for t in event.token_ids))
+                    # token ids only for an id prompt on a server without text (an EOS token has no text either)
+                    sys.stdout.write(event.text if not ids or event.text else "".join(f"{t} " for t in event.token_ids))
                     sys.stdout.flush()
             r = stream.result
     except TandemError as exc:
         err.print(f"[red]{exc}[/]", soft_wrap=True)  # one line, however long
         raise typer.Exit(1) from None
     sys.stdout.write("\n")
-    slo = "" if slo_tpot_ms is None and slo_ttft_ms is None else f", SLO {'met' if r.slo_attained else 'missed'}"
-    err.print(
-        f"[dim]{r.num_generated} tokens ({r.finish_reason}), TTFT {r.ttft_ms:.1f} ms, TPOT {r.tpot_ms:.1f} ms, "
-        f"{r.stats.mean_accepted_length:.2f} tokens/step, acceptance {r.stats.acceptance_rate:.0%}{slo}[/]"
-    )
+    err.print(f"[dim]{stats_line(r, slo=slo_tpot_ms is not None or slo_ttft_ms is not None)}[/]")
 
 
 @app.command()
@@ -313,7 +321,7 @@ def status(addr: AddrOption = DEFAULT_ADDR, tls: TlsOption = False, ca: CaOption
 
     console = Console()
     try:
-        with Client(addr, control_timeout=5, **_client_tls(tls, ca)) as client:
+        with Client(addr, control_timeout=5, **client_tls(tls, ca)) as client:
             health, info = client.health(), client.info()
     except TandemError as exc:
         console.print(f"[red]{addr}: {exc}[/]", soft_wrap=True)
@@ -332,17 +340,6 @@ def status(addr: AddrOption = DEFAULT_ADDR, tls: TlsOption = False, ca: CaOption
                 f"{m.kv_blocks_free}/{m.kv_blocks_total}", str(m.num_live_seqs),
             )  # fmt: skip
     console.print(table)
-
-
-def _client_tls(tls: bool, ca: Path | None) -> dict:
-    """Client keywords for `--tls` / `--ca`: TLS trusting ``ca`` (or the system's CAs), else plaintext."""
-    from shared.rpc.tls_files import TlsConfigError, read_ca
-
-    try:
-        roots = read_ca(ca, "--ca") if ca is not None else None
-    except TlsConfigError as exc:
-        raise typer.BadParameter(str(exc)) from None
-    return {"tls": tls or ca is not None, "root_certificates": roots}
 
 
 def _launch_tls(cert, key, ca, internal_cert, internal_key, internal_ca, internal_mtls: bool) -> dict:

@@ -6,6 +6,9 @@
         result = client.generate("Once upon a time", max_new_tokens=64, slo_tpot_ms=50)
         print(result.text, result.finish_reason, result.tpot_ms, result.stats.acceptance_rate)
 
+        chat = [{"role": "user", "content": "What is the capital of France?"}]   # the model's chat template
+        print(client.generate(chat, max_new_tokens=32).text)                     # (server side; Info.chat_template)
+
         with client.stream([1, 502, 77], max_new_tokens=32, speculation=4) as stream:
             for event in stream:                  # TokenEvent per committed chunk
                 print(event.text, end="", flush=True)
@@ -39,6 +42,7 @@ from pydantic import ValidationError
 from sdk.errors import GenerationError, InvalidRequestError, ServerError, TandemError, from_rpc_error
 from sdk.types import (
     AcceptanceStats,
+    ChatMessage,
     FinishReason,
     GenerateResult,
     ModelInfo,
@@ -66,7 +70,7 @@ _FINISH_FROM_PB = {
     tandem_pb2.FINISH_REASON_ERROR: FinishReason.ERROR,
 }
 
-Prompt = str | Sequence[int]
+Prompt = str | Sequence[int] | Sequence[ChatMessage | dict]  # text, token ids, or a conversation
 SpeculationArg = Speculation | Literal["auto", "off"] | int | dict | None
 
 
@@ -129,6 +133,8 @@ def build_request(
         if not prompt:
             raise InvalidRequestError("prompt is empty")
         request.text = prompt
+    elif _is_chat(prompt):
+        request.chat.CopyFrom(_chat_pb(prompt))
     else:
         ids = list(prompt)
         if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
@@ -145,6 +151,18 @@ def build_request(
         request.speculation.mode = _SPEC_MODE[spec.mode]
         request.speculation.k = spec.k
     return request
+
+
+def _is_chat(prompt: Prompt) -> bool:
+    return bool(prompt) and isinstance(prompt[0], (ChatMessage, dict))
+
+
+def _chat_pb(messages: Sequence[ChatMessage | dict]) -> tandem_pb2.ChatMessages:
+    try:
+        parsed = [m if isinstance(m, ChatMessage) else ChatMessage.model_validate(m) for m in messages]
+    except ValidationError as exc:
+        raise InvalidRequestError(f"chat message: {exc.errors(include_url=False)[0]['msg']}") from exc
+    return tandem_pb2.ChatMessages(messages=[tandem_pb2.ChatMessage(role=m.role, content=m.content) for m in parsed])
 
 
 def _timing(msg: common_pb2.Timing) -> Timing:
@@ -191,6 +209,7 @@ def info_from_pb(msg: tandem_pb2.TandemInfo) -> ServerInfo:
         speculation_policy=msg.speculation_policy,
         num_running=msg.num_running,
         num_waiting=msg.num_waiting,
+        chat_template=msg.chat_template,
         target=_model_info(msg.target) if msg.HasField("target") else None,
         draft=_model_info(msg.draft) if msg.HasField("draft") else None,
     )
@@ -546,6 +565,7 @@ __all__ = [
     "AcceptanceStats",
     "AsyncClient",
     "AsyncTokenStream",
+    "ChatMessage",
     "Client",
     "FinishReason",
     "GenerateResult",

@@ -24,6 +24,13 @@ class FinishReason(StrEnum):
 
 
 
+class ChatMessage(BaseModel):
+    """One turn of a conversation; a list of them is a prompt the server renders with the model's chat template."""
+
+    role: Literal["system", "user", "assistant"] | str = Field(description="system, user or assistant.")
+    content: str
+
+
 class Sampling(BaseModel):
     """Sampling parameters; temperature 0 is greedy."""
 
@@ -112,5 +119,6 @@ class ServerInfo(BaseModel):
     speculation_policy: str = ""
     num_running: int = 0
     num_waiting: int = 0
+    chat_template: bool = Field(False, description="The target's tokenizer has a chat template (chat prompts work).")
     target: ModelInfo | None = None
     draft: ModelInfo | None = None

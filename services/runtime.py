@@ -93,8 +93,8 @@ async def start_model_service(settings: ServiceSettings, role: str, service: str
         provider.shutdown()
         raise
     secret = settings.secret()  # only the scheduler, which knows it, may drive this service
-    server = create_server(tracer_provider=provider,
-                           interceptors=[SecretServerInterceptor(secret)] if secret else [])
+    server = create_server(tracer_provider=provider,  # spans only inside a request's trace: probes make none
+                           interceptors=[SecretServerInterceptor(secret)] if secret else [], only_in_trace=True)
     register(engine_host, server)
     health_servicer = await add_health(server, [service])
     try:

@@ -6,7 +6,9 @@
 
 Every span gets ``service.name`` twice: as a resource attribute (what Jaeger
 reads) and as a span attribute, copied by ``ServiceNameSpanProcessor``,
-because Arize Phoenix ignores resource attributes.
+because Arize Phoenix ignores resource attributes. The resource also names
+the Phoenix project the traces belong to (``openinference.project.name``,
+default ``tandem``; OTEL_RESOURCE_ATTRIBUTES may name another).
 
 Globals: OpenTelemetry keeps one process-wide tracer provider (and one
 propagator), settable once. ``setup_tracing`` does not touch them unless
@@ -36,6 +38,8 @@ from pydantic import BaseModel, Field
 ExporterKind = Literal["otlp", "console", "none", "memory"]
 
 DEFAULT_OTLP_ENDPOINT = "http://127.0.0.1:4317"
+PROJECT_NAME = "openinference.project.name"  # the resource attribute Arize Phoenix files traces by
+DEFAULT_PROJECT = "tandem"
 
 
 class TracingConfig(BaseModel):
@@ -113,7 +117,10 @@ def setup_tracing(
     flush. With ``set_global`` the provider also becomes OpenTelemetry's global
     one (allowed once per process).
     """
-    provider = TandemTracerProvider(resource=Resource.create({SERVICE_NAME: service_name}))
+    resource = Resource.create({SERVICE_NAME: service_name})
+    if PROJECT_NAME not in resource.attributes:  # OTEL_RESOURCE_ATTRIBUTES may name another project
+        resource = resource.merge(Resource({PROJECT_NAME: DEFAULT_PROJECT}))
+    provider = TandemTracerProvider(resource=resource)
     provider.add_span_processor(ServiceNameSpanProcessor(service_name))
     if isinstance(exporter, SpanExporter):
         provider.exporter = exporter

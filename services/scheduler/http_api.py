@@ -32,6 +32,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.propagate import extract
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from services.scheduler.errors import TandemRequestError
 from services.scheduler.servicer import TandemServicer
 from shared.rpc.api_keys import bearer, key_matches
 from shared.rpc.gen.tandem.v1 import common_pb2, tandem_pb2
@@ -214,14 +215,13 @@ def build_app(servicer: TandemServicer, *, model_name: str, keys: frozenset[str]
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await _parse(request, ChatBody)
-        if codec is None or not hasattr(codec.tokenizer, "apply_chat_template"):
+        if codec is None or not codec.has_chat_template:
             raise ApiError(400, "this server has no tokenizer with a chat template; use /v1/completions with token ids")
         messages = [{"role": m.role, "content": _text(m.content)} for m in body.messages]
         try:
-            encoded = codec.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        except Exception as exc:  # noqa: BLE001 - the template's own complaint, for the client
-            raise ApiError(400, f"the chat template rejected the messages: {exc}", param="messages") from None
-        ids = list(encoded["input_ids"]) if hasattr(encoded, "keys") else list(encoded)
+            ids = codec.encode_chat(messages)
+        except TandemRequestError as exc:
+            raise ApiError(400, str(exc), param="messages") from None
         return await _serve(request, _request(body, ids, None), body, chat=True)
 
     async def _serve(request: Request, msg: tandem_pb2.GenerateRequest, body: _Common, *, chat: bool):

@@ -70,7 +70,9 @@ from shared.rpc.api_keys import ApiKeyInterceptor
 from shared.rpc.shared_secret import SecretClientInterceptor
 from shared.rpc.tls import ClientTls, TlsConfigError
 from shared.rpc.tls_mismatch import tls_problem
-from shared.rpc.server import TANDEM_SERVICE, add_health, bind, create_server, public_options, set_serving
+from shared.rpc.server import (
+    PUBLIC_UNTRACED, TANDEM_SERVICE, add_health, bind, create_server, public_options, set_serving,
+)
 from shared.state.ownership import Heartbeat, fail_orphaned, new_instance_id
 from shared.state.redis_server import start_redis
 from shared.state.store import AsyncStateStore, StoreConfig
@@ -250,7 +252,7 @@ async def _start(
     )
     keys = settings.api_key_set()  # the public endpoint's API keys; none = open
     server = create_server(tracer_provider=provider, options=public_options(settings.max_prompt_bytes),
-                           interceptors=[ApiKeyInterceptor(keys)] if keys else [])
+                           interceptors=[ApiKeyInterceptor(keys)] if keys else [], untraced_methods=PUBLIC_UNTRACED)
     tandem_pb2_grpc.add_TandemServicer_to_server(servicer, server)
     health = await add_health(server, [TANDEM_SERVICE])
     port = bind(server, settings.listen_address("scheduler"), tls=public_tls)

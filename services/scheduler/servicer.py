@@ -13,7 +13,9 @@ workers at the next step boundary. Errors are exceptions with a ``grpc_code``
 Observers attached to the scheduler may define ``on_submit(request)``
 (synchronous): it is called right after a request is queued, before the loop
 can run a step for it, so a trace span or a Redis record exists before the
-request's first event.
+request's first event; and ``on_summary(request, summary)``, called with the
+final message before it is sent, while the call's server span is still open
+(the tracer writes the request's outcome on it).
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
             speculation_policy=sched.spec_policy.name,
             num_running=len(sched.running),
             num_waiting=len(sched.waiting),
+            chat_template=self.codec is not None and self.codec.has_chat_template,
         )
         for field, source in (("target", self.target_info), ("draft", self.draft_info)):
             if source is None:
@@ -144,6 +147,7 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
                 if event.token_ids or text:
                     yield tandem_pb2.GenerateResponse(request_id=req.id, tokens=self._chunk(req, event, text))
             summary = summary_pb(req, self.ledger.forget(req.id), self.timebase, eos_ids)
+            self._tell("on_summary", req, summary)
             yield tandem_pb2.GenerateResponse(request_id=req.id, final=summary)
         finally:
             self._close(req)
@@ -154,15 +158,19 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
         self.gate.check(len(self.scheduler.waiting))
         stream = self.scheduler.submit(req)  # ValueError (e.g. over the token budget) -> INVALID_ARGUMENT
         self.ledger.track(req.id)
+        self._tell("on_submit", req)
+        return stream
+
+    def _tell(self, hook: str, *args: object) -> None:
+        """Call ``hook`` on every observer that defines it (synchronously)."""
         for observer in self.scheduler.observers:
-            on_submit = getattr(observer, "on_submit", None)
-            if on_submit is None:
+            fn = getattr(observer, hook, None)
+            if fn is None:
                 continue
             try:
-                on_submit(req)
+                fn(*args)
             except Exception:  # noqa: BLE001 - observers never fail a request
-                log.exception("observer %r failed on submit", observer)
-        return stream
+                log.exception("observer %r failed in %s", observer, hook)
 
     def _chunk(self, req: Request, event: TokenEvent, text: str) -> tandem_pb2.TokenChunk:
         times = req.token_times[event.index : event.index + len(event.token_ids)]

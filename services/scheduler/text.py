@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from services.scheduler.errors import NoTokenizerError, TandemRequestError
 from shared.engine.tokenizer_dir import has_tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,23 @@ class TextCodec:
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text)["input_ids"])
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """The conversation rendered by the tokenizer's chat template, ending with the assistant's turn opened.
+
+        Raises ``NoTokenizerError`` when the tokenizer has no template and ``TandemRequestError`` with the
+        template's own complaint (e.g. roles out of order); both are the client's to fix."""
+        if not self.has_chat_template:
+            raise NoTokenizerError("the target's tokenizer has no chat template; send the prompt as text or token ids")
+        try:
+            encoded = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        except Exception as exc:  # noqa: BLE001 - the template's own complaint, for the client
+            raise TandemRequestError(f"the chat template rejected the messages: {exc}") from None
+        return list(encoded["input_ids"]) if hasattr(encoded, "keys") else list(encoded)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)

@@ -6,8 +6,10 @@ target prefill new requests in batches, and one out-of-vocabulary id would
 fail the whole batch.
 
     field                      rule                                   status
-    prompt                     text or token_ids, not empty           INVALID_ARGUMENT
+    prompt                     text, token_ids or chat, not empty     INVALID_ARGUMENT
     text prompt / stop strings need a tokenizer                       FAILED_PRECONDITION
+    chat prompt                needs a chat template                  FAILED_PRECONDITION
+                               roles and contents the template takes  INVALID_ARGUMENT
     token ids                  0 <= id < target vocab                 INVALID_ARGUMENT
     prompt + max_new_tokens    <= target max_context                  OUT_OF_RANGE
     max_new_tokens             >= 1                                   INVALID_ARGUMENT
@@ -128,9 +130,15 @@ def to_request(msg: tandem_pb2.GenerateRequest, limits: Limits, codec: TextCodec
 def _prompt(msg: tandem_pb2.GenerateRequest, codec: TextCodec | None) -> list[int]:
     kind = msg.WhichOneof("prompt")
     if kind is None:
-        raise TandemRequestError("prompt is required: set text or token_ids")
+        raise TandemRequestError("prompt is required: set text, token_ids or chat")
     if kind == "token_ids":
         ids = list(msg.token_ids.ids)
+    elif kind == "chat":
+        if not msg.chat.messages:
+            raise TandemRequestError("chat prompt has no messages")
+        if codec is None:
+            raise NoTokenizerError("this server has no tokenizer; send the prompt as token_ids")
+        ids = codec.encode_chat([{"role": m.role, "content": m.content} for m in msg.chat.messages])
     else:
         if not msg.text:
             raise TandemRequestError("prompt is empty")

@@ -206,6 +206,12 @@ class TracingServerInterceptor(grpc.aio.ServerInterceptor):
     opens are its children. Attributes follow the OpenTelemetry RPC conventions
     (``rpc.system``, ``rpc.service``, ``rpc.method``, ``rpc.grpc.status_code``).
     Without ``tracer_provider`` the global one is used (a no-op unless set).
+
+    Methods under ``skip_method_prefixes`` (health checks) are never traced. With
+    ``only_in_trace`` a call is traced only when it carries a valid trace context:
+    what the internal services use, so their spans always sit inside a request's
+    trace and a caller's probes (Info at startup, releases no request owns) make
+    no roots of their own.
     """
 
     def __init__(
@@ -213,10 +219,13 @@ class TracingServerInterceptor(grpc.aio.ServerInterceptor):
         tracer_provider: TracerProvider | None = None,
         propagator: TextMapPropagator | None = None,
         skip_method_prefixes: Sequence[str] = (HEALTH_METHOD_PREFIX,),
+        *,
+        only_in_trace: bool = False,
     ) -> None:
         self._tracer = trace.get_tracer("tandem.rpc", tracer_provider=tracer_provider)
         self._propagator = propagator or w3c_propagator()
         self._skip = tuple(skip_method_prefixes)
+        self._only_in_trace = only_in_trace
 
     async def intercept_service(
         self,
@@ -228,6 +237,8 @@ class TracingServerInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or method.startswith(self._skip):
             return handler
         parent = self._propagator.extract(_metadata_carrier(handler_call_details.invocation_metadata))
+        if self._only_in_trace and not trace.get_current_span(parent).get_span_context().is_valid:
+            return handler
         return _wrap_handler(handler, method, lambda behavior, m: self._wrap(behavior, m, parent))
 
     def _start(self, method: str, parent: Any) -> Any:
@@ -303,9 +314,13 @@ def _status_from_int(value: int) -> grpc.StatusCode | None:
 
 def default_server_interceptors(
     tracer_provider: TracerProvider | None = None,
+    *,
+    untraced_methods: Sequence[str] = (HEALTH_METHOD_PREFIX,),
+    only_in_trace: bool = False,
 ) -> list[grpc.aio.ServerInterceptor]:
-    """[ErrorInterceptor, TracingServerInterceptor]: error mapping outermost."""
-    return [ErrorInterceptor(), TracingServerInterceptor(tracer_provider)]
+    """[ErrorInterceptor, TracingServerInterceptor]: error mapping outermost (tracing options: see the latter)."""
+    tracing = TracingServerInterceptor(tracer_provider, skip_method_prefixes=untraced_methods, only_in_trace=only_in_trace)
+    return [ErrorInterceptor(), tracing]
 
 
 # ---------------------------------------------------------------------------

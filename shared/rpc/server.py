@@ -21,13 +21,15 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import shared.rpc  # noqa: F401 - builds the generated code if needed
 from shared.rpc.gen.tandem.v1 import draft_pb2, tandem_pb2, target_pb2
-from shared.rpc.interceptors import default_server_interceptors
+from shared.rpc.interceptors import HEALTH_METHOD_PREFIX, default_server_interceptors
 from shared.rpc.tls import ServerTls
 
 # Fully qualified service names, as health checks and reflection spell them.
 DRAFT_SERVICE = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name  # tandem.v1.DraftService
 TARGET_SERVICE = target_pb2.DESCRIPTOR.services_by_name["TargetService"].full_name  # tandem.v1.TargetService
 TANDEM_SERVICE = tandem_pb2.DESCRIPTOR.services_by_name["Tandem"].full_name  # tandem.v1.Tandem
+# Calls of the public endpoint that are probes, not requests: no trace of their own (health, `tandem status`).
+PUBLIC_UNTRACED = (HEALTH_METHOD_PREFIX, f"/{TANDEM_SERVICE}/Info")
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # trees with sparse distributions for a large batch fit easily
 
@@ -52,12 +54,15 @@ def create_server(
     tracer_provider: TracerProvider | None = None,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     options: Sequence[tuple[str, int | str]] = DEFAULT_OPTIONS,
+    untraced_methods: Sequence[str] = (HEALTH_METHOD_PREFIX,),
+    only_in_trace: bool = False,
 ) -> grpc.aio.Server:
-    """A grpc.aio server with error mapping and tracing first, then ``interceptors``."""
-    return grpc.aio.server(
-        interceptors=[*default_server_interceptors(tracer_provider), *interceptors],
-        options=list(options),
-    )
+    """A grpc.aio server with error mapping and tracing first, then ``interceptors``.
+
+    Tracing: no spans for ``untraced_methods`` (method-name prefixes); with ``only_in_trace`` none for calls
+    that carry no trace context (shared.rpc.interceptors.TracingServerInterceptor)."""
+    first = default_server_interceptors(tracer_provider, untraced_methods=untraced_methods, only_in_trace=only_in_trace)
+    return grpc.aio.server(interceptors=[*first, *interceptors], options=list(options))
 
 
 async def add_health(

@@ -129,6 +129,12 @@ def _ids(*ids: int) -> tandem_pb2.TokenIds:
         (tandem_pb2.GenerateRequest(token_ids=_ids(1, VOCAB + 3), max_new_tokens=4), "INVALID_ARGUMENT"),
         (tandem_pb2.GenerateRequest(token_ids=_ids(*[7] * MAX_CONTEXT), max_new_tokens=8), "OUT_OF_RANGE"),
         (tandem_pb2.GenerateRequest(text="hello", max_new_tokens=4), "FAILED_PRECONDITION"),
+        (  # a conversation needs the tokenizer's chat template; the tiny models have no tokenizer at all
+            tandem_pb2.GenerateRequest(chat=tandem_pb2.ChatMessages(messages=[tandem_pb2.ChatMessage(role="user",
+                                       content="hi")]), max_new_tokens=4),
+            "FAILED_PRECONDITION",
+        ),  # fmt: skip
+        (tandem_pb2.GenerateRequest(chat=tandem_pb2.ChatMessages(), max_new_tokens=4), "INVALID_ARGUMENT"),
         (
             tandem_pb2.GenerateRequest(token_ids=_ids(1), max_new_tokens=4, slo=tandem_pb2.Slo(tpot_ms=-1)),
             "INVALID_ARGUMENT",
@@ -146,7 +152,8 @@ def _ids(*ids: int) -> tandem_pb2.TokenIds:
             "INVALID_ARGUMENT",
         ),
     ],
-    ids=["empty", "out-of-vocab", "oversized", "text-no-tokenizer", "bad-slo", "bad-temperature", "bad-top-p"],
+    ids=["empty", "out-of-vocab", "oversized", "text-no-tokenizer", "chat-no-tokenizer", "chat-empty", "bad-slo",
+         "bad-temperature", "bad-top-p"],
 )
 def test_bad_input_gets_its_status_and_leaks_nothing(stack, msg, code):
     with grpc.insecure_channel(stack.address) as channel, pytest.raises(grpc.RpcError) as info:

@@ -306,6 +306,7 @@ def test_client_side_validation_raises_before_calling(server) -> None:
             dict(prompt="x", top_p=0.0),
             dict(prompt="x", speculation={"mode": "fixed"}),
             dict(prompt="x", slo_tpot_ms=-5),
+            dict(prompt=[{"role": "user"}], max_new_tokens=4),  # a chat message without content
         ]:
             prompt = bad.pop("prompt")
             with pytest.raises(InvalidRequestError):
@@ -394,3 +395,15 @@ def test_async_client(server) -> None:
         return [e async for e in stream]
 
     asyncio.run(main())
+
+
+def test_a_conversation_travels_as_chat_messages() -> None:
+    """A list of messages is a chat prompt: the server renders it with the model's template (GenerateRequest.chat)."""
+    from sdk import ChatMessage
+    from sdk.client import build_request
+
+    request = build_request([{"role": "system", "content": "Be brief."}, ChatMessage(role="user", content="Hi")],
+                            max_new_tokens=8)  # fmt: skip
+    assert request.WhichOneof("prompt") == "chat"
+    assert [(m.role, m.content) for m in request.chat.messages] == [("system", "Be brief."), ("user", "Hi")]
+    assert build_request([1, 2], max_new_tokens=8).WhichOneof("prompt") == "token_ids"

@@ -7,28 +7,17 @@
                 moving averages of acceptance rate and accepted length; queue depth, running requests
     on_finish   TTFT, TPOT, SLO attainment, goodput tokens, finish reason
 
-Requests are labelled by SLO class, a bucket of their TPOT target, so the
-label set stays small whatever targets clients send.
+Requests are labelled by SLO class (services.scheduler.slo_class), a bucket
+of their TPOT target, so the label set stays small whatever targets clients send.
 """
 
 from __future__ import annotations
 
 from scheduler.engine_loop import Scheduler
 from scheduler.report import StepReport
-from scheduler.request import SLO, Request
+from scheduler.request import Request
+from services.scheduler.slo_class import slo_class
 from shared.metrics import TandemMetrics
-
-# Upper bounds (ms) of the SLO classes: a 40 ms TPOT target is in class "tpot<=50ms".
-SLO_CLASS_BOUNDS_MS = (10, 20, 50, 100, 200, 500, 1000)
-
-
-def slo_class(slo: SLO) -> str:
-    if slo.tpot_ms is None:
-        return "none"
-    for bound in SLO_CLASS_BOUNDS_MS:
-        if slo.tpot_ms <= bound:
-            return f"tpot<={bound}ms"
-    return f"tpot>{SLO_CLASS_BOUNDS_MS[-1]}ms"
 
 
 class MetricsObserver:

@@ -2,7 +2,8 @@
 
 The span tree of one request::
 
-    tandem.v1.Tandem/Generate        SERVER span (rpc interceptor); child of the client's span if it sent one
+    tandem.v1.Tandem/Generate        SERVER span (rpc interceptor); child of the client's span if it sent one;
+                                     the request's summary (below) for trace lists
       request                        submission -> end: prompt/SLO/speculation in, outcome and latencies out
         queue                        submission -> first prefill (again after a preemption)
         prefill                      one per worker call (tandem.worker = target | draft)
@@ -12,7 +13,22 @@ The span tree of one request::
                                      finish reason, the step's phase times (tandem.step_{total,verify,...}_ms)
                                      and its k over the batch (tandem.step_k_mean, tandem.step_k_max),
                                      what the length policy's decision rested on (tandem.policy.*)
-          └╌▶ TargetService/Verify, DraftService/Speculate ...   SERVER spans of the model services
+        release                      the worker calls that free its KV cache (tandem.worker = target | draft)
+          └╌▶ TargetService/Verify, DraftService/Speculate, .../Release ...   SERVER spans of the model services
+
+The summary, on the request span and on the top span of the request this process owns (the Generate
+server span; the request span itself behind the HTTP API): ``tandem.num_prompt_tokens``,
+``tandem.num_generated``, ``tandem.ttft_ms``, ``tandem.tpot_ms``, ``tandem.mean_accepted_length``
+(tokens per verify step), ``tandem.acceptance_rate``, ``tandem.slo_class``
+(services.scheduler.slo_class), ``tandem.slo_attained``, ``tandem.finish_reason`` (the loop's:
+length, stop_token, stop_string, aborted, error), ``tandem.num_steps``; the top span also carries
+OpenInference's ``openinference.span.kind`` = LLM and ``llm.token_count.{prompt,
+completion,total}``, which Arize Phoenix shows in its trace list.
+
+Nothing else is a root: the model services trace a call only when it carries a trace context
+(shared.rpc.interceptors), so the scheduler's startup Info, health and target probes, and releases of
+sequences no live request owns, leave no spans; worker calls with no traced request run with no
+context at all.
 
 The catch is batching: one Verify RPC serves every running request, but an
 RPC carries a single trace context. So each worker call opens a phase span
@@ -28,7 +44,7 @@ trace gets its share of draft and target spans, not just the oldest one's.
 ``TracedTarget`` / ``TracedDraft`` wrap the workers (they need the call, to
 make the span current around it); ``RequestTracer`` owns the request spans
 and is the observer (``on_submit`` opens, ``on_step`` adds commit spans,
-``on_finish`` closes). Span attributes are ``tandem.*``.
+``on_summary`` writes the summary, ``on_finish`` closes). Span attributes are ``tandem.*``.
 """
 
 from __future__ import annotations
@@ -45,8 +61,10 @@ from opentelemetry.trace import Link, Span, Status, StatusCode
 from scheduler.report import StepReport
 from scheduler.request import Request
 from scheduler.workers import DraftWorker, TargetWorker
+from services.scheduler.slo_class import slo_class
 from services.scheduler.summary import slo_attained
 from shared.engine.types import AcceptResult, PrefillItem, PrefillResult, SpecItem, TokenTree, VerifyItem
+from shared.rpc.gen.tandem.v1 import tandem_pb2
 
 Attributes = dict[str, Any]
 
@@ -55,7 +73,10 @@ Attributes = dict[str, Any]
 class _Live:
     span: Span  # the request span
     queue: Span | None  # open while the request waits for (re-)admission
+    top: Span  # this process's top span of the request: the Generate server span, or the request span itself
     num_represented: int = 0  # worker calls whose RPC ran in this request's context
+    num_steps: int = 0  # verify steps it took part in (as the ledger counts them for GenerateSummary)
+    summarized: bool = False  # its outcome is written
 
 
 class RequestTracer:
@@ -69,6 +90,7 @@ class RequestTracer:
     def on_submit(self, request: Request) -> None:
         """Open the request span under the current context (the Generate call's server span)."""
         spec = request.speculation
+        parent = trace.get_current_span()  # recording: the local server span; else a remote caller's context
         span = self.tracer.start_span(
             "request",
             attributes={
@@ -80,9 +102,13 @@ class RequestTracer:
                 "tandem.speculation.mode": spec.mode.value,
                 "tandem.speculation.k": spec.k,
                 "tandem.temperature": request.sampling.temperature,
+                "tandem.slo_class": slo_class(request.slo),
             },
         )
-        self._live[request.id] = _Live(span, self._child(span, "queue"))
+        top = parent if parent.is_recording() else span
+        if top is parent:
+            parent.set_attribute("tandem.request_id", request.id)
+        self._live[request.id] = _Live(span, self._child(span, "queue"), top)
 
     def on_step(self, report: StepReport) -> None:
         end_ns = time.time_ns()
@@ -122,27 +148,44 @@ class RequestTracer:
                 live.queue.end()
                 live.queue = None
 
+    def on_summary(self, request: Request, summary: tandem_pb2.GenerateSummary) -> None:
+        """The servicer is about to send the final message: its server span is still open, so write the outcome."""
+        live = self._live.get(request.id)
+        if live is not None:
+            self._write_outcome(live, request)
+
     def on_finish(self, request: Request) -> None:
         live = self._live.pop(request.id, None)
         if live is None:
             return
         if live.queue is not None:
             live.queue.end()
+        self._write_outcome(live, request)  # unless on_summary did: the loop may report first, or no reply went out
         span = live.span
-        span.set_attributes(
-            {
-                "tandem.finish_reason": request.finish_reason.value if request.finish_reason else "",
-                "tandem.num_generated": len(request.output_ids),
-                "tandem.ttft_ms": (request.ttft or 0.0) * 1e3,
-                "tandem.tpot_ms": (request.tpot or 0.0) * 1e3,
-                "tandem.slo_attained": slo_attained(request),
-                "tandem.num_drafted": request.num_drafted_tokens,
-                "tandem.num_accepted": request.num_accepted_tokens,
-            }
-        )
+        span.set_attributes({"tandem.num_drafted": request.num_drafted_tokens,
+                             "tandem.num_accepted": request.num_accepted_tokens})  # fmt: skip
         if request.error:
             span.set_status(Status(StatusCode.ERROR, request.error))
         span.end()
+
+    def _write_outcome(self, live: _Live, request: Request) -> None:
+        """The summary on the request span and the top span (whichever of on_summary / on_finish comes first,
+        while the top span is still open; both read the finished request, so both write the same)."""
+        if live.summarized:
+            return
+        live.summarized = True
+        attrs = summary_attributes(request, live.num_steps)
+        live.span.set_attributes(attrs)
+        if live.top is not live.span and live.top.is_recording():  # not when the call ended first (cancelled)
+            live.top.set_attributes(attrs)
+        if live.top.is_recording():
+            live.top.set_attributes(_openinference(request))
+
+    def counted_steps(self, seq_ids: Sequence[str]) -> None:
+        """A verify call took these sequences one step further."""
+        for sid in seq_ids:
+            if (live := self._live.get(sid)) is not None:
+                live.num_steps += 1
 
     # ------------------------------------------------------------------ phases of a batched call
     @contextmanager
@@ -153,8 +196,9 @@ class RequestTracer:
         lives = [self._live.get(sid) for sid in seq_ids]
         traced = [i for i, live in enumerate(lives) if live is not None]
         spans: list[Span | None] = [None] * len(seq_ids)
-        if not traced:
-            yield spans
+        if not traced:  # no context on the wire: the service's server span would be a root of its own
+            with trace.use_span(trace.INVALID_SPAN, end_on_exit=False):
+                yield spans
             return
         rep = min(traced, key=lambda i: lives[i].num_represented)
         lives[rep].num_represented += 1
@@ -215,6 +259,7 @@ class TracedTarget:
         attrs = [{"tandem.worker": "target", "tandem.tree_size": len(it.tree)} for it in items]
         with self.tracer.batch_phase("verify", [it.seq_id for it in items], attrs) as spans:
             results = await self.target.verify(items)
+            self.tracer.counted_steps([it.seq_id for it in items])
             for span, res in zip(spans, results):
                 if span is not None:
                     span.set_attributes(
@@ -223,7 +268,8 @@ class TracedTarget:
             return results
 
     async def release(self, seq_ids: list[str]) -> None:
-        await self.target.release(seq_ids)
+        with self.tracer.batch_phase("release", seq_ids, [{"tandem.worker": "target"}] * len(seq_ids)):
+            await self.target.release(seq_ids)
 
     async def resize_kv(self, num_blocks: int) -> int:
         """A span of its own, like draft.offload: the target's ResizeKV server span hangs under it."""
@@ -259,7 +305,8 @@ class TracedDraft:
             return trees
 
     async def release(self, seq_ids: list[str]) -> None:
-        await self.draft.release(seq_ids)
+        with self.tracer.batch_phase("release", seq_ids, [{"tandem.worker": "draft"}] * len(seq_ids)):
+            await self.draft.release(seq_ids)
 
     async def offload(self) -> int:
         """A span of its own (no request owns it); the draft's server span hangs under it."""
@@ -273,6 +320,33 @@ class TracedDraft:
             moved = await self.draft.reload()
             span.set_attribute("tandem.bytes_moved", moved)
             return moved
+
+
+def summary_attributes(request: Request, num_steps: int) -> Attributes:
+    """What a user looks for in a finished request's trace; the definitions of GenerateSummary (summary.py)."""
+    return {
+        "tandem.num_prompt_tokens": len(request.prompt_ids),
+        "tandem.num_generated": len(request.output_ids),
+        "tandem.ttft_ms": (request.ttft or 0.0) * 1e3,
+        "tandem.tpot_ms": (request.tpot or 0.0) * 1e3,
+        "tandem.mean_accepted_length": (request.num_accepted_tokens + num_steps) / num_steps if num_steps else 0.0,
+        "tandem.acceptance_rate": request.acceptance_rate or 0.0,
+        "tandem.num_steps": num_steps,
+        "tandem.slo_class": slo_class(request.slo),
+        "tandem.slo_attained": slo_attained(request),
+        "tandem.finish_reason": request.finish_reason.value if request.finish_reason else "",
+    }
+
+
+def _openinference(request: Request) -> Attributes:
+    """OpenInference's names for the token counts: Phoenix lists a trace's kind and tokens from them."""
+    prompt, completion = len(request.prompt_ids), len(request.output_ids)
+    return {
+        "openinference.span.kind": "LLM",
+        "llm.token_count.prompt": prompt,
+        "llm.token_count.completion": completion,
+        "llm.token_count.total": prompt + completion,
+    }
 
 
 def _shape_attrs(item: SpecItem) -> Attributes:

@@ -15,7 +15,7 @@ from shared.state.store import AsyncStateStore
 from shared.telemetry import setup_tracing
 from tests.support.fake_stack import fake_stack
 
-PHASES = {"queue", "prefill", "speculate", "verify", "commit"}
+PHASES = {"queue", "prefill", "speculate", "verify", "commit", "release"}
 
 
 def _by_name(spans, name):
@@ -37,7 +37,7 @@ def test_one_request_one_trace_with_phase_spans(token_stack):
     client_provider = setup_tracing("client", "memory")
     tracer = client_provider.get_tracer("test")
     with tracer.start_as_current_span("client-call") as client_span, Client(token_stack.address) as client:
-        result = client.generate([1, 2, 3], max_new_tokens=9, speculation=2)
+        result = client.generate([1, 2, 3], max_new_tokens=9, speculation=2, slo_tpot_ms=40)
     spans = _finished(token_stack, num_requests=1)
     trace_id = client_span.get_span_context().trace_id
     assert {s.context.trace_id for s in spans} == {trace_id}  # the client's trace covers the scheduler's spans
@@ -57,6 +57,17 @@ def test_one_request_one_trace_with_phase_spans(token_stack):
     assert sum(s.attributes["tandem.accepted_length"] for s in verifies) == result.stats.num_accepted_tokens
     assert all(s.attributes["tandem.k"] == 2 for s in _by_name(children, "speculate"))
     assert all(s.attributes["tandem.batch_size"] == 1 for s in verifies)
+    assert {s.attributes["tandem.worker"] for s in _by_name(children, "release")} == {"target", "draft"}
+    # the request's outcome, as the client got it, on the request span and on the call's server span
+    for span in (server, request):
+        a = span.attributes
+        assert (a["tandem.num_prompt_tokens"], a["tandem.num_generated"]) == (3, 9)
+        assert a["tandem.ttft_ms"] == pytest.approx(result.ttft_ms) and a["tandem.tpot_ms"] == pytest.approx(result.tpot_ms)
+        assert a["tandem.mean_accepted_length"] == pytest.approx(result.stats.mean_accepted_length)
+        assert (a["tandem.slo_class"], a["tandem.slo_attained"]) == ("tpot<=50ms", result.slo_attained)
+        assert a["tandem.finish_reason"] == "length"
+    assert server.attributes["llm.token_count.total"] == 12 and "llm.token_count.total" not in request.attributes
+    assert server.attributes["openinference.span.kind"] == "LLM"
 
 
 def test_commit_spans_carry_what_the_length_policy_decided_on():

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from services.scheduler.errors import NoTokenizerError, TandemRequestError
 from services.scheduler.text import IncrementalDecoder, TextCodec
 
 TEXT = "Héllo wörld — naïve café ☕ 日本語のテキスト and emoji 🙂🙃 with spaces  and\nnewlines."
@@ -55,3 +56,22 @@ def test_directory_without_tokenizer_means_token_ids_only(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     assert TextCodec.load(tmp_path) is None
     assert TextCodec.load(tmp_path / "missing") is None
+
+
+def test_chat_prompts_are_rendered_by_the_models_template(smollm2_codec):
+    """The server side of GenerateRequest.chat and /v1/chat/completions: the template with the generation prompt."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    ids = smollm2_codec.encode_chat(messages)
+    text = smollm2_codec.tokenizer.decode(ids)
+    assert smollm2_codec.has_chat_template
+    assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_chat_without_a_template_or_with_bad_messages_is_the_clients_to_fix(smollm2_dir):
+    codec = TextCodec.load(smollm2_dir)
+    with pytest.raises(TandemRequestError, match="chat template rejected"):
+        codec.encode_chat([{"role": "user"}])  # no content: the template's own complaint
+    codec.tokenizer.chat_template = None
+    assert not codec.has_chat_template
+    with pytest.raises(NoTokenizerError, match="no chat template"):  # FAILED_PRECONDITION
+        codec.encode_chat([{"role": "user", "content": "Hi"}])

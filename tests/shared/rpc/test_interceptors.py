@@ -108,8 +108,8 @@ def _generic_handler(servicer: _Servicer) -> grpc.GenericRpcHandler:
     )
 
 
-async def _start(tracer_provider=None) -> tuple[grpc.aio.Server, str]:
-    server = create_server(tracer_provider=tracer_provider)
+async def _start(tracer_provider=None, **tracing) -> tuple[grpc.aio.Server, str]:
+    server = create_server(tracer_provider=tracer_provider, **tracing)
     server.add_generic_rpc_handlers((_generic_handler(_Servicer(tracer_provider)),))
     await add_health(server, ["test.Svc"])
     port = bind(server, "127.0.0.1:0")
@@ -235,6 +235,38 @@ def test_trace_context_propagates_client_to_server() -> None:
     assert child.context.trace_id == trace_id and child.parent.span_id == ok.context.span_id
 
     assert [s.name for s in client_tp.memory_exporter.get_finished_spans()] == ["verify"]
+
+
+def test_internal_servers_trace_only_calls_inside_a_trace() -> None:
+    """only_in_trace (the model services): a call with no trace context (a startup Info, a probe) makes no
+    span, so it cannot become a root of its own; the same call inside a trace is traced as usual. And
+    untraced_methods (the public endpoint's Info) are never traced."""
+    client_tp = setup_tracing("scheduler", exporter="memory")
+    internal_tp = setup_tracing("target", exporter="memory")
+    public_tp = setup_tracing("public", exporter="memory")
+
+    async def main() -> None:
+        internal, internal_addr = await _start(internal_tp, only_in_trace=True)
+        public, public_addr = await _start(public_tp, untraced_methods=("/grpc.health.v1.Health/", "/test.Svc/Unary"))
+        try:
+            async with aio_channel(internal_addr) as channel:
+                assert await _unary(channel, "plain") == b"ok:plain"  # no context: no span
+                with client_tracer.start_as_current_span("release"):
+                    assert await _unary(channel, "traced") == b"ok:traced"
+            async with aio_channel(public_addr) as channel:
+                assert await _unary(channel, "probe") == b"ok:probe"
+                items, err = await _stream(channel, "Stream", "fine")
+                assert err is None and len(items) == 3
+        finally:
+            await internal.stop(None)
+            await public.stop(None)
+
+    client_tracer = client_tp.get_tracer("test.client")
+    asyncio.run(main())
+    (traced,) = internal_tp.memory_exporter.get_finished_spans()
+    (release,) = client_tp.memory_exporter.get_finished_spans()
+    assert traced.name == "test.Svc/Unary" and traced.parent.span_id == release.context.span_id
+    assert [s.name for s in public_tp.memory_exporter.get_finished_spans()] == ["test.Svc/Stream"]
 
 
 def test_sync_channel_injects_trace_context() -> None:
