@@ -16,7 +16,7 @@ import logging
 import ssl
 from collections.abc import Sequence
 
-from scheduler.grpc_workers import _GrpcWorker
+from services.scheduler.grpc_workers import _GrpcWorker
 from shared.rpc.tls import ClientTls, ServerTls, TlsConfigError, file_changes
 
 log = logging.getLogger(__name__)

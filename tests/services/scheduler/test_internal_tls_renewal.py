@@ -10,7 +10,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from scheduler.grpc_workers import GrpcTargetWorker, WorkerRpcError
+from services.scheduler.grpc_workers import GrpcTargetWorker, WorkerRpcError
 from services.scheduler.internal_tls import follow_client_tls
 from shared.rpc.gen.tandem.v1 import common_pb2
 from shared.rpc.server import bind, create_server
