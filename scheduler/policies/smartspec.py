@@ -95,12 +95,17 @@ in a row, one step decodes plainly, so the step-cost fit keeps seeing both
 modes and can tell a verify pass's own cost c_t from the per-step constant
 (step_cost.py); the probe is not a decision the §5 rule or the deferral read.
 
-Confidence variant (App. A, Algorithm 3): the draft drafts up to K_max and
-stops a chain once its confidence (draft probability) drops below the
-threshold T; then the verify length of each chain is chosen by goodput
-with each drafted token's path probability as its expected acceptance
-(``select``), the draft time being already spent. Whether to draft at all
-is still the alpha-based decision above.
+Confidence variant (App. A, Algorithm 3): the draft drafts up to K_max while
+the newest token's confidence (draft probability) is above the threshold T;
+the token that falls to T or below is kept and the chain stops after it
+(lines 7-12; drafting.py). Then, for greedy requests, the verify length of
+each chain is chosen by goodput with each drafted token's path probability
+as its expected acceptance (``select``, line 13), the draft time being
+already spent. Sampled requests verify the chain as drafted: a cut chosen
+from the drafted tokens' own probabilities would keep or drop a token by its
+own q and bias acceptance (a departure from line 13, which the paper states
+without sampling in view); the stopping rule alone is lossless. Whether to
+draft at all is still the alpha-based decision above.
 
 Learned state (alpha window, decision window, step-cost fits) is a
 ``SharedState`` kept in Redis by the scheduler process; per-request alphas
@@ -482,14 +487,21 @@ class SmartSpecConfidence(SmartSpec):
         return self
 
     def select(self, batch: Sequence[Request], trees: list[TokenTree], ctx: SpecContext) -> list[TokenTree]:
-        """Algorithm 3 line 13 (ArgmaxGoodput): per chain, the verify length maximising the step's goodput."""
+        """Algorithm 3 line 13 (ArgmaxGoodput): per greedy chain, the verify length maximising the step's goodput.
+
+        Sampled chains are verified whole: choosing their verify length from their own tokens' probabilities
+        biases acceptance (a token is kept or cut by its own q), so for them the paper's line 13 is not used."""
         n = len(batch)
         lengths = np.array([len(t) for t in trees])
         width = int(lengths.max()) if n else 0
         if width == 0:
             return trees
         contexts = np.array([r.num_tokens for r in batch], dtype=float)
-        free = np.array([r.speculation.mode is SpecMode.AUTO and _is_chain(t) for r, t in zip(batch, trees)])
+        # greedy requests only: a sampled chain's cut would read the probabilities of the very tokens it keeps or
+        # drops, and acceptance would then test tokens no longer drawn from the q it reports (not lossless); a
+        # sampled chain is verified as drafted, its length set by Algorithm 3's stopping rule alone
+        free = np.array([r.speculation.mode is SpecMode.AUTO and r.sampling.greedy and _is_chain(t)
+                         for r, t in zip(batch, trees)])  # fmt: skip
         gains = np.zeros((n, width))  # expected acceptance of each drafted token: its path probability
         for i, tree in enumerate(trees):
             if free[i] and len(tree):

@@ -9,6 +9,13 @@ Chain of k (SmartSpec §2; confidence stop, App. A)::
 
     step 0: run committed tail → d1      step i: run d_i → d_{i+1}      (d_k is never run)
 
+With a confidence threshold T (Algorithm 3 lines 7-12) a chain drafts while its
+newest token's confidence (its draft probability) is above T: the token that
+falls to T or below is kept, and drafting stops after it. The length is then a
+stopping rule (whether to draft d_{i+1} depends on d_1..d_i only), so the chain
+stays lossless under sampling; discarding that token instead would leave every
+kept token drawn from q cut to {x : q(x) > T} while acceptance tests against q.
+
 Beam search of depth d, width w (AdaServe §4.3 step 1)::
 
     step 0: root → top-w children by draft probability          (layer 0, w nodes)
@@ -72,15 +79,14 @@ class ChainDrafter:
                 dist = SparseDist(token_ids=vocab_ids[dist.token_ids.cpu()], probs=dist.probs)
             token = sample_sparse(dist, draft_generator(self.seq))
             prob = float(dist.probs[dist.token_ids == token].sum())
-        if prob < self.threshold:  # SmartSpec App. A: stop once the draft is unsure
-            self.done = True
-            return
         self.tree.token_ids.append(token)
         self.tree.parent_ids.append(row - 1)
         self.tree.draft_probs.append(prob)
         if not params.greedy:
             self.tree.child_dists[row] = dist
-        self.done = len(self.tree) >= self.length
+        # Algorithm 3 line 8: only requests whose confidence is above T propose again; this token is kept
+        unsure = self.threshold > 0 and prob <= self.threshold
+        self.done = unsure or len(self.tree) >= self.length
 
 
 class BeamDrafter:

@@ -244,7 +244,8 @@ class SuffixDraftEngine:
         if it.tree_depth:
             depth, width = it.tree_depth, it.tree_width
             limit, min_cond = depth * width, 0.0
-        else:  # a chain is the best path; a confidence threshold stops it as it stops a model draft's
+        else:  # a chain is the best path, cut where a conditional frequency falls below the threshold (its proposals
+            # are point masses fixed by the context, so any such rule stays lossless)
             depth, width = it.chain_len, 1
             limit, min_cond = it.chain_len, it.confidence_threshold
         if limit <= 0:

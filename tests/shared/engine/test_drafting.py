@@ -27,19 +27,21 @@ def test_chain_is_draft_greedy_with_its_probabilities(draft_model):
 
 
 def test_confidence_threshold_stops_chain(draft_model):
+    """Algorithm 3: a chain drafts while its newest token's confidence is above T; the token at or below T is
+    kept, and drafting stops after it."""
     draft = DraftEngine(make_runner(draft_model))
     draft.prefill([PrefillItem("a", [1, 2, 3]), PrefillItem("b", [4, 5])])
     full, stopped = draft.speculate(
         [SpecItem("a", [7], chain_len=6), SpecItem("b", [8], chain_len=6, confidence_threshold=1.0)]
     )
     assert len(full) == 6
-    assert len(stopped) == 0  # a random model is never fully confident
+    assert len(stopped) == 1  # a random model is never fully confident: its first token, then nothing
     probs = full.draft_probs
     draft.release(["a"])
     draft.prefill([PrefillItem("a", [1, 2, 3])])
     threshold = sorted(probs)[len(probs) // 2]
     cut = draft.speculate([SpecItem("a", [7], chain_len=6, confidence_threshold=threshold)])[0]
-    expect = next((i for i, p in enumerate(probs) if p < threshold), len(probs))
+    expect = next((i + 1 for i, p in enumerate(probs) if p <= threshold), len(probs))
     assert len(cut) == expect and cut.token_ids == full.token_ids[:expect]
 
 
