@@ -21,6 +21,14 @@ Beam search of depth d, width w (AdaServe §4.3 step 1)::
     step 0: root → top-w children by draft probability          (layer 0, w nodes)
     step s: run layer s-1 → of its w×|V| children keep the w with the
             highest path probability (product of conditional probabilities)
+
+Per-node expansion <e_0, e_1, ...> (SpecInfer's expansion config, e.g. <1,1,3,1,1,1,1,1>)::
+
+    step 0: root → its top-e_0 children by draft probability
+    step s: run layer s-1 → the top-e_s children of *every* node in it (e_0·…·e_s nodes)
+
+Beam and expansion trees are point masses (the draft's top choices, no
+sampling), so verification is lossless whatever their shape.
 """
 
 from __future__ import annotations
@@ -130,3 +138,38 @@ class BeamDrafter:
             self.path_probs.append(score)
         self.num_layers += 1
         self.done = self.num_layers >= self.depth
+
+
+class ExpansionDrafter:
+    """SpecInfer's tree: the top-``expansion[d]`` children (by draft probability) of every node at depth d."""
+
+    def __init__(self, seq: Sequence, expansion: tuple[int, ...]):
+        self.seq = seq
+        self.expansion = tuple(expansion)
+        self.tree = TokenTree()
+        self.layer: list[int] = []  # node indices of the newest layer
+        self.depth = -1  # of the newest layer (0: the root's children)
+        self.done = not self.expansion
+
+    def next_work(self) -> Work:
+        if not self.tree.token_ids:
+            return Work(self.seq, want_root=True)
+        nodes = [(self.tree.token_ids[j], self.tree.parent_ids[j]) for j in self.layer]
+        return Work(self.seq, new_nodes=nodes, want_nodes=True)
+
+    def absorb(self, logits: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> None:
+        """logits [1, vocab] for the root, or [num_layer_nodes, vocab] for the layer just run."""
+        probs = _draft_probs(logits, self.seq.sampling)  # [num_parents, vocab]
+        parents = self.layer if self.tree.token_ids else [-1]
+        self.depth += 1
+        k = min(self.expansion[self.depth], probs.shape[-1])
+        top_probs, top_ids = probs.topk(k, dim=-1)  # [num_parents, k] each, most probable first
+        self.layer = []
+        for parent, row_probs, row_ids in zip(parents, top_probs.tolist(), top_ids.tolist()):
+            for prob, column in zip(row_probs, row_ids):
+                token = column if vocab_ids is None else int(vocab_ids[column])
+                self.layer.append(len(self.tree))
+                self.tree.token_ids.append(token)
+                self.tree.parent_ids.append(parent)
+                self.tree.draft_probs.append(prob)
+        self.done = self.depth + 1 >= len(self.expansion)

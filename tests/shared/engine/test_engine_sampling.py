@@ -98,8 +98,10 @@ def test_first_token_follows_target_distribution(shape, params):
             trees = draft.speculate([SpecItem(d, [], chain_len=3) for d in ids])
         elif shape in ("conf_chain", "smartspec_conf"):
             trees = draft.speculate([SpecItem(d, [], chain_len=3, confidence_threshold=CONFIDENCE) for d in ids])
-        elif shape in ("beam_tree", "adaserve", "specinfer"):
+        elif shape in ("beam_tree", "adaserve"):
             trees = draft.speculate([SpecItem(d, [], tree_depth=2, tree_width=3) for d in ids])
+        elif shape == "specinfer":  # per-node top-k expansion <1, 2>, as SpecInferTree((1, 2)) asks for it
+            trees = draft.speculate([SpecItem(d, [], tree_depth=2, tree_width=2, tree_expansion=(1, 2)) for d in ids])
         else:  # SpecInfer: k children drawn i.i.d. from the draft's q at the root
             trees = []
             for _ in ids:

@@ -215,6 +215,24 @@ def test_chain_is_the_best_path_and_a_tree_keeps_its_width_per_level():
         assert out.token_ids[0] == chain.token_ids[0]
 
 
+def test_an_expansion_takes_each_nodes_most_frequent_continuations():
+    """SpecInfer's <1,1,3,1,1,1,1,1> on a suffix tree: every node at depth d gets its expansion[d] most frequent
+    continuations (fewer only where the history has fewer), not a level's width shared across branches."""
+    rng = random.Random(4)
+    tokens = [rng.randrange(4) for _ in range(2000)]
+    tree = SequenceTree(tokens, max_depth=12)
+    p, pos = tree.own_match(max_match=3)
+    expansion = (1, 1, 3, 1, 1, 1, 1, 1)
+    out, _ = propose(tree, pos, budget=20, depth=8, width=3, expansion=expansion)
+    validate_tree(out.token_ids, out.parent_ids, 4)
+    assert len(out) == 20  # 1 + 1 + 3 x 6: a long random history has the continuations
+    children = Counter(out.parent_ids)
+    for node in range(len(out)):
+        level = len(paths(out)[node])
+        if level < 8:
+            assert children[node] == expansion[level]
+
+
 def engine(**config):
     return SuffixDraftEngine(vocab_size=100, config=SuffixConfig(**config))
 
