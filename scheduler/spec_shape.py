@@ -99,3 +99,4 @@ class SpecContext:
     token_budget: int | None = None  # AdaServe's B (verify tokens before compute-bound), when profiled
     cost_model: CostModel | None = None  # the target's T_fwd (SmartSpec eq. 7), when profiled
     draft_cost_model: CostModel | None = None  # the draft's T_fwd per forward, when profiled
+    max_tokens_in_flight: int | None = None  # the KV token budget admission fills (SmartSpec Alg. 2's HasSlot)

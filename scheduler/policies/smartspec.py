@@ -196,6 +196,15 @@ class SmartSpecConfig(BaseModel):
     confidence_threshold: float = Field(
         0.0, ge=0.0, le=1.0, description="App. A: draft chains stop below this confidence; 0 = alpha variant."
     )
+    batch_search: bool = Field(
+        False, description="Algorithm 2 lines 2-11: each step runs the first-come-first-served prefix of the running "
+        "requests (1..n of them, each with its goodput-optimal k, each fitting the KV budget) of best goodput; "
+        "False: every running request runs, k chosen for that batch (``smartspec-prefix`` turns it on).",
+    )  # fmt: skip
+    max_hold_steps: int = Field(
+        8, ge=1, description="batch_search: a request left out of this many steps in a row is in every candidate "
+        "prefix (the paper has no such bound; without one a long-context request could wait for good).",
+    )  # fmt: skip
     cost: StepCostConfig = Field(default_factory=StepCostConfig)
     cost_probe_steps: int | None = Field(
         32, ge=1, description="A step decodes plainly (k = 0) after this many speculating steps in a row, so the "
@@ -229,6 +238,8 @@ class SmartSpec(SpeculationPolicy):
             self.name = "smartspec-reqcost"  # the per-request step cost (an extension): its own learned state
         if not cfg.charge_switch and type(self) is SmartSpec and self.name in ("smartspec", "smartspec-request"):
             self.name += "-noswitch"  # the ablation: its own learned state
+        if cfg.batch_search and type(self) is SmartSpec:
+            self.name += "-prefix"  # Algorithm 2's batch-prefix search: its own learned state (another batch mix)
         self._costs = StepCostModel(config=cfg.cost)
         self._cost_priors: tuple[Any, Any] = (None, None)
         self.state = SharedState(f"policy:{self.name}", STATE_VERSION, self._empty, self._apply)
@@ -241,6 +252,7 @@ class SmartSpec(SpeculationPolicy):
         self._explain_inputs: tuple | None = None  # alpha, contexts, step cost, free requests, k, a cost probe?, switch
         self._speculating_steps = 0  # speculating steps in a row (cost probes)
         self._alpha_of: tuple[list, float] | None = None  # the alpha window last read and its estimate
+        self._held: dict[str, int] = {}  # batch_search: steps in a row a running request was left out
 
     # ------------------------------------------------------------------ learned state
     def shared_state(self) -> SharedState:
@@ -323,21 +335,58 @@ class SmartSpec(SpeculationPolicy):
             return False
         return self._admission.wants_draft()
 
-    def decide(self, batch: Sequence[Request], ctx: SpecContext) -> list[SpecShape]:
+    def _inputs(self, batch: Sequence[Request], ctx: SpecContext) -> tuple:
+        """What ``_optimise`` reads of a batch: alpha, alphas, free, caps, fixed, contexts, cost, switch."""
         cfg = self.config
-        n = len(batch)
-        self._lift_prefill_rule(batch)
         contexts = np.array([r.num_tokens for r in batch], dtype=float)
-        free = np.array([r.speculation.mode is SpecMode.AUTO and r.id not in self._no_draft for r in batch])
+        free = np.array([r.speculation.mode is SpecMode.AUTO and r.id not in self._no_draft for r in batch], bool)
         fixed = np.array(
             [min(r.speculation.k, max(0, r.num_remaining - 1)) if r.speculation.mode is SpecMode.FIXED else 0
-             for r in batch]
+             for r in batch], dtype=int,
         )  # fmt: skip
-        caps = np.array([min(cfg.max_k, max(0, r.num_remaining - 1)) for r in batch])
+        caps = np.array([min(cfg.max_k, max(0, r.num_remaining - 1)) for r in batch], dtype=int)
         cost = self.step_cost(ctx)
         alpha = self.alpha()
         alphas = np.array([self.request_alpha(r.id, alpha) for r in batch]) if cfg.granularity == "request" else None
         switch = self._switch(batch) if cfg.charge_switch else None
+        return alpha, alphas, free, caps, fixed, contexts, cost, switch
+
+    def step_batch(self, batch: Sequence[Request], ctx: SpecContext) -> Sequence[Request]:
+        """Algorithm 2 lines 2-11 (``batch_search``): of the first-come-first-served prefixes of the running
+        requests, the one whose goodput-optimal k gives the best goodput and that has the slots (HasSlot: its
+        tokens and drafted tokens within the KV budget admission fills); ties go to the longer prefix. A request
+        left out ``max_hold_steps`` steps in a row is in every candidate (an extension: no request waits for good).
+        Without ``batch_search``: the whole batch, as admission formed it."""
+        cfg = self.config
+        if not cfg.batch_search or len(batch) <= 1:
+            return batch
+        order = sorted(batch, key=lambda r: (r.arrival_time if r.arrival_time is not None else float("inf")))
+        self._lift_prefill_rule(order)
+        alpha, alphas, free, caps, fixed, contexts, cost, switch = self._inputs(order, ctx)
+        shortest = 1 + max((i for i, r in enumerate(order) if self._held.get(r.id, 0) >= cfg.max_hold_steps),
+                           default=0)  # fmt: skip
+        budget = ctx.max_tokens_in_flight
+        best, best_g = len(order), -1.0
+        for m in range(shortest, len(order) + 1):
+            part = slice(0, m)
+            ks, g = self._optimise(alpha, None if alphas is None else alphas[part], free[part], caps[part],
+                                   fixed[part], contexts[part], cost, None if switch is None else switch[part])  # fmt: skip
+            if budget is not None and float((contexts[part] + ks + 1).sum()) > budget:
+                continue  # lines 5-7: no slot for this batch
+            if g >= best_g:
+                best, best_g = m, g
+        chosen = order[:best]
+        for r in order[best:]:
+            self._held[r.id] = self._held.get(r.id, 0) + 1
+        for r in chosen:
+            self._held.pop(r.id, None)
+        return chosen
+
+    def decide(self, batch: Sequence[Request], ctx: SpecContext) -> list[SpecShape]:
+        cfg = self.config
+        n = len(batch)
+        self._lift_prefill_rule(batch)
+        alpha, alphas, free, caps, fixed, contexts, cost, switch = self._inputs(batch, ctx)
         ks, g = self._optimise(alpha, alphas, free, caps, fixed, contexts, cost, switch)
         self.last_goodput = g
         # the prefill rule's decisions count requests kept off the draft too, by what they *would* get:
@@ -466,6 +515,7 @@ class SmartSpec(SpeculationPolicy):
     def _forget(self, request_id: str) -> None:
         self._request_alpha.pop(request_id, None)
         self._no_draft.pop(request_id, None)
+        self._held.pop(request_id, None)
 
 
 class SmartSpecConfidence(SmartSpec):
