@@ -405,7 +405,7 @@ def chi_square(counts: torch.Tensor, p: torch.Tensor) -> float:
     return float(chisquare(observed.numpy(), (expected * observed.sum() / expected.sum()).numpy()).pvalue)
 
 
-@pytest.mark.parametrize("shape", ["chain", "tree"])
+@pytest.mark.parametrize("shape", ["chain", "conf_chain", "tree", "expansion"])
 def test_sampling_with_suffix_drafts_follows_the_target(shape):
     """Drafts from a global tree full of varied continuations: the first emitted token is still ~ p."""
     params = SamplingParams(temperature=1.0, seed=3)
@@ -429,7 +429,9 @@ def test_sampling_with_suffix_drafts_follows_the_target(shape):
     counts = torch.zeros(VOCAB)
     accepted = 0
     for _ in range(TRIALS // COPIES):
-        shapes = {"chain": dict(chain_len=3), "tree": dict(tree_depth=2, tree_width=3)}[shape]
+        shapes = {"chain": dict(chain_len=3), "conf_chain": dict(chain_len=3, confidence_threshold=0.3),
+                  "tree": dict(tree_depth=2, tree_width=3),
+                  "expansion": dict(tree_depth=2, tree_width=2, tree_expansion=(2, 1))}[shape]  # fmt: skip
         trees = draft.speculate([SpecItem(d, [], **shapes) for d in ids])  # nothing new: the same prefix each time
         assert all(len(t) for t in trees)
         works = [
@@ -443,7 +445,7 @@ def test_sampling_with_suffix_drafts_follows_the_target(shape):
             runner.commit(seq, [])  # roll back: every trial starts from the same prefix
             counts[result.tokens[0]] += 1
             accepted += result.num_accepted > 0
-    if shape == "tree":
+    if shape in ("tree", "expansion"):
         assert len({t for t, parent in zip(trees[0].token_ids, trees[0].parent_ids) if parent == -1}) > 1
     assert chi_square(counts, p) > 1e-3
     assert accepted > 0  # speculation really happened
