@@ -258,8 +258,12 @@ class Scheduler:
             token_budget=self.config.token_budget,
             cost_model=self.config.cost_model,
             draft_cost_model=self.config.draft_cost_model,
+            max_tokens_in_flight=self.max_tokens_in_flight,
         )
         try:
+            if ctx.draft_available and batch:  # the policy may run a prefix of the batch (SmartSpec Alg. 2)
+                chosen = list(self.spec_policy.step_batch(batch, ctx))
+                batch = chosen if chosen and all(r.id in self._running for r in chosen) else batch
             shapes = plan_shapes(self.spec_policy, batch, ctx)
         except Exception:  # noqa: BLE001 - a policy bug costs speed, not requests
             log.exception("speculation policy failed; plain decoding this step")

@@ -241,11 +241,11 @@ class FakeDraft(_FakeWorker):
         ctx, toks, probs = list(seq), [], []
         for _ in range(it.chain_len):
             tok, p = self.lm.next_token(ctx)
-            if toks and p < it.confidence_threshold:
-                break
             toks.append(tok)
             probs.append(p)
             ctx.append(tok)
+            if it.confidence_threshold > 0 and p <= it.confidence_threshold:
+                break  # SmartSpec Algorithm 3: the unsure token is kept, drafting stops after it
         return TokenTree.chain(toks, probs)
 
     def _tree(self, seq: list[int], depth: int, width: int) -> TokenTree:

@@ -356,9 +356,10 @@ class EqualGreedy(_BudgetedTrees):
 class SpecInferTree(SpeculationPolicy):
     """A fixed tree per request (SpecInfer's expansion <1,1,3,1,1,1,1,1>), blind to load and SLOs.
 
-    The draft is asked for a beam of depth len(expansion) and width
-    max(expansion); the expansion is then cut out of it (``select_expansion``),
-    so a branch the beam did not keep is missing rather than drafted anew.
+    The draft expands it node by node (SpecShape.expanded, drafting.py ``ExpansionDrafter``): the top
+    expansion[d] children of every node at depth d, 20 nodes for the default. A draft that only knows beams
+    (prompt lookup, suffix trees) gets a beam of the expansion's depth and widest level, and the expansion is
+    cut out of it (``select_expansion``): there a branch the beam did not keep is missing.
     """
 
     name = "specinfer"
@@ -367,7 +368,7 @@ class SpecInferTree(SpeculationPolicy):
         if not expansion or min(expansion) < 1:
             raise ValueError(f"an expansion needs at least one layer and >= 1 child per node, got {expansion}")
         self.expansion = tuple(expansion)
-        self.shape = SpecShape.tree(len(self.expansion), max(self.expansion))
+        self.shape = SpecShape.expanded(self.expansion)
 
     def decide(self, batch: Sequence[Request], ctx: SpecContext) -> list[SpecShape]:
         return [self.shape] * len(batch)

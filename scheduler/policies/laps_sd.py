@@ -87,7 +87,9 @@ class LapsSD(QueuePolicy):
         requests share a round (used with ``share_rounds``)."""
         depths = req.drafted_depths
         n = sum(depths) / len(depths) if depths else default_depth
-        n = n if acceptance > 0 else 0.0
+        # a request that does not speculate drafts nothing and verifies one token per round; one that speculates
+        # pays eq. 6's draft and verify of n tokens even at A = 0 (then each round emits its bonus token alone)
+        n = 0.0 if req.speculation.mode is SpecMode.OFF else n
         remaining = max(1.0, self.predictor.predict(req) - req.num_generated)
         costs = self.config.costs
         ctx = req.num_tokens

@@ -29,21 +29,31 @@ with 1/√(bins so far), Lemma 2's reading: 16 % of the first 1 000 rounds,
 Reward r = observed goodput of the step: tokens it generated (accepted +
 one bonus per request) / seconds of speculate + select + verify. So the
 draft's real cost, the RPCs and the verify width all count, measured. The
-draft's re-prefill of requests it did not hold (``PhaseTimes.draft_sync``)
-is left out: it is the switching cost, charged by eq. 3's second term, not
-a property of the arm played.
+switching cost is charged once, by eq. 3's second term, and kept out of the
+rewards: the draft's re-prefill of requests it did not hold
+(``PhaseTimes.draft_sync``) is left out of every reward, and the first
+γ > 0 step after a γ = 0 step, whose speculate call runs the catch-up on the
+tokens the draft did not see, records no reward at all (its bin still
+advances and its acceptance counts still count; a reward with the catch-up
+in it would charge the switch a second time, to the arm played).
 
 Switching cost c_prefill (§4.2, Table 3): after a step without speculation
 the draft lags the target by the tokens it did not see; the next speculate
 first runs them through the draft (the whole sequence when the draft lost
-it: offloaded, failed, never prefilled). c_prefill(L_max, B) is looked up in
-a table over (lag, batch size) built from the draft's cost model
-T_fwd = α_d·N_context + γ_d·N_batched + δ_d, with N_batched = N_context = B·L
-(every request lagging by the batch's worst lag L_max, as the paper
-assumes; context ≈ the lagging tokens, which is what the catch-up attends
-beyond cached KV). The cost model is the profiled one (`tandem profile` of
-the draft, ``SpecContext.draft_cost_model``) or a generic CPU-sized prior;
-lookups round L and B up to the next grid point (the table errs high).
+it: offloaded, failed, never prefilled). The paper takes c_prefill(L_max, B)
+from an offline profile as T_SD − T_base: the step with the draft's catch-up
+less the step without it. Here both come from the draft's profiled cost
+model T_fwd = α_d·N_context + γ_d·N_batched + δ_d (``tandem profile`` of the
+draft, ``SpecContext.draft_cost_model``; a generic CPU-sized prior without
+one), every request lagging by the batch's worst lag L_max as the paper
+assumes, and the cached context the catch-up attends to counted in both::
+
+    T_SD   = T_fwd(C + B·(L_max + 1), B·(L_max + 1))    the first draft forward, catching up
+    T_base = T_fwd(C + B, B)                             the same forward in the steady state
+    c_prefill = T_SD − T_base                            C = Σ_i tokens the draft holds for request i
+
+(the forward's δ is paid either way; in this linear model the cached
+context's term cancels, so c_prefill = (α_d + γ_d)·B·L_max).
 
 Chain estimate (``estimate="chain"``, ``nightjar-chain``; an extension):
 the observed goodput of one step is noisy (a chain of 4 at acceptance 0.45
@@ -209,8 +219,6 @@ STATE_VERSION = 3  # 2: per-arm seconds per request and per-depth acceptance cou
 
 DEFAULT_DRAFT_COST = CostModel(alpha_s=2e-7, gamma_s=2e-4, delta_s=4e-3)  # per draft forward, CPU-sized
 LN2 = math.log(2.0)
-LAG_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 class NightjarConfig(BaseModel):
@@ -269,24 +277,20 @@ def bucket(batch_size: int) -> int:
 
 
 class SwitchCostTable:
-    """c_prefill(L_max, B) in seconds, tabulated over (lag, batch size) from the draft's cost model (Table 3)."""
+    """c_prefill = T_SD − T_base in seconds (§4.2, Table 3), from the draft's profiled cost model (module docstring)."""
 
     def __init__(self, cost: CostModel | None = None) -> None:
         self.cost = cost or DEFAULT_DRAFT_COST
-        self.table = {(lag, b): self._model(lag, b) for lag in LAG_GRID for b in BATCH_GRID}
 
-    def _model(self, lag: int, batch_size: int) -> float:
-        tokens = lag * batch_size
-        return self.cost.predict(num_context_tokens=tokens, num_batched_tokens=tokens)
-
-    def __call__(self, lag: int, batch_size: int) -> float:
+    def __call__(self, lag: int, batch_size: int, cached: int = 0) -> float:
+        """``lag``: L_max, tokens beyond the newest the worst request must catch up on; ``cached``: tokens the draft
+        holds for the batch's requests (the context the catch-up attends to)."""
         if lag <= 0 or batch_size <= 0:
             return 0.0
-        lag_key = next((g for g in LAG_GRID if g >= lag), None)
-        b_key = next((g for g in BATCH_GRID if g >= batch_size), None)
-        if lag_key is None or b_key is None:  # beyond the table: the model itself
-            return self._model(lag, batch_size)
-        return self.table[(lag_key, b_key)]
+        rows = batch_size * (lag + 1)  # each request's lag and its newest token, run in the first draft forward
+        t_sd = self.cost.predict(num_context_tokens=cached + rows, num_batched_tokens=rows)
+        t_base = self.cost.predict(num_context_tokens=cached + batch_size, num_batched_tokens=batch_size)
+        return max(0.0, t_sd - t_base)
 
 
 def draft_lag(req: Request) -> int:
@@ -375,6 +379,7 @@ class Nightjar(SpeculationPolicy):
         self._prev_k = 0  # γ_{t-1}: what the last step played (0 also when the draft was away)
         self._last: tuple[int, int, int, bool] | None = None  # step, bucket, γ, bin type of that round
         self.last_c_prefill = 0.0  # of the last exploitation (traces, tests)
+        self._switching = False  # the last decision left γ = 0: its step's reward carries the catch-up
         self._admission = DraftAdmission()
 
     def wants_draft(self, req: Request) -> bool:
@@ -398,7 +403,9 @@ class Nightjar(SpeculationPolicy):
         if st["tau"] == 1:
             st["explore"] = bool(event["explore"])  # the bin type drawn at its first round (line 8)
         k = int(event["k"])
-        if 0 <= k < self.num_arms:
+        if event.get("switch"):  # a switch step: its time holds the catch-up, charged by eq. 3 instead
+            st["depth"] = add_counts(list(st.get("depth") or []), event.get("depth") or [])
+        elif 0 <= k < self.num_arms:
             n[k] += 1
             reward, old = float(event["reward"]), g[k]
             if self.config.drift and event.get("seconds_per_request") is not None:
@@ -475,10 +482,13 @@ class Nightjar(SpeculationPolicy):
         else:
             c_prefill = 0.0
             if self.config.switch_cost and self._prev_k == 0:
-                c_prefill = self.switch_cost(ctx)(max(draft_lag(r) for r in auto), len(auto))
+                cached = sum(max(0, r.num_tokens - draft_lag(r) - 1) for r in auto)
+                c_prefill = self.switch_cost(ctx)(max(draft_lag(r) for r in auto), len(auto), cached)
             self.last_c_prefill = c_prefill
             k = exploit(self.goodputs(st), _fit(list(st["n"]), self.num_arms, 0), self._prev_k, c_prefill)
         self._last = (ctx.step, b, k, explore)
+        # eq. 3's 𝟙 with something to catch up on: this step's speculate call runs the catch-up
+        self._switching = self._prev_k == 0 and k > 0 and any(draft_lag(r) > 0 for r in auto)
         self._admission.record([k] * len(auto))
         shape = SpecShape.chain(k)
         return [shape if r.speculation.mode is SpecMode.AUTO else SpecShape.none() for r in batch]
@@ -534,7 +544,8 @@ class Nightjar(SpeculationPolicy):
         self._prev_k = last[2] if played and report.num_speculating else 0
         if not played or not report.outcomes:
             return
-        # the draft's resync (a request it did not hold) is a switching cost, which eq. 3 charges apart
+        # the draft's resync (a request it did not hold) and the catch-up of a 0 -> γ > 0 switch are the switching
+        # cost, which eq. 3 charges apart: neither enters a reward (module docstring)
         seconds = report.times.drafting + report.times.select + report.times.verify
         if seconds <= 0:
             return
@@ -543,6 +554,8 @@ class Nightjar(SpeculationPolicy):
         if k > 0 and not report.num_speculating:
             k = 0  # the draft failed this step: it was plain decoding after all
         event = {"bucket": b, "k": k, "reward": tokens / seconds, "explore": explore}
+        if self._switching and k > 0 and self.config.switch_cost:  # without eq. 3's term the reward carries it
+            event["switch"] = True  # the bin advances and the depths count; no reward, no time for the arm
         if self.config.estimate == "chain":
             depth: list = []
             for o in report.outcomes:

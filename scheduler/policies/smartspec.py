@@ -95,12 +95,17 @@ in a row, one step decodes plainly, so the step-cost fit keeps seeing both
 modes and can tell a verify pass's own cost c_t from the per-step constant
 (step_cost.py); the probe is not a decision the §5 rule or the deferral read.
 
-Confidence variant (App. A, Algorithm 3): the draft drafts up to K_max and
-stops a chain once its confidence (draft probability) drops below the
-threshold T; then the verify length of each chain is chosen by goodput
-with each drafted token's path probability as its expected acceptance
-(``select``), the draft time being already spent. Whether to draft at all
-is still the alpha-based decision above.
+Confidence variant (App. A, Algorithm 3): the draft drafts up to K_max while
+the newest token's confidence (draft probability) is above the threshold T;
+the token that falls to T or below is kept and the chain stops after it
+(lines 7-12; drafting.py). Then, for greedy requests, the verify length of
+each chain is chosen by goodput with each drafted token's path probability
+as its expected acceptance (``select``, line 13), the draft time being
+already spent. Sampled requests verify the chain as drafted: a cut chosen
+from the drafted tokens' own probabilities would keep or drop a token by its
+own q and bias acceptance (a departure from line 13, which the paper states
+without sampling in view); the stopping rule alone is lossless. Whether to
+draft at all is still the alpha-based decision above.
 
 Learned state (alpha window, decision window, step-cost fits) is a
 ``SharedState`` kept in Redis by the scheduler process; per-request alphas
@@ -191,6 +196,15 @@ class SmartSpecConfig(BaseModel):
     confidence_threshold: float = Field(
         0.0, ge=0.0, le=1.0, description="App. A: draft chains stop below this confidence; 0 = alpha variant."
     )
+    batch_search: bool = Field(
+        False, description="Algorithm 2 lines 2-11: each step runs the first-come-first-served prefix of the running "
+        "requests (1..n of them, each with its goodput-optimal k, each fitting the KV budget) of best goodput; "
+        "False: every running request runs, k chosen for that batch (``smartspec-prefix`` turns it on).",
+    )  # fmt: skip
+    max_hold_steps: int = Field(
+        8, ge=1, description="batch_search: a request left out of this many steps in a row is in every candidate "
+        "prefix (the paper has no such bound; without one a long-context request could wait for good).",
+    )  # fmt: skip
     cost: StepCostConfig = Field(default_factory=StepCostConfig)
     cost_probe_steps: int | None = Field(
         32, ge=1, description="A step decodes plainly (k = 0) after this many speculating steps in a row, so the "
@@ -224,6 +238,8 @@ class SmartSpec(SpeculationPolicy):
             self.name = "smartspec-reqcost"  # the per-request step cost (an extension): its own learned state
         if not cfg.charge_switch and type(self) is SmartSpec and self.name in ("smartspec", "smartspec-request"):
             self.name += "-noswitch"  # the ablation: its own learned state
+        if cfg.batch_search and type(self) is SmartSpec:
+            self.name += "-prefix"  # Algorithm 2's batch-prefix search: its own learned state (another batch mix)
         self._costs = StepCostModel(config=cfg.cost)
         self._cost_priors: tuple[Any, Any] = (None, None)
         self.state = SharedState(f"policy:{self.name}", STATE_VERSION, self._empty, self._apply)
@@ -236,6 +252,7 @@ class SmartSpec(SpeculationPolicy):
         self._explain_inputs: tuple | None = None  # alpha, contexts, step cost, free requests, k, a cost probe?, switch
         self._speculating_steps = 0  # speculating steps in a row (cost probes)
         self._alpha_of: tuple[list, float] | None = None  # the alpha window last read and its estimate
+        self._held: dict[str, int] = {}  # batch_search: steps in a row a running request was left out
 
     # ------------------------------------------------------------------ learned state
     def shared_state(self) -> SharedState:
@@ -318,21 +335,58 @@ class SmartSpec(SpeculationPolicy):
             return False
         return self._admission.wants_draft()
 
-    def decide(self, batch: Sequence[Request], ctx: SpecContext) -> list[SpecShape]:
+    def _inputs(self, batch: Sequence[Request], ctx: SpecContext) -> tuple:
+        """What ``_optimise`` reads of a batch: alpha, alphas, free, caps, fixed, contexts, cost, switch."""
         cfg = self.config
-        n = len(batch)
-        self._lift_prefill_rule(batch)
         contexts = np.array([r.num_tokens for r in batch], dtype=float)
-        free = np.array([r.speculation.mode is SpecMode.AUTO and r.id not in self._no_draft for r in batch])
+        free = np.array([r.speculation.mode is SpecMode.AUTO and r.id not in self._no_draft for r in batch], bool)
         fixed = np.array(
             [min(r.speculation.k, max(0, r.num_remaining - 1)) if r.speculation.mode is SpecMode.FIXED else 0
-             for r in batch]
+             for r in batch], dtype=int,
         )  # fmt: skip
-        caps = np.array([min(cfg.max_k, max(0, r.num_remaining - 1)) for r in batch])
+        caps = np.array([min(cfg.max_k, max(0, r.num_remaining - 1)) for r in batch], dtype=int)
         cost = self.step_cost(ctx)
         alpha = self.alpha()
         alphas = np.array([self.request_alpha(r.id, alpha) for r in batch]) if cfg.granularity == "request" else None
         switch = self._switch(batch) if cfg.charge_switch else None
+        return alpha, alphas, free, caps, fixed, contexts, cost, switch
+
+    def step_batch(self, batch: Sequence[Request], ctx: SpecContext) -> Sequence[Request]:
+        """Algorithm 2 lines 2-11 (``batch_search``): of the first-come-first-served prefixes of the running
+        requests, the one whose goodput-optimal k gives the best goodput and that has the slots (HasSlot: its
+        tokens and drafted tokens within the KV budget admission fills); ties go to the longer prefix. A request
+        left out ``max_hold_steps`` steps in a row is in every candidate (an extension: no request waits for good).
+        Without ``batch_search``: the whole batch, as admission formed it."""
+        cfg = self.config
+        if not cfg.batch_search or len(batch) <= 1:
+            return batch
+        order = sorted(batch, key=lambda r: (r.arrival_time if r.arrival_time is not None else float("inf")))
+        self._lift_prefill_rule(order)
+        alpha, alphas, free, caps, fixed, contexts, cost, switch = self._inputs(order, ctx)
+        shortest = 1 + max((i for i, r in enumerate(order) if self._held.get(r.id, 0) >= cfg.max_hold_steps),
+                           default=0)  # fmt: skip
+        budget = ctx.max_tokens_in_flight
+        best, best_g = len(order), -1.0
+        for m in range(shortest, len(order) + 1):
+            part = slice(0, m)
+            ks, g = self._optimise(alpha, None if alphas is None else alphas[part], free[part], caps[part],
+                                   fixed[part], contexts[part], cost, None if switch is None else switch[part])  # fmt: skip
+            if budget is not None and float((contexts[part] + ks + 1).sum()) > budget:
+                continue  # lines 5-7: no slot for this batch
+            if g >= best_g:
+                best, best_g = m, g
+        chosen = order[:best]
+        for r in order[best:]:
+            self._held[r.id] = self._held.get(r.id, 0) + 1
+        for r in chosen:
+            self._held.pop(r.id, None)
+        return chosen
+
+    def decide(self, batch: Sequence[Request], ctx: SpecContext) -> list[SpecShape]:
+        cfg = self.config
+        n = len(batch)
+        self._lift_prefill_rule(batch)
+        alpha, alphas, free, caps, fixed, contexts, cost, switch = self._inputs(batch, ctx)
         ks, g = self._optimise(alpha, alphas, free, caps, fixed, contexts, cost, switch)
         self.last_goodput = g
         # the prefill rule's decisions count requests kept off the draft too, by what they *would* get:
@@ -461,6 +515,7 @@ class SmartSpec(SpeculationPolicy):
     def _forget(self, request_id: str) -> None:
         self._request_alpha.pop(request_id, None)
         self._no_draft.pop(request_id, None)
+        self._held.pop(request_id, None)
 
 
 class SmartSpecConfidence(SmartSpec):
@@ -482,14 +537,21 @@ class SmartSpecConfidence(SmartSpec):
         return self
 
     def select(self, batch: Sequence[Request], trees: list[TokenTree], ctx: SpecContext) -> list[TokenTree]:
-        """Algorithm 3 line 13 (ArgmaxGoodput): per chain, the verify length maximising the step's goodput."""
+        """Algorithm 3 line 13 (ArgmaxGoodput): per greedy chain, the verify length maximising the step's goodput.
+
+        Sampled chains are verified whole: choosing their verify length from their own tokens' probabilities
+        biases acceptance (a token is kept or cut by its own q), so for them the paper's line 13 is not used."""
         n = len(batch)
         lengths = np.array([len(t) for t in trees])
         width = int(lengths.max()) if n else 0
         if width == 0:
             return trees
         contexts = np.array([r.num_tokens for r in batch], dtype=float)
-        free = np.array([r.speculation.mode is SpecMode.AUTO and _is_chain(t) for r, t in zip(batch, trees)])
+        # greedy requests only: a sampled chain's cut would read the probabilities of the very tokens it keeps or
+        # drops, and acceptance would then test tokens no longer drawn from the q it reports (not lossless); a
+        # sampled chain is verified as drafted, its length set by Algorithm 3's stopping rule alone
+        free = np.array([r.speculation.mode is SpecMode.AUTO and r.sampling.greedy and _is_chain(t)
+                         for r, t in zip(batch, trees)])  # fmt: skip
         gains = np.zeros((n, width))  # expected acceptance of each drafted token: its path probability
         for i, tree in enumerate(trees):
             if free[i] and len(tree):

@@ -53,6 +53,11 @@ class SpeculationPolicy:
         """One shape per request of ``batch`` (all of it, also OFF/FIXED requests, which get overridden)."""
         raise NotImplementedError
 
+    def step_batch(self, batch: Sequence[Request], ctx: SpecContext) -> Sequence[Request]:
+        """The running requests this step runs (SmartSpec Algorithm 2 lines 2-11 may run a prefix of them);
+        the others keep their place and KV and wait a step. By default: all of them."""
+        return batch
+
     def wants_draft(self, req: Request) -> bool:
         """Prefill this AUTO-mode request on the draft at admission? (If not, and ``decide`` later
         speculates for it, the loop prefills it on the draft first.)"""

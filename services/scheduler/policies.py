@@ -20,6 +20,9 @@ for OFF or FIXED k override it per request (scheduler.policies.speculation).
                   smartspec-noswitch[:K] ... without the switch's catch-up (ablation) SmartSpec (charge_switch off)
                   smartspec-reqcost[:K]  ... the step cost with a per-request term (extension)
                   smartspec-request-noswitch[:K]  the same, a k per request
+                  smartspec-prefix[:K]   ... each step the FCFS prefix of the running requests of best goodput
+                                         (Algorithm 2 lines 2-11)              SmartSpec (batch_search)
+                  smartspec-request-prefix[:K]  the same, a k per request
                   smartspec-conf[:T]     draft until confidence < T (0.5),     SmartSpecConfidence
                                          verify the goodput-optimal prefix
                   faser[:K]        per-request k by GP-LCB, k <= K (8)          Faser
@@ -116,6 +119,10 @@ SPECULATION_POLICIES: dict[str, Callable[[str | None], SpeculationPolicy]] = {
     "smartspec-noswitch": lambda arg: SmartSpec(SmartSpecConfig(max_k=_max_k(arg), charge_switch=False)),
     "smartspec-request-noswitch": lambda arg: SmartSpec(
         SmartSpecConfig(max_k=_max_k(arg), granularity="request", charge_switch=False)
+    ),
+    "smartspec-prefix": lambda arg: SmartSpec(SmartSpecConfig(max_k=_max_k(arg), batch_search=True)),
+    "smartspec-request-prefix": lambda arg: SmartSpec(
+        SmartSpecConfig(max_k=_max_k(arg), granularity="request", batch_search=True)
     ),
     "smartspec-conf": lambda arg: SmartSpecConfidence(SmartSpecConfig(confidence_threshold=_threshold(arg))),
     "faser": lambda arg: Faser(FaserConfig(max_k=_max_k(arg))),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from shared.engine import spec_checks
-from shared.engine.drafting import BeamDrafter, ChainDrafter
+from shared.engine.drafting import BeamDrafter, ChainDrafter, ExpansionDrafter
 from shared.engine.errors import ContextLengthError, InvalidRequestError, WeightsOffloadedError
 from shared.engine.runner import ModelRunner, Work
 from shared.engine.sampling import validate_sampling
@@ -120,11 +120,13 @@ class DraftEngine:
     def speculate(self, items: list[SpecItem]) -> list[TokenTree]:
         self._check_resident()
         self._validate(items)
-        drafters: list[ChainDrafter | BeamDrafter] = []
+        drafters: list[ChainDrafter | BeamDrafter | ExpansionDrafter] = []
         for it in items:
             seq = self.runner.get(it.seq_id)
             self._apply(seq, it)
-            if it.tree_depth:
+            if it.tree_expansion:
+                drafters.append(ExpansionDrafter(seq, it.tree_expansion))
+            elif it.tree_depth:
                 drafters.append(BeamDrafter(seq, it.tree_depth, it.tree_width))
             else:
                 drafters.append(

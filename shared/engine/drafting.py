@@ -9,11 +9,26 @@ Chain of k (SmartSpec §2; confidence stop, App. A)::
 
     step 0: run committed tail → d1      step i: run d_i → d_{i+1}      (d_k is never run)
 
+With a confidence threshold T (Algorithm 3 lines 7-12) a chain drafts while its
+newest token's confidence (its draft probability) is above T: the token that
+falls to T or below is kept, and drafting stops after it. The length is then a
+stopping rule (whether to draft d_{i+1} depends on d_1..d_i only), so the chain
+stays lossless under sampling; discarding that token instead would leave every
+kept token drawn from q cut to {x : q(x) > T} while acceptance tests against q.
+
 Beam search of depth d, width w (AdaServe §4.3 step 1)::
 
     step 0: root → top-w children by draft probability          (layer 0, w nodes)
     step s: run layer s-1 → of its w×|V| children keep the w with the
             highest path probability (product of conditional probabilities)
+
+Per-node expansion <e_0, e_1, ...> (SpecInfer's expansion config, e.g. <1,1,3,1,1,1,1,1>)::
+
+    step 0: root → its top-e_0 children by draft probability
+    step s: run layer s-1 → the top-e_s children of *every* node in it (e_0·…·e_s nodes)
+
+Beam and expansion trees are point masses (the draft's top choices, no
+sampling), so verification is lossless whatever their shape.
 """
 
 from __future__ import annotations
@@ -72,15 +87,14 @@ class ChainDrafter:
                 dist = SparseDist(token_ids=vocab_ids[dist.token_ids.cpu()], probs=dist.probs)
             token = sample_sparse(dist, draft_generator(self.seq))
             prob = float(dist.probs[dist.token_ids == token].sum())
-        if prob < self.threshold:  # SmartSpec App. A: stop once the draft is unsure
-            self.done = True
-            return
         self.tree.token_ids.append(token)
         self.tree.parent_ids.append(row - 1)
         self.tree.draft_probs.append(prob)
         if not params.greedy:
             self.tree.child_dists[row] = dist
-        self.done = len(self.tree) >= self.length
+        # Algorithm 3 line 8: only requests whose confidence is above T propose again; this token is kept
+        unsure = self.threshold > 0 and prob <= self.threshold
+        self.done = unsure or len(self.tree) >= self.length
 
 
 class BeamDrafter:
@@ -124,3 +138,38 @@ class BeamDrafter:
             self.path_probs.append(score)
         self.num_layers += 1
         self.done = self.num_layers >= self.depth
+
+
+class ExpansionDrafter:
+    """SpecInfer's tree: the top-``expansion[d]`` children (by draft probability) of every node at depth d."""
+
+    def __init__(self, seq: Sequence, expansion: tuple[int, ...]):
+        self.seq = seq
+        self.expansion = tuple(expansion)
+        self.tree = TokenTree()
+        self.layer: list[int] = []  # node indices of the newest layer
+        self.depth = -1  # of the newest layer (0: the root's children)
+        self.done = not self.expansion
+
+    def next_work(self) -> Work:
+        if not self.tree.token_ids:
+            return Work(self.seq, want_root=True)
+        nodes = [(self.tree.token_ids[j], self.tree.parent_ids[j]) for j in self.layer]
+        return Work(self.seq, new_nodes=nodes, want_nodes=True)
+
+    def absorb(self, logits: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> None:
+        """logits [1, vocab] for the root, or [num_layer_nodes, vocab] for the layer just run."""
+        probs = _draft_probs(logits, self.seq.sampling)  # [num_parents, vocab]
+        parents = self.layer if self.tree.token_ids else [-1]
+        self.depth += 1
+        k = min(self.expansion[self.depth], probs.shape[-1])
+        top_probs, top_ids = probs.topk(k, dim=-1)  # [num_parents, k] each, most probable first
+        self.layer = []
+        for parent, row_probs, row_ids in zip(parents, top_probs.tolist(), top_ids.tolist()):
+            for prob, column in zip(row_probs, row_ids):
+                token = column if vocab_ids is None else int(vocab_ids[column])
+                self.layer.append(len(self.tree))
+                self.tree.token_ids.append(token)
+                self.tree.parent_ids.append(parent)
+                self.tree.draft_probs.append(prob)
+        self.done = self.depth + 1 >= len(self.expansion)

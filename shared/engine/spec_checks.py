@@ -24,6 +24,25 @@ def check_shape(it: SpecItem, *, max_chain: int, max_depth: int, max_width: int)
         )
     if not (0.0 <= it.confidence_threshold <= 1.0):
         raise InvalidRequestError(f"sequence {it.seq_id!r}: confidence threshold must be in [0, 1]")
+    if it.tree_expansion:
+        if len(it.tree_expansion) != it.tree_depth or min(it.tree_expansion) < 1:
+            raise InvalidRequestError(
+                f"sequence {it.seq_id!r}: an expansion needs one entry >= 1 per tree level ({it.tree_depth})"
+            )
+        if max(expansion_widths(it.tree_expansion)) != it.tree_width:
+            raise InvalidRequestError(
+                f"sequence {it.seq_id!r}: an expansion's width is the most nodes one level holds "
+                f"({max(expansion_widths(it.tree_expansion))}), got {it.tree_width}"
+            )
+
+
+def expansion_widths(expansion: tuple[int, ...] | list[int]) -> list[int]:
+    """Nodes per level of a per-node expansion: the running product (<1,1,3,1> -> 1, 1, 3, 3)."""
+    widths, n = [], 1
+    for k in expansion:
+        n *= k
+        widths.append(n)
+    return widths
 
 
 def check_prefill_item(runner, p: PrefillItem) -> None:

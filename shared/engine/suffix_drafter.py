@@ -29,11 +29,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field, model_validator
 
 from shared.engine import spec_checks
+from shared.engine.spec_checks import expansion_widths
 from shared.engine.errors import DuplicateSequenceError, InvalidRequestError, UnknownSequenceError
 from shared.engine.suffix_tree import CorpusTree, Position, SequenceTree, SuffixTree
 from shared.engine.types import ForwardCost, PrefillItem, SamplingParams, SpecItem, TokenTree
@@ -77,17 +79,21 @@ def propose(
     width: int,
     min_prob: float = 0.0,
     min_cond: float = 0.0,
+    expansion: Sequence[int] = (),
 ) -> tuple[TokenTree, float]:
     """Best-first speculation tree from ``pos``: (tree, score = sum of its nodes' path scores).
 
     At most ``budget`` nodes, ``depth`` levels and ``width`` nodes per level; a chain is width 1 (the
     greedy best path). ``min_prob`` bounds the path score, ``min_cond`` the conditional frequency.
+    ``expansion`` (SpecInfer's, e.g. <1,1,3,1>): at most expansion[d] children per node at depth d instead
+    of ``width`` per level, the most frequent continuations of each node.
     """
     out = TokenTree()
     score = 0.0
     if budget <= 0 or depth <= 0 or width <= 0:
         return out, score
     per_level = [0] * depth
+    per_parent: dict[int, int] = {}  # children taken per node (-1: the root), with an expansion
     tie = itertools.count()
     # (-path score, -stamp, tie, token, conditional frequency, position after it, parent node, level)
     heap: list[tuple] = []
@@ -103,7 +109,11 @@ def propose(
     push(pos, -1, 0, 1.0)
     while heap and len(out) < budget:
         neg, _, _, token, cond, after, parent, level = heapq.heappop(heap)
-        if per_level[level] >= width:
+        if expansion:
+            if per_parent.get(parent, 0) >= expansion[level]:
+                continue  # the node has its expansion's children: drop the candidate and everything under it
+            per_parent[parent] = per_parent.get(parent, 0) + 1
+        elif per_level[level] >= width:
             continue  # this depth is full: drop the candidate and everything under it
         per_level[level] += 1
         node = len(out)
@@ -244,7 +254,10 @@ class SuffixDraftEngine:
         if it.tree_depth:
             depth, width = it.tree_depth, it.tree_width
             limit, min_cond = depth * width, 0.0
-        else:  # a chain is the best path; a confidence threshold stops it as it stops a model draft's
+            if it.tree_expansion:
+                limit = sum(expansion_widths(it.tree_expansion))
+        else:  # a chain is the best path, cut where a conditional frequency falls below the threshold (its proposals
+            # are point masses fixed by the context, so any such rule stays lossless)
             depth, width = it.chain_len, 1
             limit, min_cond = it.chain_len, it.confidence_threshold
         if limit <= 0:
@@ -259,7 +272,8 @@ class SuffixDraftEngine:
             p, pos = match
             budget = min(limit, int(cfg.alpha * p + 1e-9))  # MAX_SPEC = alpha * p
             proposal, score = propose(
-                tree, pos, budget=budget, depth=depth, width=width, min_prob=cfg.min_prob, min_cond=min_cond
+                tree, pos, budget=budget, depth=depth, width=width, min_prob=cfg.min_prob, min_cond=min_cond,
+                expansion=it.tree_expansion,
             )
             if score > best_score:
                 best, best_score = proposal, score

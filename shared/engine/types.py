@@ -168,6 +168,9 @@ class SpecItem:
     tree_depth: int = 0
     tree_width: int = 0
     confidence_threshold: float = 0.0
+    # a tree drafted by per-node top-k expansion (SpecInfer) instead of a beam: expansion[d] children of every
+    # node at depth d; len = tree_depth, and tree_width = the most nodes one level holds
+    tree_expansion: tuple[int, ...] = ()
     rollback: int = 0  # committed tokens to drop before appending new_tokens (an optimistic prefix that failed)
     # feature-level drafts only: target features the scheduler received since the last call (positions tagged)
     features: FeatureBlock | None = None

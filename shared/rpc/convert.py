@@ -196,6 +196,7 @@ def spec_item_to_pb(item: SpecItem) -> draft_pb2.SpecItem:
     elif item.tree_depth or item.tree_width:
         msg.tree.depth = item.tree_depth
         msg.tree.width = item.tree_width
+        msg.tree.expansion.extend(item.tree_expansion)
     return msg
 
 
@@ -213,6 +214,7 @@ def spec_item_from_pb(msg: draft_pb2.SpecItem) -> SpecItem:
     elif shape == "tree":
         item.tree_depth = msg.tree.depth
         item.tree_width = msg.tree.width
+        item.tree_expansion = tuple(msg.tree.expansion)
     return item
 
 

@@ -188,6 +188,22 @@ def test_eq6_ranks_by_acceptance_not_only_length():
     assert [r.id for r in LPSJF(MaxTokensPredictor()).order([high, low], now=0.0)] == ["low", "high"]
 
 
+def test_eq6_at_acceptance_zero_still_costs_the_speculation():
+    """A speculating request that accepts nothing pays eq. 6's n draft tokens and an (n + 1)-token verify every
+    round for its one emitted token; only a request that does not speculate (OFF) is costed as plain decoding."""
+    p = LapsSD(LapsConfig(), predictor=MaxTokensPredictor())
+    costs = p.config.costs  # no profile: a verify is one unit, a draft token 0.1 of one
+    zero = req("zero", accepted=[0] * 8, depth=4, max_new=100)
+    expected = remaining_time(100, 0.0, 4, costs.draft_token_s(zero.num_tokens), costs.verify_s(zero.num_tokens, 4))
+    assert p.estimated_remaining_s(zero, 0.0) == pytest.approx(expected) == pytest.approx(100 * (4 * 0.1 + 1.0))
+    off = req("off", max_new=100)
+    off.speculation = SpeculationSetting(SpecMode.OFF)
+    assert p.estimated_remaining_s(off, 0.0) == pytest.approx(100 * 1.0)  # one target forward per token
+    # shortest-first serves the request that accepts a little before the one that accepts nothing
+    some = req("some", accepted=[0] * 8, depth=4, max_new=100)
+    assert p.estimated_remaining_s(some, 0.06) < p.estimated_remaining_s(zero, 0.0)
+
+
 def estimating(predictor=None):
     cfg = LapsConfig(levels=QueueLevels(4, 0.5, 2.0, "s"), stability=Stability(4, 0.05), unstable="estimate")
     return LapsSD(cfg, predictor=predictor or MaxTokensPredictor())

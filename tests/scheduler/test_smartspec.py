@@ -486,3 +486,36 @@ def test_a_failing_explain_costs_nothing_but_its_attributes():
             raise RuntimeError("bug")
 
     assert explained(Broken(2)) == {} and explained(FixedChain(2)) == {}
+
+
+def test_batch_prefix_search_is_algorithm_2_lines_2_to_11():
+    """batch_search: of the FCFS prefixes of the running requests, the best goodput with its own optimal k that
+    has the slots; a request left out max_hold_steps steps in a row is in every candidate."""
+    from scheduler.policies.step_cost import StepCost
+
+    # attending to context is dear: a 20 000-token request costs the step more than its tokens are worth
+    dear_context = StepCost(delta_t=0.010, gamma_t=0.001, alpha_t=2e-6, call_d=0.001, delta_d=0.002,
+                            gamma_d=0.0001, alpha_d=0.0)  # fmt: skip
+    policy = SmartSpec(SmartSpecConfig(batch_search=True, max_hold_steps=3))
+    policy.step_cost = lambda ctx: dear_context
+    batch = requests(3, prompt=50)
+    batch.append(Request("long", [1] * 20_000, max_new_tokens=1000))
+    for i, r in enumerate(batch):
+        r.arrival_time = float(i)  # FCFS order: r0, r1, r2, long
+    ctx = SpecContext(0.0, 0, True)
+    assert [r.id for r in policy.step_batch(list(reversed(batch)), ctx)] == ["r0", "r1", "r2"]
+    # the same rule as decide: the prefix's goodput at its own k beats the whole batch's at its own
+    alpha, alphas, free, caps, fixed, contexts, cost, switch = policy._inputs(batch, ctx)
+    g_all = policy._optimise(alpha, alphas, free, caps, fixed, contexts, cost, switch)[1]
+    g_three = policy._optimise(alpha, alphas, free[:3], caps[:3], fixed[:3], contexts[:3], cost, switch[:3])[1]
+    assert g_three > g_all
+    # HasSlot: a KV budget that only fits two requests and their drafts
+    tight = SpecContext(0.0, 0, True, max_tokens_in_flight=2 * 50 + 20)
+    assert [r.id for r in SmartSpec(SmartSpecConfig(batch_search=True)).step_batch(batch, tight)] == ["r0", "r1"]
+    # left out three steps in a row (once above, twice here): then it runs, with everything before it
+    assert len(policy.step_batch(batch, ctx)) == 3
+    assert len(policy.step_batch(batch, ctx)) == 3
+    assert [r.id for r in policy.step_batch(batch, ctx)] == ["r0", "r1", "r2", "long"]
+    # off (the default): the batch as admission formed it
+    assert SmartSpec().step_batch(batch, ctx) == batch
+    assert SmartSpec(SmartSpecConfig(batch_search=True)).name == "smartspec-prefix"

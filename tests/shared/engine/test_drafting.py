@@ -27,19 +27,21 @@ def test_chain_is_draft_greedy_with_its_probabilities(draft_model):
 
 
 def test_confidence_threshold_stops_chain(draft_model):
+    """Algorithm 3: a chain drafts while its newest token's confidence is above T; the token at or below T is
+    kept, and drafting stops after it."""
     draft = DraftEngine(make_runner(draft_model))
     draft.prefill([PrefillItem("a", [1, 2, 3]), PrefillItem("b", [4, 5])])
     full, stopped = draft.speculate(
         [SpecItem("a", [7], chain_len=6), SpecItem("b", [8], chain_len=6, confidence_threshold=1.0)]
     )
     assert len(full) == 6
-    assert len(stopped) == 0  # a random model is never fully confident
+    assert len(stopped) == 1  # a random model is never fully confident: its first token, then nothing
     probs = full.draft_probs
     draft.release(["a"])
     draft.prefill([PrefillItem("a", [1, 2, 3])])
     threshold = sorted(probs)[len(probs) // 2]
     cut = draft.speculate([SpecItem("a", [7], chain_len=6, confidence_threshold=threshold)])[0]
-    expect = next((i for i, p in enumerate(probs) if p < threshold), len(probs))
+    expect = next((i + 1 for i, p in enumerate(probs) if p <= threshold), len(probs))
     assert len(cut) == expect and cut.token_ids == full.token_ids[:expect]
 
 
@@ -94,3 +96,57 @@ def test_sampling_chain_reports_the_distribution_it_sampled_from(draft_model):
         dist = tree.child_dists[row]
         assert token in dist.token_ids.tolist()
         assert math.isclose(float(dist.probs.sum()), 1.0, rel_tol=1e-5)
+
+
+def test_specinfer_expansion_expands_every_node(draft_model):
+    """SpecInfer's <1,1,3,1,1,1,1,1>: the top expansion[d] children of every node at depth d, 1+1+3x6 = 20 nodes
+    (a beam of width 3 keeps 3 nodes per level across the tree, so its branches can die); one forward per level."""
+    from scheduler.policies.adaserve import SPECINFER_EXPANSION, SpecInferTree
+    from scheduler.spec_shape import SpecContext
+
+    ref = Reference(draft_model)
+    draft = DraftEngine(make_runner(draft_model))
+    draft.prefill([PrefillItem("a", [1, 2, 3])])
+    policy = SpecInferTree()
+    (shape,) = policy.decide([_auto()], SpecContext(0.0, 0, True))
+    assert shape.expansion == SPECINFER_EXPANSION and shape.max_nodes == 20 and (shape.depth, shape.width) == (8, 3)
+    tree = draft.speculate([shape.spec_item("a", [7])])[0]
+    assert len(tree) == 20 and len(draft.costs) == 8
+    level = depths(tree.parent_ids)
+    assert [level.count(d) for d in range(8)] == [1, 1, 3, 3, 3, 3, 3, 3]
+    children: dict[int, list[int]] = {}
+    for j, parent in enumerate(tree.parent_ids):
+        children.setdefault(parent, []).append(j)
+    for parent, kids in children.items():
+        path, node = [], parent
+        while node >= 0:
+            path.insert(0, tree.token_ids[node])
+            node = tree.parent_ids[node]
+        probs = torch.softmax(ref.logits([1, 2, 3, 7] + path)[-1], -1)
+        k = SPECINFER_EXPANSION[0 if parent < 0 else level[parent] + 1]
+        assert [tree.token_ids[c] for c in kids] == probs.topk(k).indices.tolist()  # distinct, most probable first
+        for c in kids:
+            assert math.isclose(tree.draft_probs[c], float(probs[tree.token_ids[c]]), rel_tol=1e-4)
+    # the policy's cut of its own expansion keeps it whole
+    (kept,) = policy.select([_auto()], [tree], SpecContext(0.0, 0, True))
+    assert kept.token_ids == tree.token_ids and kept.parent_ids == tree.parent_ids
+
+
+def _auto():
+    from scheduler.request import Request
+
+    return Request("a", [1, 2, 3], max_new_tokens=50)
+
+
+def test_an_expansion_must_match_its_depth_and_width(draft_model):
+    import pytest
+
+    from shared.engine.errors import InvalidRequestError
+
+    draft = DraftEngine(make_runner(draft_model))
+    draft.prefill([PrefillItem("a", [1, 2, 3])])
+    for bad in (SpecItem("a", [7], tree_depth=2, tree_width=3, tree_expansion=(1, 3, 1)),  # 3 levels, depth 2
+                SpecItem("a", [7], tree_depth=2, tree_width=2, tree_expansion=(1, 3)),  # widest level 3
+                SpecItem("a", [7], tree_depth=2, tree_width=1, tree_expansion=(1, 0))):  # fmt: skip
+        with pytest.raises(InvalidRequestError):
+            draft.speculate([bad])

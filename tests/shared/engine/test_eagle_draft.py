@@ -229,7 +229,12 @@ COPIES = 100
 TRIALS = 2000
 
 
-@pytest.mark.parametrize("shape", ["chain", "tree"])
+FEATURE_SHAPES = {"chain": dict(chain_len=3), "conf_chain": dict(chain_len=3, confidence_threshold=0.3),
+                  "tree": dict(tree_depth=2, tree_width=3),
+                  "expansion": dict(tree_depth=2, tree_width=2, tree_expansion=(1, 2))}  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", list(FEATURE_SHAPES))
 def test_sampling_with_the_feature_draft_follows_the_target(tmp_path, shape):
     from test_engine_sampling import chi_square
 
@@ -252,7 +257,7 @@ def test_sampling_with_the_feature_draft_follows_the_target(tmp_path, shape):
     counts = torch.zeros(VOCAB)
     accepted = 0
     for _ in range(TRIALS // COPIES):
-        items = [SpecItem(d, [], chain_len=3) if shape == "chain" else SpecItem(d, [], tree_depth=2, tree_width=3) for d in ids]
+        items = [SpecItem(d, [], **FEATURE_SHAPES[shape]) for d in ids]
         trees = draft.speculate(items)
         works = [Work(s, new_nodes=list(zip(t.token_ids, t.parent_ids)), want_root=True, want_nodes=True) for s, t in zip(seqs, trees)]
         out = runner.forward(works)

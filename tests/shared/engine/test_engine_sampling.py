@@ -18,6 +18,8 @@ from shared.engine.runner import Work
 from shared.engine.sampling import draft_dist, make_generator, probs_from_logits, sample_sparse
 from shared.engine.types import PrefillItem, SamplingParams, SpecItem, TokenTree
 from shared.models.tiny import build_tiny
+from scheduler.request import Request
+from scheduler.spec_shape import SpecContext
 
 from conftest import make_runner
 
@@ -45,7 +47,29 @@ def chi_square(counts: torch.Tensor, p: torch.Tensor) -> float:
     return float(chisquare(observed.numpy(), expected.numpy()).pvalue)
 
 
-@pytest.mark.parametrize("shape", ["chain", "beam_tree", "iid_tree"])
+def selector(shape: str):
+    """The tree selector a policy applies to the drafted trees before verification (None: verify as drafted)."""
+    if shape == "smartspec_conf":
+        from scheduler.policies.smartspec import SmartSpecConfidence, SmartSpecConfig
+
+        return SmartSpecConfidence(SmartSpecConfig(confidence_threshold=CONFIDENCE, max_k=3)).tree_selector()
+    if shape == "adaserve":
+        from scheduler.policies.adaserve import AdaServe, TreePolicyConfig
+
+        return AdaServe(TreePolicyConfig(token_budget=COPIES * 3)).tree_selector()  # 2 of each 6-node tree on average
+    if shape == "specinfer":
+        from scheduler.policies.adaserve import SpecInferTree
+
+        return SpecInferTree((1, 2)).tree_selector()
+    return None
+
+
+CONFIDENCE = 0.3  # the tiny draft's probabilities straddle it: chains stop at every depth
+
+
+# every drafting mode and every policy that reshapes what was drafted (a tree selector), under sampling
+@pytest.mark.parametrize("shape", ["chain", "conf_chain", "beam_tree", "iid_tree", "smartspec_conf", "adaserve",
+                                   "specinfer"])
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, seed=1), SamplingParams(temperature=0.8, top_p=0.9, seed=2)])
 def test_first_token_follows_target_distribution(shape, params):
     target_model, draft_model = models()
@@ -72,14 +96,21 @@ def test_first_token_follows_target_distribution(shape, params):
     for _ in range(TRIALS // COPIES):
         if shape == "chain":
             trees = draft.speculate([SpecItem(d, [], chain_len=3) for d in ids])
-        elif shape == "beam_tree":
+        elif shape in ("conf_chain", "smartspec_conf"):
+            trees = draft.speculate([SpecItem(d, [], chain_len=3, confidence_threshold=CONFIDENCE) for d in ids])
+        elif shape in ("beam_tree", "adaserve"):
             trees = draft.speculate([SpecItem(d, [], tree_depth=2, tree_width=3) for d in ids])
+        elif shape == "specinfer":  # per-node top-k expansion <1, 2>, as SpecInferTree((1, 2)) asks for it
+            trees = draft.speculate([SpecItem(d, [], tree_depth=2, tree_width=2, tree_expansion=(1, 2)) for d in ids])
         else:  # SpecInfer: k children drawn i.i.d. from the draft's q at the root
             trees = []
             for _ in ids:
                 tree = TokenTree(token_ids=[sample_sparse(q, gen) for _ in range(3)], parent_ids=[-1, -1, -1])
                 tree.child_dists[0] = q
                 trees.append(tree)
+        if (policy := selector(shape)) is not None:
+            batch = [Request(f"t{i}", prompt, sampling=params, max_new_tokens=100) for i in range(COPIES)]
+            trees = policy.select(batch, trees, SpecContext(0.0, 0, True))
         works = [
             Work(seq, new_nodes=list(zip(t.token_ids, t.parent_ids)), want_root=True, want_nodes=True)
             for seq, t in zip(seqs, trees)

@@ -215,6 +215,24 @@ def test_chain_is_the_best_path_and_a_tree_keeps_its_width_per_level():
         assert out.token_ids[0] == chain.token_ids[0]
 
 
+def test_an_expansion_takes_each_nodes_most_frequent_continuations():
+    """SpecInfer's <1,1,3,1,1,1,1,1> on a suffix tree: every node at depth d gets its expansion[d] most frequent
+    continuations (fewer only where the history has fewer), not a level's width shared across branches."""
+    rng = random.Random(4)
+    tokens = [rng.randrange(4) for _ in range(2000)]
+    tree = SequenceTree(tokens, max_depth=12)
+    p, pos = tree.own_match(max_match=3)
+    expansion = (1, 1, 3, 1, 1, 1, 1, 1)
+    out, _ = propose(tree, pos, budget=20, depth=8, width=3, expansion=expansion)
+    validate_tree(out.token_ids, out.parent_ids, 4)
+    assert len(out) == 20  # 1 + 1 + 3 x 6: a long random history has the continuations
+    children = Counter(out.parent_ids)
+    for node in range(len(out)):
+        level = len(paths(out)[node])
+        if level < 8:
+            assert children[node] == expansion[level]
+
+
 def engine(**config):
     return SuffixDraftEngine(vocab_size=100, config=SuffixConfig(**config))
 
@@ -387,7 +405,7 @@ def chi_square(counts: torch.Tensor, p: torch.Tensor) -> float:
     return float(chisquare(observed.numpy(), (expected * observed.sum() / expected.sum()).numpy()).pvalue)
 
 
-@pytest.mark.parametrize("shape", ["chain", "tree"])
+@pytest.mark.parametrize("shape", ["chain", "conf_chain", "tree", "expansion"])
 def test_sampling_with_suffix_drafts_follows_the_target(shape):
     """Drafts from a global tree full of varied continuations: the first emitted token is still ~ p."""
     params = SamplingParams(temperature=1.0, seed=3)
@@ -411,7 +429,9 @@ def test_sampling_with_suffix_drafts_follows_the_target(shape):
     counts = torch.zeros(VOCAB)
     accepted = 0
     for _ in range(TRIALS // COPIES):
-        shapes = {"chain": dict(chain_len=3), "tree": dict(tree_depth=2, tree_width=3)}[shape]
+        shapes = {"chain": dict(chain_len=3), "conf_chain": dict(chain_len=3, confidence_threshold=0.3),
+                  "tree": dict(tree_depth=2, tree_width=3),
+                  "expansion": dict(tree_depth=2, tree_width=2, tree_expansion=(2, 1))}[shape]  # fmt: skip
         trees = draft.speculate([SpecItem(d, [], **shapes) for d in ids])  # nothing new: the same prefix each time
         assert all(len(t) for t in trees)
         works = [
@@ -425,7 +445,7 @@ def test_sampling_with_suffix_drafts_follows_the_target(shape):
             runner.commit(seq, [])  # roll back: every trial starts from the same prefix
             counts[result.tokens[0]] += 1
             accepted += result.num_accepted > 0
-    if shape == "tree":
+    if shape in ("tree", "expansion"):
         assert len({t for t, parent in zip(trees[0].token_ids, trees[0].parent_ids) if parent == -1}) > 1
     assert chi_square(counts, p) > 1e-3
     assert accepted > 0  # speculation really happened

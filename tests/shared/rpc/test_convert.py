@@ -95,6 +95,7 @@ def test_items_round_trip() -> None:
     for item in [
         SpecItem("r1", [3, 4], chain_len=4, confidence_threshold=0.25),
         SpecItem("r2", [9], tree_depth=3, tree_width=2),
+        SpecItem("r5", [9], tree_depth=4, tree_width=3, tree_expansion=(1, 1, 3, 1)),  # SpecInfer's expansion
         SpecItem("r3", [1]),
     ]:
         assert convert.spec_item_from_pb(_wire(convert.spec_item_to_pb(item))) == item
