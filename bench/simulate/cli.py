@@ -2,9 +2,9 @@
 
     tandem simulate run --target-profile T.json [--draft-profile D.json] --trace trace.json --sweep ...
     tandem simulate run --gpu h100 --target-model llama-3-8b --draft-model llama-3.2-1b --trace ...
-    tandem simulate fidelity          real vs simulated on the CPU demo pair (bench/results/simulate-fidelity/)
-    tandem simulate gpu               the papers' GPU regime by simulation (bench/results/simulate-gpu/)
-    tandem simulate trace --draft D   record an acceptance trace (bench/results/simulate-traces/)
+    tandem simulate fidelity          real vs simulated on the CPU demo pair (bench/results/simulate/fidelity/)
+    tandem simulate gpu               the papers' GPU regime by simulation (bench/results/simulate/gpu/)
+    tandem simulate trace --draft D   record an acceptance trace (bench/results/simulate/traces/)
 
 Heavy imports happen inside the commands.
 """
@@ -85,7 +85,7 @@ def run(
 
 @app.command()
 def fidelity(
-    name: str = typer.Option("simulate-fidelity", help="Results go to bench/results/<name>/."),
+    name: str = typer.Option("simulate/fidelity", help="Results go to bench/results/<name>/."),
     quick: bool = typer.Option(False, help="A smoke run: one prompt, three requests per load, a quick profile."),
     seed: int = typer.Option(0),
     seeds: int = typer.Option(5, min=1, help="Simulations per comparison (seed, seed + 1, ...), averaged."),
@@ -102,8 +102,8 @@ def fidelity(
 
 @app.command()
 def gpu(
-    name: str = typer.Option("simulate-gpu", help="Results go to bench/results/<name>/."),
-    trace: Path = typer.Option(RESULTS_ROOT / "simulate-traces" / "trace-eagle.json",
+    name: str = typer.Option("simulate/gpu", help="Results go to bench/results/<name>/."),
+    trace: Path = typer.Option(RESULTS_ROOT / "simulate/traces" / "trace-eagle.json",
                                help="Acceptance trace (default: the EAGLE-3 head's, `tandem simulate trace --draft eagle`)."),
     only: str = typer.Option("", help="Comma-separated experiments (adaserve, smartspec, laps, nightjar); '' = all."),
     requests: int = typer.Option(200, help="Requests per load point."),
@@ -120,7 +120,7 @@ def trace(
     prompts: int = typer.Option(3, help="Prompts per kind."),
     k: int = typer.Option(4, help="Chain length drafted per step."),
     max_new_tokens: int = typer.Option(64),
-    out: Path = typer.Option(RESULTS_ROOT / "simulate-traces", help="Folder of trace-<draft>.json."),
+    out: Path = typer.Option(RESULTS_ROOT / "simulate/traces", help="Folder of trace-<draft>.json."),
 ) -> None:
     """Record an acceptance trace from real in-process runs of one draft on the demo target (bench.simulate.traces)."""
     from bench.simulate.traces import record_trace

@@ -1,6 +1,6 @@
 """How far the simulator is from the real thing: the same workload, real and simulated, compared cell by cell.
 
-    python -m bench.simulate fidelity            # CPU demo pair -> bench/results/simulate-fidelity/
+    python -m bench.simulate fidelity            # CPU demo pair -> bench/results/simulate/fidelity/
 
 In one process, back to back, so both share the machine's load (the CPU is shared)::
 
@@ -68,7 +68,7 @@ class LocalBackend:
 
 
 def fidelity_options(**overrides) -> SimOptions:
-    base = SimOptions(name="simulate-fidelity", batch1=list(CONFIGS), sweep=list(CONFIGS), num_prompts=6,
+    base = SimOptions(name="simulate/fidelity", batch1=list(CONFIGS), sweep=list(CONFIGS), num_prompts=6,
                       max_new_tokens=48, sweep_requests=24, sweep_max_new_tokens=32, rate_factors=[1.0, 2.0],
                       bursty=True)  # fmt: skip
     for k, v in overrides.items():
@@ -154,7 +154,7 @@ def run_fidelity(out_dir: Path, opts: SimOptions | None = None, pair: str = "dem
                                         with_host(d_costs, host.draft, forward=host.draft_forward), shared=True)  # fmt: skip
 
     out = {
-        "name": "simulate-fidelity", "command": "python -m bench.simulate fidelity", "pair": pair,
+        "name": "simulate/fidelity", "command": "python -m bench.simulate fidelity", "pair": pair,
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "load_average_before": load_before,
                     "load_average_after": load_after, "uptime": _uptime()},
         "started_unix": started, "duration_s": time.time() - started, "simulation_wall_s": sim_seconds,

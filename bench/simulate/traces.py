@@ -6,7 +6,7 @@
     python -m bench.simulate trace --draft eagle     # the EAGLE-3 head, when prepared
 
 Every prompt kind of bench.prompts, a chain of k per request, an AcceptanceRecorder on
-the scheduler -> bench/results/simulate-traces/trace-<draft>.json.
+the scheduler -> bench/results/simulate/traces/trace-<draft>.json.
 
 Model-free drafts propose nothing when the context has no match; such steps are plain
 decodes and are not counted, so the trace's p_i describe the steps that did draft and

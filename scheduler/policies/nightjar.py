@@ -94,7 +94,7 @@ Exploitation (eq. 3) and the schedule of bins are unchanged.
 
 The three extensions together (``nightjar-lean``: Lemma 2's schedule,
 elimination, the chain estimate): on synthetic stacks (``python -m
-bench.bandit_sim``: batch 1-4, arms 0..8, 400 steps) 0.96 of the best fixed
+bench.diagnostics.bandit_sim``: batch 1-4, arms 0..8, 400 steps) 0.96 of the best fixed
 k's goodput on average against Alg. 1's 0.88, within 5 % in 17 of 24 cases
 against 2; Lemma 2's schedule or elimination alone 0.94. With noisy step
 times (``--noise 0.15 --stall 0.02``) the chain estimate's time per arm, the
@@ -116,7 +116,7 @@ bucket, and the chain estimate's time of arm γ is exp(s + r_γ)::
 
 so what all arms see alike moves s, and r_γ keeps what is the arm's own. The
 rewards that elimination compares are read in the same unit (reward · e^s,
-s before the play). In simulation (``bench.bandit_sim``) with the step times
+s before the play). In simulation (``bench.diagnostics.bandit_sim``) with the step times
 noisy (±15 %, 2 % stalled 10x) and the machine's speed redrawn every 100
 steps (lognormal sd 0.25): 0.952 of the best fixed k against `nightjar-lean`'s
 0.929 and the pooled time's 0.936; with noise alone 0.949 (0.925, 0.945); with
@@ -132,7 +132,7 @@ local exploration (OSUB, Combes & Proutière, 2014): the leader moves toward
 the optimum a few arms at a time, and no bin goes to γ = 8 when the best is 2
 (the drift variant still spent 4-11 % of its steps on γ = 5-8 where the best
 fixed k was 1-3; adaptive-eagle-joint-drift). ``nightjar-lean-local`` is the
-drift variant with ``neighbors`` = 2: in ``bench.bandit_sim`` 0.983 / 0.961 /
+drift variant with ``neighbors`` = 2: in ``bench.diagnostics.bandit_sim`` 0.983 / 0.961 /
 0.958 of the best fixed k (exact / noisy / noisy + drifting step times; 24, 17
 and 18 cases of 24 within 5 %) against the drift variant's 0.960 / 0.949 /
 0.952 (17, 14, 14); with ``neighbors`` = 1 a noisy early leader holds the draw
@@ -157,7 +157,7 @@ with l the chain length estimate of eq. 1's numerator, the depth rates q_j binom
 (a + 1)/(t + 2), over at most ``bound_trials`` = 200 trials: acceptance differs between requests and
 prompts, so thousands of pooled trials would overstate it), and r_γ the arm's log time relative to
 the machine's speed (``drift``; its plays' spread kept by Welford). The arms share the q_j, so only the
-depths where two lengths differ enter their difference. In ``bench.bandit_sim``, of the best fixed k
+depths where two lengths differ enter their difference. In ``bench.diagnostics.bandit_sim``, of the best fixed k
 (cases of 24 within 5 %), against the drift variant: 400 steps, exact times 0.968 (20) against 0.960
 (17); 400 steps, noisy and drifting 0.955 (16) against 0.952 (14); 1000 steps, noisy 0.972 (22)
 against 0.965 (18); 2000 steps, noisy and drifting 0.979 (24) against 0.976 (22). On the stack not yet
@@ -172,7 +172,7 @@ survivors by each arm's chance to beat the leader on the estimate, Φ(−gap/se)
 error behind 0.16, two 0.02; ``nightjar_arms.draw_weights``), not uniformly: every survivor is still
 reached, but a mediocre one no longer gets half the bins when two or three are left. On one batch-1
 stack in simulation (acceptance 0.55, 1,500 steps, the last 1,200 counted) the plays away from the best
-chain fell from 151 / 122 (bounds, two seeds) to 65 / 90; in ``bench.bandit_sim`` (of the best fixed k,
+chain fell from 151 / 122 (bounds, two seeds) to 65 / 90; in ``bench.diagnostics.bandit_sim`` (of the best fixed k,
 cases of 24 within 5 %), against the bounds variant: 400 steps exact 0.971 (21) against 0.968 (20); 400
 noisy and drifting 0.957 (16) against 0.955 (16); 1000 noisy 0.971 (20) against 0.972 (22); 2000 noisy and
 drifting 0.982 (24) against 0.979 (24).

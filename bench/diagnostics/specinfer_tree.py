@@ -1,6 +1,6 @@
 """SpecInfer's tree <1,1,3,1,1,1,1,1> cut out of a beam (before 2026-12-01) against drafted node by node (now).
 
-    python -m bench.specinfer_tree            # the demo pair (its distilled model draft) on chat prompts, greedy
+    python -m bench.diagnostics.specinfer_tree            # the demo pair (its distilled model draft) on chat prompts, greedy
 
 Each step drafts both trees from the same context: a beam of depth 8 and width 3 with the expansion cut out
 of it (``select_expansion``), and the expansion itself (``SpecShape.expanded``); the target verifies the
@@ -84,7 +84,7 @@ def main(
     rows = {name: {"nodes_mean": round(statistics.mean(v["nodes"]), 2),
                    "full_trees": round(sum(n == 20 for n in v["nodes"]) / len(v["nodes"]), 3),
                    "accepted_mean": round(statistics.mean(v["accepted"]), 3)} for name, v in stats.items()}  # fmt: skip
-    results = {"name": OUT.name, "command": "python -m bench.specinfer_tree " + " ".join(sys.argv[1:]),
+    results = {"name": OUT.name, "command": "python -m bench.diagnostics.specinfer_tree " + " ".join(sys.argv[1:]),
                "machine": machine(threads), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
                "duration_s": round(time.time() - started, 1), "batch": batch, "steps": steps, "dtype": dtype,
                "trees": rows}  # fmt: skip
@@ -96,7 +96,7 @@ def main(
         f"# {OUT.name}", "", f"Command: `{results['command']}`  ",
         f"Machine: {results['machine'].get('cpu_model')}, {threads} threads, {dtype}; {results['date']}", "",
         f"SpecInfer's tree <1,1,3,1,1,1,1,1> on the demo pair (SmolLM2-135M, its distilled draft), greedy, {batch} chat prompts x "
-        f"{steps} steps per variant (bench/specinfer_tree.py):", "",
+        f"{steps} steps per variant (bench/diagnostics/specinfer_tree.py):", "",
         *[f"- {line}" for line in lines], "",
     ]  # fmt: skip
     (OUT / "README.md").write_text("\n".join(readme))
