@@ -47,7 +47,7 @@ from scheduler.policies.elastic_memory import ElasticDraftMemory
 from scheduler.policies.queue import FCFS, QueuePolicy, reserved_tokens
 from scheduler.policies.selection import PassThrough, TreeSelector
 from scheduler.policies.speculation import (NoSpeculation, SpecContext, SpecShape, SpeculationPolicy, explained,
-                                           plan_shapes, wants_draft)  # fmt: skip
+                                           plan_shapes, step_batch, wants_draft)  # fmt: skip
 from scheduler.loop_config import SchedulerConfig  # noqa: F401 - re-exported: callers build it from here
 from scheduler.report import RequestOutcome, StepReport
 from scheduler.request_stream import RequestStream, TokenEvent  # noqa: F401 - re-exported too
@@ -252,18 +252,12 @@ class Scheduler:
         batch = list(self._running.values())
         self.link.probe()  # after a failure's backoff: the resync in _speculate tells whether it is back
         ctx = SpecContext(
-            now=clock.now(),
-            step=self._num_steps,
-            draft_available=self.link.usable,
-            token_budget=self.config.token_budget,
-            cost_model=self.config.cost_model,
-            draft_cost_model=self.config.draft_cost_model,
-            max_tokens_in_flight=self.max_tokens_in_flight,
+            now=clock.now(), step=self._num_steps, draft_available=self.link.usable,
+            token_budget=self.config.token_budget, cost_model=self.config.cost_model,
+            draft_cost_model=self.config.draft_cost_model, max_tokens_in_flight=self.max_tokens_in_flight,
         )
         try:
-            if ctx.draft_available and batch:  # the policy may run a prefix of the batch (SmartSpec Alg. 2)
-                chosen = list(self.spec_policy.step_batch(batch, ctx))
-                batch = chosen if chosen and all(r.id in self._running for r in chosen) else batch
+            batch = step_batch(self.spec_policy, batch, ctx, self._running)  # a prefix of it (SmartSpec Alg. 2)
             shapes = plan_shapes(self.spec_policy, batch, ctx)
         except Exception:  # noqa: BLE001 - a policy bug costs speed, not requests
             log.exception("speculation policy failed; plain decoding this step")

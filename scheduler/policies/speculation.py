@@ -143,3 +143,12 @@ def plan_shapes(policy: SpeculationPolicy, batch: Sequence[Request], ctx: SpecCo
             shape = SpecShape.chain(req.speculation.k)
         out.append(shape.capped(max(0, req.num_remaining - 1)))
     return out
+
+
+def step_batch(policy: SpeculationPolicy, batch: list, ctx: SpecContext, running) -> list:
+    """The requests this step runs: the policy's choice among ``batch`` (SmartSpec Algorithm 2 runs a FCFS
+    prefix), or the whole batch when the draft is out or the choice is empty or names a request not running."""
+    if not (ctx.draft_available and batch):
+        return batch
+    chosen = list(policy.step_batch(batch, ctx))
+    return chosen if chosen and all(r.id in running for r in chosen) else batch
