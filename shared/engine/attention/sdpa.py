@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from shared.engine.attention.layout import BatchLayout
 from shared.engine.attention.padded_matmul import attend_padded
 from shared.engine.attention.row_exact import attend_rows, split_row
+from shared.engine.attention.kv_store import store_kv
 from shared.engine.kv_cache import PagedKVCache
 
 
@@ -110,8 +111,7 @@ class SdpaBackend:
 
     def attend(self, layer_idx, query, key, value, scaling):
         kv = self.cache.kv[layer_idx]  # [2, num_slots, Hkv, D]
-        kv[0, self.new_slots] = key[0].transpose(0, 1)
-        kv[1, self.new_slots] = value[0].transpose(0, 1)
+        store_kv(kv, self.new_slots, key, value)
         if self.row_slots is not None:  # row-exact mode (module docstring): per row over exactly its slots
             keys = kv[0].index_select(0, self.gather_flat)  # [kv_len, Hkv, D], position order
             values = kv[1].index_select(0, self.gather_flat)

@@ -1,0 +1,39 @@
+"""One fused decoder layer: pre-norm attention and MLP with residual adds, on the packed [T, hidden] rows.
+
+Called as the transformers layer is (``layer(hidden, position_embeddings=(cos, sin), tandem_backend=...)``
+with hidden [1, T, hidden], returning [1, T, hidden]), so early exit's layer-by-layer loop and the
+feature-capture hooks (which read the hidden state entering each layer) work on either.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from shared.engine.fused.attention import FusedAttention
+from shared.engine.fused.mlp import FusedMLP
+from shared.engine.fused.norm import RMSNorm
+
+
+class FusedDecoderLayer(nn.Module):
+    def __init__(self, hf_layer: nn.Module, config):
+        super().__init__()
+        self.input_layernorm = RMSNorm.like(hf_layer.input_layernorm)
+        self.self_attn = FusedAttention(hf_layer.self_attn, config)
+        self.post_attention_layernorm = RMSNorm.like(hf_layer.post_attention_layernorm)
+        self.mlp = FusedMLP(hf_layer.mlp)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        tandem_backend,
+        **_,
+    ) -> torch.Tensor:
+        """hidden_states [1, T, hidden] (the residual stream) → [1, T, hidden]."""
+        shape = hidden_states.shape
+        x = hidden_states.reshape(-1, shape[-1])  # [T, hidden]
+        cos, sin = position_embeddings
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, tandem_backend)
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x.view(shape)
