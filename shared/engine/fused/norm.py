@@ -1,4 +1,11 @@
-"""RMSNorm as one ``F.rms_norm`` call, over the transformers module's own weight."""
+"""RMSNorm as one ``F.rms_norm`` call, over the transformers module's own weight.
+
+The transformers RMSNorms normalise in float32, round to the model's dtype, then
+multiply by the weight in that dtype. ``F.rms_norm`` with the weight does the
+same in float32 (bit for bit); in 16 bits it multiplies before rounding, one
+rounding fewer, so there the weight multiplies the normalised rows separately:
+two ops, and again the transformers module's bits.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ class RMSNorm(nn.Module):
         self.weight = weight  # the transformers norm's Parameter: shared, not copied
         self.eps = eps
         self.shape = (weight.shape[0],)
+        self.weight_inside = weight.dtype == torch.float32  # F.rms_norm's weight rounds as transformers' only here
 
     @classmethod
     def like(cls, norm: nn.Module) -> "RMSNorm":
@@ -22,4 +30,6 @@ class RMSNorm(nn.Module):
         return cls(norm.weight, float(eps))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, self.shape, self.weight, self.eps)
+        if self.weight_inside:
+            return F.rms_norm(x, self.shape, self.weight, self.eps)
+        return F.rms_norm(x, self.shape, None, self.eps) * self.weight

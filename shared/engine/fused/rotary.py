@@ -14,7 +14,10 @@ verify row equal to a decode row.
 
 ``rotate_half(x) * sin`` equals ``roll(x, D/2) * sin_signed`` with ``sin_signed``
 the sin row with its first half negated (a sign flip is exact), so the rotation
-is three ops for q and k together: ``x * cos``, ``roll``, ``addcmul``.
+is four ops for q and k together (``x * cos``, ``roll``, ``* sin``, ``+`` into the
+output), each rounding as the transformers formula's own: the same bits. One
+``addcmul`` would save an op, but it rounds the product and the sum once (an FMA
+on this CPU, even in float32), which is not the transformers module's result.
 """
 
 from __future__ import annotations
@@ -62,4 +65,4 @@ def apply_rotary(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: to
     cos = cos.reshape(-1, 1, cos.shape[-1])  # [T, 1, D]
     sin = sin.reshape(-1, 1, sin.shape[-1])
     rolled = qk.roll(qk.shape[-1] // 2, dims=-1)  # [T, heads, D]: (x2, x1), rotate_half up to the sign in sin
-    return torch.addcmul(qk * cos, rolled, sin, out=out)
+    return torch.add(qk * cos, rolled * sin, out=out)
