@@ -122,9 +122,9 @@ class FlashinferBackend:
         )
         self._planned_heads = num_qo_heads
 
-    def attend(self, layer_idx, query, key, value, scaling):
+    def attend(self, layer_idx, query, key, value, scaling, new_kv=None):
         kv = self.cache.kv[layer_idx]  # [2, num_slots, Hkv, D]
-        store_kv(kv, self.new_slots, key, value)
+        store_kv(kv, self.new_slots, key, value, new_kv)
         num_qo_heads = query.shape[1]
         if self._planned_heads != num_qo_heads:
             self._plan(num_qo_heads, scaling, query.dtype)

@@ -109,9 +109,9 @@ class SdpaBackend:
         self.q_index = q_index.to(device)
         self.unpad = unpad.to(device)
 
-    def attend(self, layer_idx, query, key, value, scaling):
+    def attend(self, layer_idx, query, key, value, scaling, new_kv=None):
         kv = self.cache.kv[layer_idx]  # [2, num_slots, Hkv, D]
-        store_kv(kv, self.new_slots, key, value)
+        store_kv(kv, self.new_slots, key, value, new_kv)
         if self.row_slots is not None:  # row-exact mode (module docstring): per row over exactly its slots
             keys = kv[0].index_select(0, self.gather_flat)  # [kv_len, Hkv, D], position order
             values = kv[1].index_select(0, self.gather_flat)

@@ -2,16 +2,17 @@
 
 Per layer, for the batch's T packed tokens::
 
-    qkv = qkv_proj(x)                      [T, (H + 2 Hkv) D]   one product (q, k, v rows merged; Qwen2's biases too)
-    q|k = q_norm / k_norm (Qwen3)          [T, H + Hkv, D]      one norm without weight, one multiply by per-head weights
-    q|k rotated in place in qkv            [T, H + Hkv, D]      three ops (rotary.py)
-    out = backend.attend(q, k, v)          [1, T, H, D]         k and v are adjacent in qkv: one store into the cache
-    o_proj(out)                            [T, hidden]
+    qkv = qkv_proj(x)                      [1, T, (H + 2 Hkv) D]   one product (q, k, v rows merged; Qwen2's biases too)
+    q|k = q_norm / k_norm (Qwen3)          [1, T, H + Hkv, D]      a norm without weight, a multiply by per-head weights
+    q|k rotated in place in qkv            [1, T, H + Hkv, D]      four elementwise ops (rotary.py)
+    out = backend.attend(q, new_kv=k|v)    [1, T, H, D]            k and v adjacent in qkv: one store into the cache
+    o_proj(out)                            [1, T, hidden]
 
 The backend is the one the transformers path calls through its attention hook
 (attention/base.py): it writes k/v to the paged cache at the batch's slots and
 attends with the batch's masks, so both paths share the cache, the masks and
-the row-exact rules.
+the row-exact rules. The new keys and values go to it as one [2, T, Hkv, D]
+view of the merged projection's rows (``new_kv=``), which it stores with one op.
 """
 
 from __future__ import annotations
@@ -45,18 +46,17 @@ class FusedAttention(nn.Module):
             self.qk_eps = float(getattr(qn, "variance_epsilon", None) or qn.eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend) -> torch.Tensor:
-        """x [T, hidden], cos / sin [1, T, D] → [T, hidden]."""
-        num_tokens = x.shape[0]
+        """x [1, T, hidden], cos / sin [1, T, 1, D] → [1, T, hidden]."""
+        num_tokens = x.shape[1]
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) D]
-        qk = qkv[:, : (h + hkv) * d].view(num_tokens, h + hkv, d)  # [T, H + Hkv, D], a view into qkv
+        qkv = self.qkv_proj(x)  # [1, T, (H + 2 Hkv) D]
+        qk = qkv[..., : (h + hkv) * d].view(1, num_tokens, h + hkv, d)  # [1, T, H + Hkv, D], a view into qkv
         if self.qk_weight is None:
             apply_rotary(qk, cos, sin, out=qk)
         else:  # Qwen3: RMSNorm over each head's D, then rotary (the same order as the transformers module)
-            normed = F.rms_norm(qk, (d,), None, self.qk_eps) * self.qk_weight  # [T, H + Hkv, D]
+            normed = F.rms_norm(qk, (d,), None, self.qk_eps) * self.qk_weight  # [1, T, H + Hkv, D]
             apply_rotary(normed, cos, sin, out=qk)
-        q = qk[:, :h].transpose(0, 1)[None]  # [1, H, T, D]
-        kv = qkv[:, h * d :].view(num_tokens, 2, hkv, d)  # [T, 2, Hkv, D]: k then v, adjacent
-        k, v = kv[:, 0].transpose(0, 1)[None], kv[:, 1].transpose(0, 1)[None]  # [1, Hkv, T, D] each
-        out = backend.attend(self.layer_idx, q, k, v, self.scaling)  # [1, T, H, D]
-        return self.o_proj(out.reshape(num_tokens, h * d))  # [T, hidden]
+        q = qk[:, :, :h].transpose(1, 2)  # [1, H, T, D]
+        kv = qkv[0, :, h * d :].view(num_tokens, 2, hkv, d).transpose(0, 1)  # [2, T, Hkv, D]: k, v (rotated k)
+        out = backend.attend(self.layer_idx, q, None, None, self.scaling, new_kv=kv)  # [1, T, H, D]; one KV store
+        return self.o_proj(out.reshape(1, num_tokens, h * d))  # [1, T, hidden]

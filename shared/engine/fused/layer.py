@@ -2,7 +2,10 @@
 
 Called as the transformers layer is (``layer(hidden, position_embeddings=(cos, sin), tandem_backend=...)``
 with hidden [1, T, hidden], returning [1, T, hidden]), so early exit's layer-by-layer loop and the
-feature-capture hooks (which read the hidden state entering each layer) work on either.
+feature-capture hooks (which read the hidden state entering each layer) work on either. The residual
+adds stay separate ops: eager torch has no add-and-norm kernel, so deferring the add into the next
+norm (as CUDA engines' fused kernels do) would save nothing here and hide the residual stream the
+hooks and early exit read.
 """
 
 from __future__ import annotations
@@ -31,9 +34,6 @@ class FusedDecoderLayer(nn.Module):
         **_,
     ) -> torch.Tensor:
         """hidden_states [1, T, hidden] (the residual stream) → [1, T, hidden]."""
-        shape = hidden_states.shape
-        x = hidden_states.reshape(-1, shape[-1])  # [T, hidden]
         cos, sin = position_embeddings
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, tandem_backend)
-        x = x + self.mlp(self.post_attention_layernorm(x))
-        return x.view(shape)
+        x = hidden_states + self.self_attn(self.input_layernorm(hidden_states), cos, sin, tandem_backend)
+        return x + self.mlp(self.post_attention_layernorm(x))

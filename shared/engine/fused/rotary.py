@@ -1,8 +1,8 @@
 """Rotary position embedding from a table of cos/sin computed once, indexed by the batch's positions.
 
     table = RotaryTable.from_hf(decoder.rotary_emb, num_positions, dtype)
-    cos, sin = table(hidden, position_ids)         # [1, T, D] each: one gather per forward
-    apply_rotary(qk, cos, sin, out=qk)             # qk [T, heads, D], rotated in place
+    cos, sin = table(hidden, position_ids)         # [1, T, 1, D] each: one gather per forward
+    apply_rotary(qk, cos, sin, out=qk)             # qk [1, T, heads, D], rotated in place
 
 The transformers module computes ``positions x inv_freq``, its cos and sin and
 the casts for every forward (and the rotation as seven ops per tensor). Here
@@ -54,15 +54,14 @@ class RotaryTable(nn.Module):
         return cls(torch.cat(rows).contiguous())
 
     def forward(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """position_ids [1, T] → (cos, signed sin), [1, T, D] each (views of one gathered [1, T, 2, D])."""
+        """position_ids [1, T] → (cos, signed sin), [1, T, 1, D] each: views of one gathered [1, T, 2, D], shaped
+        to broadcast over the heads (and, like the transformers module's, indexable by token on dim 1)."""
         rows = self.table[position_ids]  # [1, T, 2, D]
-        return rows[:, :, 0], rows[:, :, 1]
+        return rows[:, :, :1], rows[:, :, 1:]
 
 
 def apply_rotary(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """qk [T, heads, D] rotated by cos / signed sin [1, T, D] (or [T, D]) into ``out`` [T, heads, D]
+    """qk [1, T, heads, D] rotated by cos / signed sin [1, T, 1, D] into ``out`` [1, T, heads, D]
     (``out`` may be ``qk`` itself: the inputs of the last op are fresh tensors)."""
-    cos = cos.reshape(-1, 1, cos.shape[-1])  # [T, 1, D]
-    sin = sin.reshape(-1, 1, sin.shape[-1])
-    rolled = qk.roll(qk.shape[-1] // 2, dims=-1)  # [T, heads, D]: (x2, x1), rotate_half up to the sign in sin
+    rolled = qk.roll(qk.shape[-1] // 2, dims=-1)  # [1, T, heads, D]: (x2, x1), rotate_half up to the sign in sin
     return torch.add(qk * cos, rolled * sin, out=out)
