@@ -2,11 +2,11 @@
 
 Per layer, for the batch's T packed tokens::
 
-    qkv = qkv_proj(x)                      [1, T, (H + 2 Hkv) D]   one product (q, k, v rows merged; Qwen2's biases too)
+    qkv = qkv_proj(x)                      [T, (H + 2 Hkv) D]      one product (q, k, v rows merged; Qwen2's biases too)
     q|k = q_norm / k_norm (Qwen3)          [1, T, H + Hkv, D]      a norm without weight, a multiply by per-head weights
     q|k rotated in place in qkv            [1, T, H + Hkv, D]      four elementwise ops (rotary.py)
     out = backend.attend(q, new_kv=k|v)    [1, T, H, D]            k and v adjacent in qkv: one store into the cache
-    o_proj(out)                            [1, T, hidden]
+    o_proj(out)                            [T, hidden]
 
 The backend is the one the transformers path calls through its attention hook
 (attention/base.py): it writes k/v to the paged cache at the batch's slots and
@@ -46,10 +46,10 @@ class FusedAttention(nn.Module):
             self.qk_eps = float(getattr(qn, "variance_epsilon", None) or qn.eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend) -> torch.Tensor:
-        """x [1, T, hidden], cos / sin [1, T, 1, D] → [1, T, hidden]."""
-        num_tokens = x.shape[1]
+        """x [T, hidden] (or [1, T, hidden]), cos / sin [1, T, 1, D] → [T, hidden]."""
+        num_tokens = x.shape[-2]
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = self.qkv_proj(x)  # [1, T, (H + 2 Hkv) D]
+        qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) D]
         qk = qkv[..., : (h + hkv) * d].view(1, num_tokens, h + hkv, d)  # [1, T, H + Hkv, D], a view into qkv
         if self.qk_weight is None:
             apply_rotary(qk, cos, sin, out=qk)
@@ -57,6 +57,6 @@ class FusedAttention(nn.Module):
             normed = F.rms_norm(qk, (d,), None, self.qk_eps) * self.qk_weight  # [1, T, H + Hkv, D]
             apply_rotary(normed, cos, sin, out=qk)
         q = qk[:, :, :h].transpose(1, 2)  # [1, H, T, D]
-        kv = qkv[0, :, h * d :].view(num_tokens, 2, hkv, d).transpose(0, 1)  # [2, T, Hkv, D]: k, v (rotated k)
+        kv = qkv[..., h * d :].view(num_tokens, 2, hkv, d).transpose(0, 1)  # [2, T, Hkv, D]: k (rotated), v
         out = backend.attend(self.layer_idx, q, None, None, self.scaling, new_kv=kv)  # [1, T, H, D]; one KV store
-        return self.o_proj(out.reshape(1, num_tokens, h * d))  # [1, T, hidden]
+        return self.o_proj(out.reshape(num_tokens, h * d))  # [T, hidden]

@@ -75,8 +75,8 @@ class FusedDecoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, tandem_backend, **_) -> DecoderOutput:
         """input_ids, position_ids [1, T] → DecoderOutput(last_hidden_state [1, T, hidden])."""
-        hidden = self.embed_tokens(input_ids)  # [1, T, hidden]
-        position_embeddings = self.rotary_emb(hidden, position_ids)  # [1, T, D] each
+        hidden = self.embed_tokens(input_ids[0])  # [T, hidden]
+        position_embeddings = self.rotary_emb(hidden, position_ids)  # [1, T, 1, D] each
         for layer in self.layers:
             hidden = layer(hidden, position_embeddings, tandem_backend)
-        return DecoderOutput(self.norm(hidden))
+        return DecoderOutput(self.norm(hidden)[None])

@@ -17,7 +17,7 @@ class FusedMLP(nn.Module):
         self.down_proj = shared_linear(hf_mlp.down_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [1, T, hidden] → [1, T, hidden]."""
-        gate_up = self.gate_up_proj(x)  # [1, T, 2 I]
-        gate, up = gate_up.split(self.intermediate, dim=-1)  # [1, T, I] each, views
+        """x [T, hidden] (or [1, T, hidden]) → the same shape."""
+        gate_up = self.gate_up_proj(x)  # [T, 2 I]
+        gate, up = gate_up.split(self.intermediate, dim=-1)  # [T, I] each, views
         return self.down_proj(F.silu(gate) * up)
