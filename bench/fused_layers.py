@@ -24,6 +24,7 @@ from __future__ import annotations
 import gc
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -192,11 +193,55 @@ def main(
         results["target"] = str(model_dir)
         results["smollm2"] = smollm2(model_dir, dtypes.split(","), [int(b) for b in batches.split(",")], repeats, steps)
     results["machine"] = machine(DEFAULT_THREADS)
+    results["lscpu"] = _output(["lscpu"]).splitlines()[:10]
+    results["commit"] = _output(["git", "rev-parse", "--short", "HEAD"]).strip()
     results["duration_s"] = time.time() - started
     out = Path(__file__).resolve().parent / "results" / name
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "README.md").write_text(readme(results))
     print(f"results in {out}")
+
+
+def _output(command: list[str]) -> str:
+    try:
+        return subprocess.run(command, capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return ""
+
+
+def _cell(row: dict, path: str, digits: int) -> str:
+    r = row[path]
+    return f"{r['median']:.{digits}f} ({r['min']:.{digits}f}-{r['max']:.{digits}f})"
+
+
+def readme(r: dict) -> str:
+    """The results as README.md: command, machine, date, commit, one table per measurement."""
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(r["started_unix"]))
+    ratios = lambda row: ", ".join(f"{x:.2f}" for x in row["ratio"]["repeats"])  # noqa: E731
+    lines = [f"# {r['name']}", "", "The fused decoder (shared/engine/fused) against transformers' layers, side by side in "
+             "one process, timed forward by forward in alternation (bench/fused_layers.py).", "",
+             f"Command: `{r['command']}`  ", f"Date: {when}; commit {r.get('commit', '?')}; duration "
+             f"{r['duration_s']:.0f} s; {r['repeats']} repeats, medians (min-max over the repeats' medians)  ",
+             f"Machine: torch {r['machine']['torch']}, transformers {r['machine']['transformers']}, load average at the "
+             f"end {', '.join(f'{x:.1f}' for x in r['machine']['load_average_at_end'])}", "", "```",
+             *r.get("lscpu", []), "```", "",
+             f"## Hollow 30-layer hidden-64 Llama, one thread, batch 1 (goal: fused >= {r['goals']['hollow']}x)", "",
+             f"ms per `ModelRunner.forward`, {r['forwards']} forwards per path and repeat:", "",
+             "| op | transformers | fused | speed-up | per repeat |", "|---|---|---|---|---|"]  # fmt: skip
+    for row in r["hollow"]:
+        lines.append(f"| {row['op']} | {_cell(row, 'transformers', 2)} | {_cell(row, 'fused', 2)} | "
+                     f"{row['ratio']['median']:.2f}x | {ratios(row)} |")  # fmt: skip
+    if r["smollm2"]:
+        lines += ["", f"## SmolLM2-135M-Instruct target-only decode (goal: fused >= {r['goals']['smollm2']}x)", "",
+                  f"tokens/s through `TargetEngine.verify` with empty trees, {r['smollm2'][0]['steps']} steps per path "
+                  "and repeat, torch's default threads; greedy: the two paths' tokens compared:", "",
+                  "| dtype | batch | transformers | fused | speed-up | per repeat | greedy equal |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for row in r["smollm2"]:
+            lines.append(f"| {row['dtype']} | {row['batch']} | {_cell(row, 'transformers', 1)} | {_cell(row, 'fused', 1)} "
+                         f"| {row['ratio']['median']:.2f}x | {ratios(row)} | {row['greedy_equal']} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
