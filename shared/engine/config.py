@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 from pydantic import BaseModel, Field
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    return default if value is None else value.strip().lower() not in ("0", "false", "no", "off", "")
 
 
 class EngineConfig(BaseModel):
@@ -32,6 +39,12 @@ class EngineConfig(BaseModel):
         ge=1,
         description="Row count from which prepacked weights are used; None = measured when the model is loaded "
         "(where MKL stops being the faster path differs between CPUs).",
+    )
+    fused_layers: bool = Field(
+        default_factory=lambda: _env_flag("TANDEM_FUSED_LAYERS", True),
+        description="Run Llama, Mistral and Qwen2/Qwen3 models on the fused decoder (merged projections, one-op norms, "
+        "cached rotary; shared/engine/fused); off = transformers' own layers. Other architectures always run through "
+        "transformers. Default from TANDEM_FUSED_LAYERS (0 turns it off), else on.",
     )
     attention_backend: str = Field(
         "auto", description="auto (flashinfer on CUDA when installed, else sdpa), sdpa or flashinfer."

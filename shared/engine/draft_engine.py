@@ -21,6 +21,7 @@ from shared.engine.drafting import BeamDrafter, ChainDrafter, ExpansionDrafter
 from shared.engine.errors import ContextLengthError, InvalidRequestError, WeightsOffloadedError
 from shared.engine.runner import ModelRunner, Work
 from shared.engine.sampling import validate_sampling
+from shared.engine.weight_moves import move_weights
 from shared.engine.types import ForwardCost, PrefillItem, SpecItem, TokenTree
 
 
@@ -40,7 +41,7 @@ class DraftEngine:
             return 0, 0
         self.release(list(self.runner.seqs))
         device = self.runner.device
-        moved = _move_weights(self.runner.model, torch.device("cpu"), pin=device.type == "cuda")
+        moved = move_weights(self.runner.weight_modules, torch.device("cpu"), pin=device.type == "cuda")
         freed = self.runner.cache.release_memory()
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the freed space goes back to the device, for the target to take
@@ -52,7 +53,7 @@ class DraftEngine:
         if not self.offloaded:
             return 0
         device = self.runner.device
-        moved = _move_weights(self.runner.model, device, pin=False)
+        moved = move_weights(self.runner.weight_modules, device, pin=False)
         self.runner.cache.reallocate()
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the non-blocking copies are done before the next forward
@@ -140,19 +141,3 @@ class DraftEngine:
             for i, (d, w) in enumerate(zip(active, works)):
                 d.absorb(out.root(i)[None] if w.want_root else out.nodes(i, len(w.new_nodes)), out.vocab_ids)
         return [d.tree for d in drafters]
-
-
-def _move_weights(model: torch.nn.Module, device: torch.device, *, pin: bool) -> int:
-    """Move parameters and buffers in place (module references stay valid); bytes that changed device."""
-    moved = 0
-    seen: set[int] = set()
-    for tensor in [*model.parameters(), *model.buffers()]:
-        if id(tensor) in seen:  # tied weights
-            continue
-        seen.add(id(tensor))
-        if tensor.device == device:
-            continue
-        data = tensor.data.to(device, non_blocking=device.type == "cuda")
-        tensor.data = data.pin_memory() if pin and device.type == "cpu" else data
-        moved += tensor.numel() * tensor.element_size()
-    return moved

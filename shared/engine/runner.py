@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from shared.engine import cpu_linear
+from shared.engine import cpu_linear, fused
 from shared.engine.attention.base import ATTN_IMPLEMENTATION, BatchLayout, SeqLayout, register, select_backend
 from shared.engine.config import EngineConfig
 from shared.engine.early_exit import PRUNE, SHADOW, SKIP, EarlyExitController
@@ -86,16 +86,19 @@ class ModelRunner:
         register()
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
         self.model = model
-        self.packed_linears = (
-            cpu_linear.prepack(model, self.config.cpu_prepack_min_rows) if self.config.cpu_prepack else 0
-        )
-        cpu_linear.pad_single_rows(model)  # CPU, 16 bits: a decode's products as a verify's (row exactness)
-        self.decoder = model.get_decoder()
-        self.lm_head = model.get_output_embeddings()
-        self.exit_lens: TunedLens | None = None  # early exit's tuned lens (TargetEngine.set_early_exit)
         cfg = model.config
-        self.vocab_size = model.get_input_embeddings().weight.shape[0]
         self.max_context = self.config.max_context or cfg.max_position_embeddings
+        running = self._running_model(model)  # the model, or the fused decoder and its LM head (fused/)
+        # the modules holding every weight a forward reads (what an offload moves)
+        self.weight_modules = (model,) if running is model else (model, running)
+        self.packed_linears = (
+            cpu_linear.prepack(running, self.config.cpu_prepack_min_rows) if self.config.cpu_prepack else 0
+        )
+        cpu_linear.pad_single_rows(running)  # CPU, 16 bits: a decode's products as a verify's (row exactness)
+        self.decoder = running.get_decoder()
+        self.lm_head = running.get_output_embeddings()
+        self.exit_lens: TunedLens | None = None  # early exit's tuned lens (TargetEngine.set_early_exit)
+        self.vocab_size = model.get_input_embeddings().weight.shape[0]
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -121,6 +124,11 @@ class ModelRunner:
         self.seqs: dict[str, Sequence] = {}
         self.reserved: set[int] = set()  # KV blocks no sequence owns: the CUDA graphs' scratch (cuda_graphs.py)
         self._capture: FeatureCapture | None = None  # hooks for feature-level drafts, made on first use
+
+    def _running_model(self, model):
+        """The fused decoder over ``model`` when the config asks for it and the architecture has one, else ``model``."""
+        decoder = fused.build(model, self.max_context) if self.config.fused_layers else None
+        return model if decoder is None else fused.FusedCausalLM(decoder, model.get_output_embeddings())
 
     @property
     def capture(self) -> FeatureCapture:

@@ -30,6 +30,7 @@ import inspect
 import torch
 
 from shared.engine.attention.layout import BatchLayout
+from shared.engine.attention.kv_store import store_kv
 from shared.engine.kv_cache import PagedKVCache
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
@@ -121,10 +122,9 @@ class FlashinferBackend:
         )
         self._planned_heads = num_qo_heads
 
-    def attend(self, layer_idx, query, key, value, scaling):
+    def attend(self, layer_idx, query, key, value, scaling, new_kv=None):
         kv = self.cache.kv[layer_idx]  # [2, num_slots, Hkv, D]
-        kv[0, self.new_slots] = key[0].transpose(0, 1)
-        kv[1, self.new_slots] = value[0].transpose(0, 1)
+        store_kv(kv, self.new_slots, key, value, new_kv)
         num_qo_heads = query.shape[1]
         if self._planned_heads != num_qo_heads:
             self._plan(num_qo_heads, scaling, query.dtype)

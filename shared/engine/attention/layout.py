@@ -48,6 +48,13 @@ class AttentionBackend(Protocol):
         """Build per-forward metadata once; attend() is then called for every layer."""
 
     def attend(
-        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float
+        self,
+        layer_idx: int,
+        query: torch.Tensor,
+        key: torch.Tensor | None,
+        value: torch.Tensor | None,
+        scaling: float,
+        new_kv: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """query [1, H, T, D], key/value [1, Hkv, T, D] → output [1, T, H, D]; writes k/v to the cache."""
+        """query [1, H, T, D], key/value [1, Hkv, T, D] → output [1, T, H, D]; writes k/v to the cache.
+        ``new_kv`` [2, T, Hkv, D]: the keys and values as one tensor (then key and value are None), stored in one op."""

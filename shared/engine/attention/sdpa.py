@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from shared.engine.attention.layout import BatchLayout
 from shared.engine.attention.padded_matmul import attend_padded
 from shared.engine.attention.row_exact import attend_rows, split_row
+from shared.engine.attention.kv_store import store_kv
 from shared.engine.kv_cache import PagedKVCache
 
 
@@ -108,10 +109,9 @@ class SdpaBackend:
         self.q_index = q_index.to(device)
         self.unpad = unpad.to(device)
 
-    def attend(self, layer_idx, query, key, value, scaling):
+    def attend(self, layer_idx, query, key, value, scaling, new_kv=None):
         kv = self.cache.kv[layer_idx]  # [2, num_slots, Hkv, D]
-        kv[0, self.new_slots] = key[0].transpose(0, 1)
-        kv[1, self.new_slots] = value[0].transpose(0, 1)
+        store_kv(kv, self.new_slots, key, value, new_kv)
         if self.row_slots is not None:  # row-exact mode (module docstring): per row over exactly its slots
             keys = kv[0].index_select(0, self.gather_flat)  # [kv_len, Hkv, D], position order
             values = kv[1].index_select(0, self.gather_flat)

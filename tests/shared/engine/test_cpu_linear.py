@@ -157,5 +157,6 @@ def test_runner_takes_min_rows_from_the_engine_config(tiny_model_dir):
         tiny_model_dir, device="cpu", dtype="float32", with_tokenizer=False,
         engine_config=EngineConfig(num_blocks=64, cpu_prepack_min_rows=2),
     )
-    packed = [m for m in engine.runner.model.modules() if isinstance(m, PackedLinear)]
+    running = engine.runner.weight_modules[-1]  # the fused decoder and LM head, or the model itself
+    packed = [m for m in running.modules() if isinstance(m, PackedLinear)]
     assert packed and {m.min_rows for m in packed} == {2}
