@@ -1,16 +1,16 @@
 #!/bin/sh
-# Installs into /opt/venv inside an image build (deploy/Dockerfile). Sources, in order: /wheels when it
+# Installs into /opt/venv inside an image build (deploy/Dockerfile). Sources, in order: /build when it
 # holds wheels (offline: --no-index), else $INDEX_URL / $EXTRA_INDEX_URL (build arguments), else pip's default.
-#   tandem-pip-install deps PIN...      Tandem's dependencies from /app/pyproject.toml, plus PIN...
-#   tandem-pip-install project PIN...   the project itself (editable, /app), gRPC code generated
-#   tandem-pip-install packages SPEC... just these packages
+#   sh pip-install.sh deps PIN...      Tandem's dependencies from /build/pyproject.toml, plus PIN...
+#   sh pip-install.sh project PIN...   the project itself (editable, /app), gRPC code generated
+#   sh pip-install.sh packages SPEC... just these packages
 set -eu
 mode=$1; shift
 [ -x /opt/venv/bin/python ] || python3 -m venv /opt/venv
 PY=/opt/venv/bin/python
 set -- --no-cache-dir --disable-pip-version-check "$@"
-if ls /wheels/*.whl >/dev/null 2>&1; then
-    src="--no-index --find-links /wheels"
+if ls /build/*.whl >/dev/null 2>&1; then
+    src="--no-index --find-links /build"
 else
     src="${INDEX_URL:+--index-url $INDEX_URL} ${EXTRA_INDEX_URL:+--extra-index-url $EXTRA_INDEX_URL}"
 fi
@@ -21,7 +21,7 @@ case $mode in
     # the dependency list, read without installing the (not yet copied) project
     $PY - <<'PYEOF' > /tmp/requirements.txt
 import tomllib
-for dep in tomllib.load(open("/app/pyproject.toml", "rb"))["project"]["dependencies"]:
+for dep in tomllib.load(open("/build/pyproject.toml", "rb"))["project"]["dependencies"]:
     print(dep)
 PYEOF
     # the pins win over pyproject's ranges: pip keeps the chosen torch build

@@ -205,7 +205,7 @@ def test_dockerfile_builds_offline_with_any_builder() -> None:
     gpu = text[text.index(" AS gpu"):]
     assert "flashinfer-python" in gpu and "flashinfer_prebuild.py" in gpu and "FLASHINFER_CUDA_ARCH_LIST" in gpu
     install = (ROOT / "deploy" / "pip-install.sh").read_text()
-    assert "--no-index --find-links /wheels" in install and "shared.rpc.build" in install
+    assert "--no-index --find-links /build" in install and "shared.rpc.build" in install
     ignore = (ROOT / ".dockerignore").read_text().split()
     assert {"models", ".git", "**/.venv*", "bench/results"} <= set(ignore)
     assert not list((ROOT / "deploy").glob("*.dockerignore"))  # the legacy builder would ignore those
