@@ -4,6 +4,7 @@
 #   make setup    .venv with the pinned CPU torch + tandem[dev], then gRPC code
 #   make models   prepare the demo pair's models under $TANDEM_HOME (default ~/.cache/tandem)
 #   make test     setup + models, then the whole test suite
+#   make compose-smoke  build the images offline, run docker compose up (CPU), serve, kill, trace (deploy/)
 #   make demo | trace-ui | profile | bench-engine | bench | bench-slo | bench-adaptive | bench-faser | bench-offload | soak
 #   make clean | distclean
 
@@ -32,10 +33,10 @@ TEST_WORKERS ?= 0
 # The launcher sets the same for the services it starts.
 export GOMP_SPINCOUNT ?= 10000
 
-.PHONY: help setup protos models test demo trace-ui profile bench-engine bench bench-serving bench-slo bench-adaptive bench-order bench-faser bench-exit-signal bench-offload bench-drafts bench-grounded bench-http soak clean distclean
+.PHONY: help setup protos models test compose-smoke demo trace-ui profile bench-engine bench bench-serving bench-slo bench-adaptive bench-order bench-faser bench-exit-signal bench-offload bench-drafts bench-grounded bench-http soak clean distclean
 
 help:
-	@sed -n '4,8p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '4,9p' Makefile | sed 's/^# \{0,1\}//'
 
 setup: $(VENV)/.stamp
 	@$(MAKE) --no-print-directory protos
@@ -65,6 +66,14 @@ models: setup
 
 test: setup models
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
+
+# `docker compose up` for real on this machine (deploy/compose_smoke.py): a Docker daemon (started here if none
+# answers: vfs, its own data root), a base image from Debian packages, the CPU image from a wheelhouse, the stack
+# up with the demo pair, 24 requests through SDK and HTTP with draft and target crashed mid-load, a trace in the
+# trace UI, all torn down. Results: bench/results/compose-smoke/. Needs root (dockerd, debootstrap).
+compose-smoke: setup models
+	$(PY) deploy/compose_smoke.py $(SMOKE_ARGS)
+
 
 # The demo serves with the strongest prepared draft on its prompts (sdk/demo.py DEMO_DRAFT, measured by
 # bench.demo_drafts: bench/results/demo-drafts/), preparing it first; DEMO_ARGS="--pair demo" serves another.
