@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -472,7 +473,7 @@ class Harness:
         o = self.opts
         out: dict = {
             "name": o.name,
-            "command": " ".join(["python -m bench.harness", *sys.argv[1:]]),
+            "command": shlex.join(["python", "-m", "bench.harness", *sys.argv[1:]]),
             "machine": machine(o.threads),
             "started_unix": self.t_start,
             "duration_s": time.time() - self.t_start,
