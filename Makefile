@@ -5,6 +5,7 @@
 #   make models   prepare the demo pair's models under $TANDEM_HOME (default ~/.cache/tandem)
 #   make test     setup + models, then the whole test suite
 #   make compose-smoke  build the images offline, run docker compose up (CPU), serve, kill, trace (deploy/)
+#   make compose-smoke-tls  the same with TLS outside and mutual TLS inside (deploy/tls.env.example)
 #   make demo | trace-ui | profile | bench-engine | bench | bench-slo | bench-adaptive | bench-faser | bench-offload | soak
 #   make clean | distclean
 
@@ -33,10 +34,10 @@ TEST_WORKERS ?= 0
 # The launcher sets the same for the services it starts.
 export GOMP_SPINCOUNT ?= 10000
 
-.PHONY: help setup protos models test compose-smoke demo trace-ui profile bench-engine bench bench-serving bench-slo bench-adaptive bench-order bench-faser bench-exit-signal bench-offload bench-drafts bench-grounded bench-http soak clean distclean
+.PHONY: help setup protos models test compose-smoke compose-smoke-tls demo trace-ui profile bench-engine bench bench-serving bench-slo bench-adaptive bench-order bench-faser bench-exit-signal bench-offload bench-drafts bench-grounded bench-http soak clean distclean
 
 help:
-	@sed -n '4,9p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '4,10p' Makefile | sed 's/^# \{0,1\}//'
 
 setup: $(VENV)/.stamp
 	@$(MAKE) --no-print-directory protos
@@ -73,6 +74,11 @@ test: setup models
 # trace UI, all torn down. Results: bench/results/compose-smoke/. Needs root (dockerd, debootstrap).
 compose-smoke: setup models
 	$(PY) deploy/compose_smoke.py $(SMOKE_ARGS)
+
+# The same with deploy/tls.env.example: TLS on the public gRPC and HTTPS ports, mutual TLS inside, the
+# healthchecks probing with TLS, plaintext and keyless clients refused. Results: bench/results/compose-smoke/tls/.
+compose-smoke-tls: setup models
+	$(PY) deploy/compose_smoke.py --tls $(SMOKE_ARGS)
 
 
 # The demo serves with the strongest prepared draft on its prompts (sdk/demo.py DEMO_DRAFT, measured by
