@@ -330,6 +330,11 @@ class ServiceSettings(BaseModel):
         description="Scheduler: frontier pipelining (FASER §4.3): off, on (chunk size s_c from the draft and "
         "target cost models, only when they predict a gain), or chunk=N[,max_chunk=,alpha=,min_gain=,gain=false].",
     )
+    worker_protocol: Literal["stream", "unary"] = Field(
+        "stream",
+        description="Scheduler: how it drives the model services: stream (one long-lived step stream per "
+        "service, one message per step; docs/services.md) or unary (one RPC per call, the older protocol).",
+    )
     threads: int | None = Field(
         None,
         ge=1,

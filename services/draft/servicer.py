@@ -19,6 +19,7 @@ from __future__ import annotations
 import grpc.aio
 
 from services.engine_host import EngineHost
+from services.draft.spec_stream import run_draft_plan
 from services.spans import annotate, event
 from shared.engine.draft_engine import DraftEngine
 from shared.engine.ngram_drafter import NgramDraftEngine
@@ -75,6 +76,10 @@ class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
             timing=ran.timing(timer, forward_ns=sum(c.duration_ns for c in costs)),
         )
 
+    async def SpeculateStream(self, request_iterator, context: grpc.aio.ServicerContext):
+        async for plan in request_iterator:  # one plan, one engine call, one outcome (spec_stream.py)
+            yield await run_draft_plan(self, plan)
+
     async def Release(
         self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> common_pb2.ReleaseResponse:
@@ -115,6 +120,14 @@ class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
     def _offload(self) -> tuple[tuple[int, int], int]:
         dropped = len(self.engine.runner.seqs)
         return self.engine.offload(), dropped
+
+    def _plan(self, releases: list[str], prefills: list[PrefillItem], items: list[SpecItem]):
+        """A step stream's plan: releases, prefills, then one speculate; (trees, forward costs)."""
+        if releases:
+            self.host._release_live(releases)
+        costs = self._prefill(prefills) if prefills else []
+        trees, spec_costs = self._speculate(items) if items else ([], [])
+        return trees, [*costs, *spec_costs]
 
     def _speculate(self, items: list[SpecItem]) -> tuple[list[TokenTree], list[ForwardCost]]:
         trees = self.engine.speculate(items)
