@@ -39,26 +39,36 @@ def stream_spec_item_from_pb(msg: draft_pb2.StreamSpecItem) -> SpecItem:
 
 
 async def run_draft_plan(servicer, plan: draft_pb2.DraftPlan) -> draft_pb2.DraftOutcome:
+    """Releases and prefills, then the speculation: one engine call each, each in a span named as its unary
+    method (Prefill, Speculate), so a trace shows them as the unary protocol did."""
     timer = CallTimer()
-    name = "Speculate" if plan.items else "Prefill" if plan.prefills else "Release"
-    with plan_span(getattr(servicer.host, "tracer_provider", None), SERVICE, name, plan.trace_context):
-        try:
-            prefills = [stream_prefill_from_pb(m) for m in plan.prefills]
-            items = [stream_spec_item_from_pb(m) for m in plan.items]
-            if len({i.seq_id for i in items}) != len(items):
-                raise InvalidRequestError("a draft plan names a sequence twice")
-            annotate(batch_size=len(items), num_prefills=len(prefills), seq_ids=[i.seq_id for i in items],
-                     new_tokens=sum(len(i.new_tokens) for i in items),
-                     feature_bytes=sum(len(x.features.data) for x in [*prefills, *items] if x.features is not None))
-            ran = await servicer.host.run(servicer._plan, list(plan.releases), prefills, items)
-        except Exception as exc:  # noqa: BLE001 - the plan's status, in band: the stream stays up
-            code, details = status_for_exception(exc)
-            (log.error if code.name == "INTERNAL" else log.info)("draft step %d -> %s: %s", plan.step, code.name,
-                                                                 details)  # fmt: skip
-            return draft_pb2.DraftOutcome(step=plan.step, error=common_pb2.StepError(code=code.value[0],
-                                                                                     message=details))  # fmt: skip
-    trees, engine_costs = ran.result
-    costs = [cost_to_pb(c) for c in engine_costs]
-    annotate(drafted_tokens=[len(t) for t in trees], draft_forwards=len(costs))
-    return draft_pb2.DraftOutcome(step=plan.step, trees=pack_trees(trees), costs=costs,
-                                  timing=ran.timing(timer, forward_ns=sum(c.duration_ns for c in costs)))  # fmt: skip
+    provider = getattr(servicer.host, "tracer_provider", None)
+    trees, costs, queue_ns, work_ns = [], [], 0, 0
+    try:
+        prefills = [stream_prefill_from_pb(m) for m in plan.prefills]
+        items = [stream_spec_item_from_pb(m) for m in plan.items]
+        if len({i.seq_id for i in items}) != len(items):
+            raise InvalidRequestError("a draft plan names a sequence twice")
+        parts = []  # (span name, releases, prefills, items): one engine call each
+        if prefills or plan.releases:
+            parts.append(("Prefill" if prefills else "Release", list(plan.releases), prefills, []))
+        if items:
+            parts.append(("Speculate", [], [], items))
+        for name, releases, part_prefills, part_items in parts:
+            with plan_span(provider, SERVICE, name, plan.trace_context):
+                annotate(batch_size=len(part_items) or len(part_prefills), seq_ids=[i.seq_id for i in part_items]
+                         or [p.seq_id for p in part_prefills], new_tokens=sum(len(i.new_tokens) for i in part_items),
+                         feature_bytes=sum(len(x.features.data) for x in [*part_prefills, *part_items]
+                                           if x.features is not None))  # fmt: skip
+                ran = await servicer.host.run(servicer._plan, releases, part_prefills, part_items)
+                part_trees, part_costs = ran.result
+                annotate(drafted_tokens=[len(t) for t in part_trees], draft_forwards=len(part_costs))
+            trees, costs = trees + part_trees, costs + [cost_to_pb(c) for c in part_costs]
+            queue_ns, work_ns = queue_ns + ran.queue_ns, work_ns + ran.work_ns
+    except Exception as exc:  # noqa: BLE001 - the plan's status, in band: the stream stays up
+        code, details = status_for_exception(exc)
+        (log.error if code.name == "INTERNAL" else log.info)("draft step %d -> %s: %s", plan.step, code.name, details)
+        return draft_pb2.DraftOutcome(step=plan.step, error=common_pb2.StepError(code=code.value[0], message=details))
+    forward_ns = sum(c.duration_ns for c in costs)
+    timing = timer.timing(queue_ns=queue_ns, forward_ns=forward_ns, sample_ns=max(0, work_ns - forward_ns))
+    return draft_pb2.DraftOutcome(step=plan.step, trees=pack_trees(trees), costs=costs, timing=timing)
