@@ -64,7 +64,7 @@ class Services:
 
     async def wait(self) -> None:
         for address in self.addr.values():
-            await self.info(address, wait_s=120)
+            await self.info(address, wait_s=600)
 
     async def info(self, address: str, wait_s: float = 2.0):
         from services.scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker

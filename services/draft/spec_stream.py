@@ -14,22 +14,41 @@ import logging
 from services.plan_spans import plan_span
 from services.spans import annotate
 from shared.engine.errors import InvalidRequestError
-from shared.engine.types import SpecItem
-from shared.rpc.convert import CallTimer, cost_to_pb, feature_block_from_pb
+from shared.engine.features import FeatureBlock
+from shared.engine.types import SpecItem, TokenTree
+from shared.rpc.convert import CallTimer, cost_to_pb
 from shared.rpc.gen.tandem.v1 import common_pb2, draft_pb2
 from shared.rpc.interceptors import status_for_exception
-from shared.rpc.packing import pack_trees, stream_prefill_from_pb, unpack_i32
+from shared.rpc.packing import pack_trees, stream_features_from_pb, stream_prefill_from_pb, unpack_i32
 
 log = logging.getLogger(__name__)
 SERVICE = "tandem.v1.DraftService"
+
+
+async def fill_pushed(inbox, items) -> set[str]:
+    """Replace pushed blocks by the rows the target sent (feature_inbox.py); the ids whose rows never came."""
+    missing = set()
+    for item in items:
+        block = item.features
+        if block is None or not block.pushed:
+            continue
+        k = block.inline_rows
+        rest = await inbox.take(item.seq_id, block.start + k, block.end) if k < block.num_rows else None
+        if k < block.num_rows and rest is None:
+            missing.add(item.seq_id)
+            continue
+        item.features = FeatureBlock.join([b for b in (block.rows(block.start, block.start + k), rest) if b is not None])
+        if item.features is not None and item.features.pushed:  # a wholly inline prefix: plain rows
+            item.features = FeatureBlock(item.features.start, item.features.num_rows, item.features.width,
+                                         item.features.dtype, item.features.data)  # fmt: skip
+    return missing
 
 
 def stream_spec_item_from_pb(msg: draft_pb2.StreamSpecItem) -> SpecItem:
     where = f"sequence {msg.seq_id!r}"
     item = SpecItem(seq_id=msg.seq_id, new_tokens=unpack_i32(msg.new_tokens, f"{where} new_tokens"),
                     rollback=msg.rollback)  # fmt: skip
-    if msg.HasField("features"):
-        item.features = feature_block_from_pb(msg.features, where)
+    item.features = stream_features_from_pb(msg, where)
     shape = msg.WhichOneof("shape")
     if shape == "chain":
         item.chain_len, item.confidence_threshold = msg.chain.length, msg.chain.confidence_threshold
@@ -49,11 +68,20 @@ async def run_draft_plan(servicer, plan: draft_pb2.DraftPlan) -> draft_pb2.Draft
         items = [stream_spec_item_from_pb(m) for m in plan.items]
         if len({i.seq_id for i in items}) != len(items):
             raise InvalidRequestError("a draft plan names a sequence twice")
+        servicer.inbox.forget(list(plan.releases))
+        missing = await fill_pushed(servicer.inbox, [*prefills, *items])
+        if missing:  # dropped here: the scheduler rebuilds them (recomputed features), as after a restart
+            log.info("draft step %d: pushed features of %d sequence(s) never came", plan.step, len(missing))
+            prefills = [p for p in prefills if p.seq_id not in missing]
+            kept = [i for i in items if i.seq_id not in missing]
+            releases = [*plan.releases, *missing]
+        else:
+            kept, releases = items, list(plan.releases)
         parts = []  # (span name, releases, prefills, items): one engine call each
-        if prefills or plan.releases:
-            parts.append(("Prefill" if prefills else "Release", list(plan.releases), prefills, []))
-        if items:
-            parts.append(("Speculate", [], [], items))
+        if prefills or releases:
+            parts.append(("Prefill" if prefills else "Release", releases, prefills, []))
+        if kept:
+            parts.append(("Speculate", [], [], kept))
         for name, releases, part_prefills, part_items in parts:
             with plan_span(provider, SERVICE, name, plan.trace_context):
                 annotate(batch_size=len(part_items) or len(part_prefills), seq_ids=[i.seq_id for i in part_items]
@@ -71,4 +99,8 @@ async def run_draft_plan(servicer, plan: draft_pb2.DraftPlan) -> draft_pb2.Draft
         return draft_pb2.DraftOutcome(step=plan.step, error=common_pb2.StepError(code=code.value[0], message=details))
     forward_ns = sum(c.duration_ns for c in costs)
     timing = timer.timing(queue_ns=queue_ns, forward_ns=forward_ns, sample_ns=max(0, work_ns - forward_ns))
-    return draft_pb2.DraftOutcome(step=plan.step, trees=pack_trees(trees), costs=costs, timing=timing)
+    if missing:  # an empty tree where an item was dropped
+        drafted = iter(trees)
+        trees = [TokenTree() if i.seq_id in missing else next(drafted) for i in items]
+    return draft_pb2.DraftOutcome(step=plan.step, trees=pack_trees(trees), costs=costs, timing=timing,
+                                  missing_features=sorted(missing))  # fmt: skip

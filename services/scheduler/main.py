@@ -178,6 +178,8 @@ async def _start(
             draft = None
         else:
             draft.feature_spec = feature_spec_from_pb(draft_info.feature_spec)
+            if settings.feature_path == "direct" and hasattr(target, "push_features_to"):
+                target.push_features_to = draft_addr  # step streams: the target sends the draft its rows itself
             log.info("feature-level draft: target features of layers %s travel as %s (%d values per token)",
                      list(draft.feature_spec.layer_ids), draft.feature_spec.dtype, draft_info.feature_width)  # fmt: skip
     spec_policy = speculation_policy(settings.speculation_policy)

@@ -29,7 +29,7 @@ from services.scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker, W
 from services.scheduler.plan_stream import PlanStream
 from shared.engine.features import FeatureBlock
 from shared.engine.types import AcceptResult, PrefillItem, PrefillResult, SpecItem, TokenTree, VerifyItem
-from shared.rpc.convert import feature_block_from_pb, feature_block_to_pb, feature_spec_to_pb
+from shared.rpc.convert import _dtype_from_pb, feature_block_from_pb, feature_block_to_pb, feature_spec_to_pb
 from shared.rpc.gen.tandem.v1 import draft_pb2, target_pb2
 from shared.rpc.packing import pack_i32, pack_trees, stream_prefill_to_pb, unpack_accepts, unpack_i32, unpack_trees
 
@@ -76,14 +76,20 @@ class _Releases:
             self._timer = None
 
 
-def _features_of(blocks, where: str) -> list[FeatureBlock | None]:
-    return [feature_block_from_pb(b, where) if b.width else None for b in blocks]
+def _features_of(blocks, where: str, pushed: bool) -> list[FeatureBlock | None]:
+    """The outcome's blocks; pushed ones are positions only (the rows went to the draft)."""
+    if not pushed:
+        return [feature_block_from_pb(b, where) if b.width else None for b in blocks]
+    return [FeatureBlock(b.start, b.num_rows, b.width, _dtype_from_pb(b.dtype, where), b"", pushed=True) if b.width
+            else None for b in blocks]  # fmt: skip
 
 
 class StreamTargetWorker(GrpcTargetWorker):
     """``TargetWorker`` over the target's StepStream; ``step`` runs prefills and verifies in one forward."""
 
     protocol = "stream"
+    push_features_to: str | None = None  # a feature draft's address: the target sends it the rows itself
+    pushed_feature_bytes = 0  # what the target reported pushing, all time
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -105,7 +111,10 @@ class StreamTargetWorker(GrpcTargetWorker):
                                      trees=pack_trees([i.tree for i in verifies]))  # fmt: skip
         if self.feature_spec is not None:
             plan.features.CopyFrom(feature_spec_to_pb(self.feature_spec))
+            if self.push_features_to:
+                plan.push_features_to = self.push_features_to
         reply = await self._send(plan)
+        self.pushed_feature_bytes += reply.pushed_feature_bytes
         first = unpack_i32(reply.first_tokens, "first_tokens")
         if len(first) != len(prefills):
             raise WorkerProtocolError(f"target StepStream: {len(first)} first tokens for {len(prefills)} prefills")
@@ -114,7 +123,7 @@ class StreamTargetWorker(GrpcTargetWorker):
             if len(reply.features) != len(prefills) + len(verifies):
                 raise WorkerProtocolError(f"target StepStream: {len(reply.features)} feature blocks for "
                                           f"{len(prefills) + len(verifies)} sequences")  # fmt: skip
-            blocks = _features_of(reply.features, "target step features")
+            blocks = _features_of(reply.features, "target step features", reply.features_pushed)
             for res, block in zip(accepts, blocks[len(prefills) :]):
                 res.features = block
         else:
@@ -168,6 +177,7 @@ class StreamDraftWorker(GrpcDraftWorker):
         self.stream = PlanStream("draft", "SpeculateStream", lambda: self._stub.SpeculateStream(), self.timeout_s)
         self.releases = _Releases(self)
         self._prefills: dict[str, PrefillItem] = {}
+        self.missing_features: set[str] = set()  # of the last plan: the draft dropped them (pushed rows lost)
 
     async def prefill(self, items: list[PrefillItem]) -> None:
         for item in items:
@@ -178,6 +188,7 @@ class StreamDraftWorker(GrpcDraftWorker):
 
     async def speculate(self, items: list[SpecItem]) -> list[TokenTree]:
         reply = await self._send(draft_pb2.DraftPlan(items=[_spec_item_to_pb(i) for i in items]))
+        self.missing_features = set(reply.missing_features)
         return unpack_trees(reply.trees, len(items), relay=True)
 
     async def release(self, seq_ids: list[str]) -> None:
@@ -203,7 +214,10 @@ class StreamDraftWorker(GrpcDraftWorker):
         ids = self.releases.take()
         plan.releases.extend(ids)
         prefills, self._prefills = list(self._prefills.values()), {}
-        plan.prefills.extend(stream_prefill_to_pb(p) for p in prefills)
+        for p in prefills:
+            msg = plan.prefills.add()
+            msg.CopyFrom(stream_prefill_to_pb(p))
+            msg.features_pushed = p.features is not None and p.features.pushed
         try:
             return await self.stream.exchange(plan)
         except BaseException:  # the draft's state is unknown now: the loop resyncs (release + re-prefill) what
@@ -235,6 +249,7 @@ def _spec_item_to_pb(item: SpecItem) -> draft_pb2.StreamSpecItem:
     msg = draft_pb2.StreamSpecItem(seq_id=item.seq_id, new_tokens=pack_i32(item.new_tokens), rollback=item.rollback)
     if item.features is not None:
         msg.features.CopyFrom(feature_block_to_pb(item.features))
+        msg.features_pushed = item.features.pushed
     if item.chain_len:
         msg.chain.length = item.chain_len
         msg.chain.confidence_threshold = item.confidence_threshold

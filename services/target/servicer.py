@@ -18,6 +18,7 @@ import grpc.aio
 
 from services.engine_host import EngineHost
 from services.spans import annotate, event
+from services.target.feature_push import FeaturePusher
 from services.target.step_stream import run_target_plan
 from shared.engine.target_engine import TargetEngine, TargetStepOutput
 from shared.engine.types import PrefillItem, VerifyItem
@@ -39,6 +40,7 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
     def __init__(self, host: EngineHost) -> None:
         self.host = host
         self.engine: TargetEngine = host.engine
+        self.pusher = FeaturePusher(getattr(host, "settings", None))  # rows straight to a feature draft
 
     async def Prefill(
         self, request: target_pb2.TargetPrefillRequest, context: grpc.aio.ServicerContext

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from services.plan_spans import plan_span
+from shared.engine.features import FeatureBlock
 from shared.engine.types import VerifyItem
 from shared.rpc.convert import CallTimer, feature_block_to_pb, feature_spec_from_pb
 from shared.rpc.gen.tandem.v1 import common_pb2, target_pb2
@@ -53,5 +54,13 @@ async def run_target_plan(servicer, plan: target_pb2.TargetPlan) -> target_pb2.T
         reply.accepts.CopyFrom(pack_accepts(out.verifies))
     if spec is not None:
         blocks = [r.features for r in [*out.prefills, *out.verifies]]
+        if plan.push_features_to:  # straight to the draft; the outcome says which rows went (feature_push.py)
+            ids = [p.seq_id for p in prefills] + list(plan.verify_ids)
+            sent = [(i, b) for i, b in zip(ids, blocks) if b is not None and b.num_rows]
+            if await servicer.pusher.push(plan.push_features_to, [i for i, _ in sent], [b for _, b in sent]):
+                reply.features_pushed = True
+                reply.pushed_feature_bytes = sum(len(b.data) for _, b in sent)
+                blocks = [FeatureBlock(b.start, b.num_rows, b.width, b.dtype, b"", pushed=True) if b is not None
+                          else None for b in blocks]  # fmt: skip
         reply.features.extend(feature_block_to_pb(b) if b is not None else _EMPTY_BLOCK for b in blocks)
     return reply

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 import shared.rpc  # noqa: F401 - builds the generated code if needed
 from shared.engine.errors import InvalidRequestError
 from shared.engine.types import AcceptResult, PrefillItem, SparseDist, TokenTree
-from shared.rpc.convert import feature_block_to_pb, sampling_from_pb, sampling_to_pb, _features_of, _values
+from shared.engine.features import FeatureBlock
+from shared.rpc.convert import _dtype_from_pb, _features_of, _values, feature_block_to_pb, sampling_from_pb, sampling_to_pb
 from shared.rpc.gen.tandem.v1 import common_pb2, target_pb2
 
 _SWAP = sys.byteorder != "little"  # the wire is little-endian; array is native
@@ -79,8 +80,19 @@ def stream_prefill_from_pb(msg: common_pb2.StreamPrefill) -> PrefillItem:
         seq_id=msg.seq_id,
         prompt_ids=unpack_i32(msg.prompt_ids, f"{where} prompt_ids"),
         sampling=sampling_from_pb(msg.sampling),
-        features=_features_of(msg, where),
+        features=stream_features_from_pb(msg, where),
     )
+
+
+def stream_features_from_pb(msg, where: str) -> FeatureBlock | None:
+    """A step-stream item's features; rows the target pushed come as a pushed block (data: the inline rows)."""
+    if not msg.HasField("features") or not msg.features_pushed:
+        return _features_of(msg, where)
+    f = msg.features
+    try:
+        return FeatureBlock(f.start, f.num_rows, f.width, _dtype_from_pb(f.dtype, where), bytes(f.data), pushed=True)
+    except ValueError as exc:
+        raise InvalidRequestError(f"{where}: {exc}") from None
 
 
 # --- trees -------------------------------------------------------------------------------------
