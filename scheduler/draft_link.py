@@ -73,6 +73,8 @@ class DraftLink:
         self.up = False
         self.stale.update(also_stale)
         for req in holders:  # running and resident requests
+            if self.features is not None and req.features is not None and req.features.pushed:
+                req.features = None  # pushed rows a restarted draft no longer has: recomputed at the resync
             req.draft_rollback = 0
             if req.on_draft:
                 req.on_draft = False

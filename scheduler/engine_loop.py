@@ -34,7 +34,6 @@ observers are injected.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from collections.abc import Callable, Iterable, Sequence
 
@@ -43,6 +42,7 @@ from scheduler.draft_link import DraftLink
 from scheduler.elastic_control import ElasticControl
 from scheduler.feature_relay import FeatureRelay
 from scheduler.frontier import FrontierPipeline
+from scheduler.observer_calls import DeferredCalls, call_all, is_deferrable
 from scheduler.policies.elastic_memory import ElasticDraftMemory
 from scheduler.policies.queue import FCFS, QueuePolicy, reserved_tokens
 from scheduler.policies.selection import PassThrough, TreeSelector
@@ -85,6 +85,7 @@ class Scheduler:
         self.selector = selector or self.spec_policy.tree_selector() or PassThrough()
         self.detokenize = detokenize
         self.observers: list[IterationObserver] = list(observers)
+        self.deferred = DeferredCalls()  # observers that run while the next step's workers compute
 
         self._waiting: list[Request] = []
         self._running: dict[str, Request] = {}  # insertion order = admission order
@@ -98,7 +99,7 @@ class Scheduler:
         cfg = self.config
         # a feature-level draft (EAGLE family) reads target features: the target returns them, the loop relays them
         spec = getattr(draft, "feature_spec", None)
-        self.features = FeatureRelay(spec) if spec is not None else None
+        self.features = FeatureRelay(spec, source=draft) if spec is not None else None
         # draft health, releases and resync (draft_link.py); elastic memory (elastic_control.py)
         self.link = DraftLink(
             draft,
@@ -212,6 +213,7 @@ class Scheduler:
                 log.exception("scheduler step failed; failing all live requests")
                 self._fail_all(exc)
             await asyncio.sleep(0)  # let stream consumers and submitters run
+        await self.deferred.drain()
 
     def stop(self) -> None:
         self._stopping = True
@@ -224,6 +226,7 @@ class Scheduler:
             await self.step()
             await asyncio.sleep(0)
             n += 1
+        await self.deferred.drain()
         return n
 
     # ------------------------------------------------------------------ one iteration
@@ -583,16 +586,11 @@ class Scheduler:
         await self.link.flush(self._holders())
 
     async def _notify(self, report: StepReport) -> None:
+        """The policies' hooks and the synchronous observers now; the deferrable ones (Redis, metrics) run while
+        the next step's workers compute (observer_calls.py)."""
         finished, self._finished_unnotified = self._finished_unnotified, []
-        calls = [(self.spec_policy.observe, report)]
-        calls += [(obs.on_step, report) for obs in self.observers]
-        calls += [(obs.on_finish, req) for req in finished for obs in self.observers]
-        calls += [(self.queue_policy.on_finish, req) for req in finished]  # e.g. output-length history
-        for fn, arg in calls:
-            try:
-                out = fn(arg)
-                if inspect.isawaitable(out):
-                    await out
-            except Exception:  # noqa: BLE001 - an observer never stops the loop
-                log.exception("observer %r failed", fn)
-
+        hooks = [(obs.on_step, report) for obs in self.observers]
+        hooks += [(obs.on_finish, req) for req in finished for obs in self.observers]
+        await call_all([(self.spec_policy.observe, report), *((self.queue_policy.on_finish, req) for req in finished),
+                        *(h for h in hooks if not is_deferrable(h[0].__self__))])  # fmt: skip
+        self.deferred.submit([h for h in hooks if is_deferrable(h[0].__self__)])

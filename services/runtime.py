@@ -95,6 +95,8 @@ async def start_model_service(settings: ServiceSettings, role: str, service: str
     secret = settings.secret()  # only the scheduler, which knows it, may drive this service
     server = create_server(tracer_provider=provider,  # spans only inside a request's trace: probes make none
                            interceptors=[SecretServerInterceptor(secret)] if secret else [], only_in_trace=True)
+    engine_host.tracer_provider = provider  # step streams open one span per plan themselves (plan_spans.py)
+    engine_host.settings = settings  # how the target dials a draft it pushes features to (feature_push.py)
     register(engine_host, server)
     health_servicer = await add_health(server, [service])
     try:

@@ -76,8 +76,9 @@ class TandemMetrics:
             "(FASER §4.2); counted among the proposed, never accepted.", namespace=ns, registry=reg,
         )  # fmt: skip
         self.feature_bytes_total = Counter(
-            "feature_bytes_total", "Target feature bytes relayed for a feature-level draft (hop: target->scheduler, "
-            "scheduler->draft); their rate per step is what the EAGLE boundary costs on the wire.",
+            "feature_bytes_total", "Target feature bytes moved for a feature-level draft (hop: target->scheduler, "
+            "scheduler->draft, or target->draft straight over step streams); their rate per step is what the EAGLE "
+            "boundary costs on the wire.",
             ["hop"], namespace=ns, registry=reg,
         )  # fmt: skip
         self.accepted_length = Histogram(
@@ -192,7 +193,9 @@ class TandemMetrics:
         if ks:
             self.step_speculation_length.set(sum(ks) / len(ks))
 
-    def observe_feature_bytes(self, *, received: int, sent: int) -> None:
+    def observe_feature_bytes(self, *, received: int, sent: int, pushed: int = 0) -> None:
+        if pushed:
+            self.feature_bytes_total.labels("target_to_draft").inc(pushed)
         if received:
             self.feature_bytes_total.labels("target_to_scheduler").inc(received)
         if sent:

@@ -97,11 +97,21 @@ class _GrpcWorker:
     def _make_stub(self, channel: grpc.aio.Channel) -> Any:
         raise NotImplementedError
 
+    bytes_out = bytes_in = 0  # message bytes sent and received by this worker's unary calls, all time
+
     async def _call(self, method: str, request: Any) -> Any:
+        self.bytes_out += request.ByteSize()
         try:
-            return await getattr(self._stub, method)(request, timeout=self.timeout_s)
+            reply = await getattr(self._stub, method)(request, timeout=self.timeout_s)
         except grpc.aio.AioRpcError as err:
             raise WorkerRpcError(self.role, method, err) from None
+        self.bytes_in += reply.ByteSize()
+        return reply
+
+    def wire_bytes(self) -> int:
+        """Message bytes this worker moved both ways so far (a step stream's plans and outcomes too)."""
+        stream = getattr(self, "stream", None)
+        return self.bytes_out + self.bytes_in + (stream.bytes_out + stream.bytes_in if stream is not None else 0)
 
     def _check_ids(self, method: str, asked: Sequence[str], answered: Sequence[str]) -> None:
         if list(asked) != list(answered):

@@ -44,6 +44,7 @@ import shared.rpc  # noqa: F401 - builds the generated code if needed
 from scheduler.engine_loop import Scheduler, SchedulerConfig
 from scheduler.target_link import TargetRecoveryConfig
 from services.scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker
+from services.scheduler.stream_workers import worker_classes
 from scheduler.policies.elastic_memory import ElasticDraftMemory, ElasticMemoryConfig, PoolGrowth
 from scheduler.workers import RealClock
 from services.version import service_version
@@ -137,10 +138,11 @@ async def _start(
 
     secret = settings.secret()  # the model services' shared secret, sent on every call to them (with TLS too)
     internal = [SecretClientInterceptor(secret)] if secret else []
-    target = GrpcTargetWorker(settings.target_addr, interceptors=internal, **channel)
+    target_cls, draft_cls = worker_classes(settings.worker_protocol)
+    target = target_cls(settings.target_addr, interceptors=internal, **channel)
     closers.append(target.close)
     draft_addr = None if (settings.draft_addr or "none").lower() in NO_DRAFT else settings.draft_addr
-    draft = GrpcDraftWorker(draft_addr, interceptors=internal, **channel) if draft_addr else None
+    draft = draft_cls(draft_addr, interceptors=internal, **channel) if draft_addr else None
     if draft is not None:
         closers.append(draft.close)
     if internal_tls is not None:  # a renewed client certificate or CA reaches new calls without a restart
@@ -176,6 +178,8 @@ async def _start(
             draft = None
         else:
             draft.feature_spec = feature_spec_from_pb(draft_info.feature_spec)
+            if settings.feature_path == "direct" and hasattr(target, "push_features_to"):
+                target.push_features_to = draft_addr  # step streams: the target sends the draft its rows itself
             log.info("feature-level draft: target features of layers %s travel as %s (%d values per token)",
                      list(draft.feature_spec.layer_ids), draft.feature_spec.dtype, draft_info.feature_width)  # fmt: skip
     spec_policy = speculation_policy(settings.speculation_policy)

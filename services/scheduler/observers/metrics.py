@@ -21,13 +21,15 @@ from shared.metrics import TandemMetrics
 
 
 class MetricsObserver:
+    deferrable = True  # runs while the next step's workers compute (scheduler/observer_calls.py)
+
     def __init__(self, metrics: TandemMetrics, scheduler: Scheduler, ema_alpha: float = 0.1) -> None:
         self.metrics = metrics
         self.scheduler = scheduler
         self.ema_alpha = ema_alpha
         self._ema_rate: float | None = None
         self._ema_length: float | None = None
-        self._feature_bytes = (0, 0)  # the relay's all-time (in, out) at the last step
+        self._feature_bytes = (0, 0, 0)  # the relay's all-time (in, out, pushed) at the last step
 
     def on_submit(self, request: Request) -> None:
         self._set_load()
@@ -48,8 +50,9 @@ class MetricsObserver:
         self.metrics.observe_speculation([o.shape.max_depth for o in report.outcomes])
         relay = self.scheduler.features
         if relay is not None:
-            now = (relay.bytes_in, relay.bytes_out)
-            self.metrics.observe_feature_bytes(received=now[0] - self._feature_bytes[0], sent=now[1] - self._feature_bytes[1])
+            now = (relay.bytes_in, relay.bytes_out, relay.bytes_pushed)
+            last = self._feature_bytes
+            self.metrics.observe_feature_bytes(received=now[0] - last[0], sent=now[1] - last[1], pushed=now[2] - last[2])
             self._feature_bytes = now
         self.metrics.observe_admission(preempted=len(report.preempted_ids), resumed=len(report.resumed_ids),
                                        evicted=len(report.evicted_ids))
