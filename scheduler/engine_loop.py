@@ -15,7 +15,7 @@ One ``step`` is one target forward for every running request::
     verify     ONE target.verify for all running requests (empty tree = plain decode)
     commit     append, stop checks (truncating past a stop), stream, finish, release
 
-Failure handling:
+Chunked prefill (prefill_chunks.py): long prompts run in chunks inside step 6's forward. Failure handling:
 - draft raises -> it is marked unavailable, the step runs as plain decode for
   everybody, and it is retried after an exponential backoff. What it held is
   then unknown, so on retry the loop first releases every id it may hold and
@@ -27,8 +27,7 @@ Failure handling:
 Preemption and KV pressure: admission.py; elastic draft memory (Nightjar §5): elastic_control.py.
 
 Workers see releases only between calls (flushed after admission and at the end of a step),
-never while one of their calls is in flight. No torch, grpc or redis here: workers, clock and
-observers are injected.
+never while one of their calls is in flight. No torch, grpc or redis here: workers, clock, observers injected.
 """
 
 from __future__ import annotations
@@ -43,6 +42,7 @@ from scheduler.elastic_control import ElasticControl
 from scheduler.feature_relay import FeatureRelay
 from scheduler.frontier import FrontierPipeline
 from scheduler.observer_calls import DeferredCalls, call_all, is_deferrable
+from scheduler.prefill_chunks import ChunkedPrefill
 from scheduler.policies.elastic_memory import ElasticDraftMemory
 from scheduler.policies.queue import FCFS, QueuePolicy, reserved_tokens
 from scheduler.policies.selection import PassThrough, TreeSelector
@@ -115,6 +115,7 @@ class Scheduler:
             else None
         )
         self.frontier = FrontierPipeline(cfg.frontier) if cfg.frontier is not None and draft is not None else None
+        self.chunks = ChunkedPrefill(cfg.prefill_chunk if self.frontier is None else 0)
         # admission within the caps, preemption, eviction under KV pressure (admission.py)
         self.admission = AdmissionControl(self.queue_policy, cfg, self.link,
                                           lambda seq_id: self._release_target.append(seq_id))
@@ -247,16 +248,16 @@ class Scheduler:
 
         # 2. prefill
         t = clock.now()
-        if new:
+        if new := self.chunks.take(new, self):  # long prompts go in chunks, in step 6's forward
             await self._prefill(new, report)
         times.prefill = clock.now() - t
 
         # 3. plan
-        batch = list(self._running.values())
+        batch = self.chunks.ready(self._running.values())
         self.link.probe()  # after a failure's backoff: the resync in _speculate tells whether it is back
         ctx = SpecContext(
             now=clock.now(), step=self._num_steps, draft_available=self.link.usable,
-            token_budget=self.config.token_budget, cost_model=self.config.cost_model,
+            token_budget=self.chunks.plan(batch, clock.now(), self.config, self), cost_model=self.config.cost_model,
             draft_cost_model=self.config.draft_cost_model, max_tokens_in_flight=self.max_tokens_in_flight,
         )
         try:
@@ -292,7 +293,7 @@ class Scheduler:
         if piped is not None:
             results, times.verify = piped.results, piped.verify_s
         else:
-            results = await self._verify(batch, trees, report) if batch else []
+            results = await self._verify(batch, trees, report) if batch or self.chunks.planned else []
             times.verify = clock.now() - t
 
         # 7. commit
@@ -334,7 +335,7 @@ class Scheduler:
 
     async def _prefill(self, new: list[Request], report: StepReport) -> None:
         # a preempted request comes back with its output so far; the target continues after it
-        items = [PrefillItem(r.id, r.tokens(), r.sampling) for r in new]
+        items = [PrefillItem(r.id, r.tokens(), r.sampling, cache_salt=r.cache_salt) for r in new]
         to_draft = [
             r
             for r in new
@@ -343,7 +344,7 @@ class Scheduler:
         ]
         calls = [self.target.prefill(items)]
         if to_draft:
-            calls.append(self.draft.prefill([PrefillItem(r.id, r.tokens(), r.sampling) for r in to_draft]))
+            calls.append(self.draft.prefill([it for it, r in zip(items, new) if r in to_draft]))
         outcomes = await asyncio.gather(*calls, return_exceptions=True)
 
         if to_draft:  # before the target's token is appended: the draft saw tokens() as it was
@@ -406,7 +407,7 @@ class Scheduler:
     ) -> list[AcceptResult] | None:
         items = [VerifyItem(r.id, tree) for r, tree in zip(batch, trees)]
         try:
-            results = await self.target.verify(items)
+            results = await self.chunks.verify(self, items, report)
         except Exception as exc:  # noqa: BLE001 - reported to the requests, not swallowed
             self._fail(batch, "target verify failed", exc, report)
             return None

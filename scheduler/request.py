@@ -71,6 +71,9 @@ class Request:
     slo: SLO = field(default_factory=SLO)
     priority: int = 0  # lower value = more urgent (vLLM convention); see FCFS
     speculation: SpeculationSetting = field(default_factory=SpeculationSetting)
+    cache_salt: str = ""  # prefix-cache tenant on the model services: different salts never share KV blocks
+    # prompt tokens the target's prefix cache likely holds (scheduler/prefix_estimate.py): not charged as prefill
+    num_cached_estimate: int = field(default=0, compare=False)
 
     # --- lifecycle, written by the scheduler loop -------------------------------------------
     state: RequestState = RequestState.WAITING

@@ -262,6 +262,9 @@ class EngineHost:
         info.kv_blocks_base, info.kv_blocks_max = runner.base_blocks, runner.max_blocks
         info.kv_blocks_free = cache.num_free_blocks  # 0 while offloaded: the pool's memory is given back
         info.block_size = cache.block_size
+        index = cache.allocator.prefix  # automatic prefix caching (shared/engine/prefix_cache.py)
+        info.prefix_cache_blocks, info.prefix_cache_evictions = cache.allocator.num_cached, index.evictions
+        info.prefix_cache_query_tokens, info.prefix_cache_hit_tokens = index.queries, index.hits
         spec = getattr(self.engine, "spec", None)  # a feature-level draft: what it reads of the target
         if spec is not None:
             info.feature_spec.CopyFrom(feature_spec_to_pb(spec))

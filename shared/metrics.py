@@ -128,6 +128,14 @@ class TandemMetrics:
         self.queue_depth = Gauge(
             "queue_depth", "Requests waiting for admission.", ["queue"], namespace=ns, registry=reg
         )
+        self.prefill_chunks_total = Counter(
+            "prefill_chunks_total", "Chunks of chunked prefills run (each in one target step beside the verifies).",
+            namespace=ns, registry=reg,
+        )  # fmt: skip
+        self.prefix_cache_hit_tokens_total = Counter(
+            "prefix_cache_hit_tokens_total", "Prompt tokens of chunked prefills the target's prefix cache served.",
+            namespace=ns, registry=reg,
+        )  # fmt: skip
         self.running_requests = Gauge("running_requests", "Requests holding KV cache.", namespace=ns, registry=reg)
 
     # --- recording helpers --------------------------------------------------------------------
@@ -185,6 +193,13 @@ class TandemMetrics:
             self.acceptance_rate.set(ema_acceptance_rate)
         if ema_accepted_length is not None:
             self.mean_accepted_length.set(ema_accepted_length)
+
+    def observe_prefill(self, *, chunks: int, cached_tokens: int) -> None:
+        """Chunked prefill since the last step: chunks run, prompt tokens the prefix cache served."""
+        if chunks:
+            self.prefill_chunks_total.inc(chunks)
+        if cached_tokens:
+            self.prefix_cache_hit_tokens_total.inc(cached_tokens)
 
     def observe_speculation(self, ks: list[int]) -> None:
         """The k chosen for every request of one step."""

@@ -179,6 +179,19 @@ class GrpcTargetWorker(_GrpcWorker):
         self._check_ids("Verify", [i.seq_id for i in items], [seq_id for seq_id, _ in answered])
         return [result for _, result in answered]
 
+    async def step(
+        self, prefills: list[PrefillItem], verifies: list[VerifyItem]
+    ) -> tuple[list[PrefillResult], list[AcceptResult]]:
+        """ONE Step RPC: prefill chunks and verify trees in one target forward (chunked prefill)."""
+        request = target_pb2.StepRequest(prefills=[prefill_item_to_pb(i) for i in prefills],
+                                         verifies=[verify_item_to_pb(i) for i in verifies], **self._spec_pb())
+        reply = await self._call("Step", request)
+        prefilled = [prefill_result_from_pb(o) for o in reply.prefills]
+        answered = [accept_from_pb(o) for o in reply.verifies]
+        self._check_ids("Step", [i.seq_id for i in prefills], [r.seq_id for r in prefilled])
+        self._check_ids("Step", [i.seq_id for i in verifies], [seq_id for seq_id, _ in answered])
+        return prefilled, [result for _, result in answered]
+
     def want_features(self, spec: FeatureSpec | None) -> None:
         """Return target features with every prefill and verify from now on (None: stop)."""
         self.feature_spec = spec

@@ -78,6 +78,7 @@ class _Common(BaseModel):
     slo_ttft_ms: float | None = Field(None, gt=0)
     speculation: Literal["off", "auto"] | int | None = None
     priority: int = 0
+    cache_salt: str = Field("", max_length=256)  # prefix-cache tenant (vLLM's): different salts share no KV blocks
 
 
 class CompletionBody(_Common):
@@ -126,7 +127,7 @@ def _request(body: _Common, prompt_ids: list[int] | None, text: str | None) -> t
         sampling.seed = body.seed
     msg = tandem_pb2.GenerateRequest(
         max_new_tokens=body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS, stop=stop,
-        sampling=sampling, priority=body.priority,
+        sampling=sampling, priority=body.priority, cache_salt=body.cache_salt,
     )  # fmt: skip
     if prompt_ids is not None:
         msg.token_ids.ids.extend(prompt_ids)

@@ -129,6 +129,13 @@ class StreamTargetWorker(GrpcTargetWorker):
         else:
             blocks = [None] * len(prefills)
         results = [PrefillResult(i.seq_id, tok, blk) for i, tok, blk in zip(prefills, first, blocks)]
+        if reply.prefill_pending:  # chunked prefill and prefix-cache counts, one each per prefill
+            columns = [unpack_i32(getattr(reply, f), f) for f in ("prefill_pending", "prefill_num_prefilled",
+                                                                    "prefill_num_cached")]  # fmt: skip
+            if any(len(c) != len(prefills) for c in columns):
+                raise WorkerProtocolError(f"target StepStream: prefill counts for {len(prefills)} prefills disagree")
+            for res, pending, done, cached in zip(results, *columns):
+                res.pending, res.num_prefilled, res.num_cached = bool(pending), done, cached
         return results, accepts
 
     async def release(self, seq_ids: list[str]) -> None:

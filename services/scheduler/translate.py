@@ -119,6 +119,7 @@ def to_request(msg: tandem_pb2.GenerateRequest, limits: Limits, codec: TextCodec
         slo=_slo(msg),
         priority=-msg.priority,
         speculation=_speculation(msg, limits),
+        cache_salt=msg.cache_salt,
     )
     try:
         validate_request(request)

@@ -50,6 +50,10 @@ async def run_target_plan(servicer, plan: target_pb2.TargetPlan) -> target_pb2.T
     reply = target_pb2.TargetOutcome(step=plan.step, costs=costs, timing=timing)
     if prefills:
         reply.first_tokens = pack_i32([r.first_token for r in out.prefills])
+        if any(r.pending or r.num_prefilled or r.num_cached for r in out.prefills):  # chunked prefill, prefix cache
+            reply.prefill_pending = pack_i32([int(r.pending) for r in out.prefills])
+            reply.prefill_num_prefilled = pack_i32([r.num_prefilled for r in out.prefills])
+            reply.prefill_num_cached = pack_i32([r.num_cached for r in out.prefills])
     if verifies:
         reply.accepts.CopyFrom(pack_accepts(out.verifies))
     if spec is not None:

@@ -25,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from shared.engine import step_plan
+from shared.engine import prefix_blocks, step_plan
 from shared.engine.acceptance import accept_tree
 from shared.engine.attention.static_batch import StaticBatchAttention
 from shared.engine.device_acceptance import accept_greedy_batch, node_status
@@ -135,6 +135,7 @@ class StaticStep:
                     f"exceed the context window of {runner.max_context}"
                 )
             needed += max(0, -(-total // bs) - len(seq.block_ids))
+            needed += prefix_blocks.cow_blocks(runner.cache, seq, min(seq.num_cached, len(seq.token_ids) - 1))
         allocator = runner.cache.allocator
         if needed > allocator.num_free:
             raise OutOfBlocksError(
@@ -146,6 +147,7 @@ class StaticStep:
             n = len(seq.token_ids)
             if seq.num_cached == n:
                 seq.num_cached = n - 1  # re-run the last token: its logits were not kept (as the eager forward)
+            prefix_blocks.writable(runner.cache, seq, seq.num_cached)  # a cached block is copied before a write
             grow = -(-(n + len(v.tree.token_ids)) // bs) - len(seq.block_ids)
             if grow > 0:
                 seq.block_ids += allocator.allocate(grow, seq.seq_id)
@@ -226,3 +228,4 @@ class StaticStep:
         if keep < len(seq.block_ids):
             cache.allocator.free(seq.block_ids[keep:])
             del seq.block_ids[keep:]
+        prefix_blocks.register(cache, seq)

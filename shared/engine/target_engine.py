@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from shared.engine import cuda_graphs, static_step, tuned_lens
+from shared.engine import chunks, cuda_graphs, static_step, tuned_lens
 from shared.engine.acceptance import _validate_child_dists, accept_tree
 from shared.engine.early_exit import EarlyExitConfig, EarlyExitController, layer_outcomes, prune_outcome
 from shared.engine.errors import ContextLengthError, DuplicateSequenceError, InvalidRequestError, KVPoolSizeError
@@ -67,6 +67,7 @@ class TargetEngine:
             self.static = StaticStep(runner, graphs=cuda_graphs.pool_for(runner))
         self.early_exit: EarlyExitController | None = None
         self.set_early_exit(early_exit)
+        self.pending: set[str] = set()  # sequences in the middle of a chunked prefill (no verify until it ends)
 
     def set_early_exit(self, config: EarlyExitConfig | None, source: Path | None = None) -> None:
         """Turn token-wise early exit on (with ``config``) or off (None or disabled).
@@ -121,7 +122,7 @@ class TargetEngine:
         scratch = []
         try:
             for seq_id, prefix in zip(seq_ids, prefixes):
-                scratch.append(self.runner.add(f"\x00features:{seq_id}", prefix))
+                scratch.append(self.runner.add(f"\x00features:{seq_id}", prefix, cache_salt=None))
             out = self.runner.forward([Work(seq) for seq in scratch], feature_layers=spec.layer_ids)
         finally:
             for seq in scratch:
@@ -133,6 +134,7 @@ class TargetEngine:
     def release(self, seq_ids: list[str]) -> None:
         for seq_id in seq_ids:
             self.runner.release(seq_id)
+            self.pending.discard(seq_id)
             if self.early_exit is not None:
                 self.early_exit.forget(seq_id)
 
@@ -158,6 +160,10 @@ class TargetEngine:
             raise InvalidRequestError("a sequence appears twice in one step")
         vocab = self.runner.vocab_size
         for p in prefills:
+            if p.resume:
+                chunks.check_resume(self.runner, self.pending, p)
+                continue
+            chunks.check_chunk(p)
             if p.seq_id in self.runner.seqs:
                 raise DuplicateSequenceError(f"sequence {p.seq_id!r} is already live")
             if not p.prompt_ids:
@@ -172,6 +178,8 @@ class TargetEngine:
                 )
         for v in verifies:
             self.runner.get(v.seq_id)
+            if v.seq_id in self.pending:
+                raise InvalidRequestError(f"sequence {v.seq_id!r}: its chunked prefill has not finished")
             tree = v.tree
             if len(tree) > self.max_tree_nodes:
                 raise InvalidRequestError(
@@ -196,11 +204,13 @@ class TargetEngine:
         if self._static_eligible(prefills, verifies, features):
             accepted, cost = self.static.run(verifies)
             return TargetStepOutput(verifies=accepted, cost=cost)
-        added = [self.runner.add(p.seq_id, p.prompt_ids, p.sampling) for p in prefills]
+        added = [self.runner.add(p.seq_id, p.prompt_ids, p.sampling, p.cache_salt) for p in prefills if not p.resume]
         for seq in added:
             seq.generator = make_generator(seq.sampling.seed)
+        prefill_seqs = [self.runner.get(p.seq_id) for p in prefills]
+        before = [seq.num_cached for seq in prefill_seqs]
         verify_seqs = [self.runner.get(v.seq_id) for v in verifies]
-        works = [Work(seq, want_root=True) for seq in added] + [
+        works = [Work(seq, want_root=True, max_fed=p.max_tokens or None) for seq, p in zip(prefill_seqs, prefills)] + [
             Work(seq, new_nodes=list(zip(v.tree.token_ids, v.tree.parent_ids)), want_root=True, want_nodes=True)
             for seq, v in zip(verify_seqs, verifies)
         ]
@@ -219,14 +229,20 @@ class TargetEngine:
             raise
 
         result = TargetStepOutput(cost=out.cost)
-        for i, seq in enumerate(added):
-            probs = probs_from_logits(out.root(i)[None], seq.sampling)[0]  # [vocab]
-            token = int(probs.argmax()) if seq.sampling.greedy else sample(probs, seq.generator)
-            self.runner.commit(seq, [token])
+        for i, seq in enumerate(prefill_seqs):
+            done = out.root_rows[i] is not None
+            (self.pending.discard if done else self.pending.add)(seq.seq_id)
+            token = -1
+            if done:
+                probs = probs_from_logits(out.root(i)[None], seq.sampling)[0]  # [vocab]
+                token = int(probs.argmax()) if seq.sampling.greedy else sample(probs, seq.generator)
+            progress = chunks.progress(seq, before[i], out.fed[i][1])  # (num_prefilled, num_cached)
+            if done:
+                self.runner.commit(seq, [token])
             block = _committed_features(out, i, [], features)
-            result.prefills.append(PrefillResult(seq_id=seq.seq_id, first_token=token, features=block))
+            result.prefills.append(PrefillResult(seq.seq_id, token, block, not done, *progress))
         for j, (seq, v) in enumerate(zip(verify_seqs, verifies)):
-            i = len(added) + j
+            i = len(prefill_seqs) + j
             rows = out.logits[out.root_rows[i] : out.root_rows[i] + 1 + len(v.tree)]  # [1 + num_nodes, vocab]
             accepted = accept_tree(v.tree, rows, seq.sampling, seq.generator, pruned=out.pruned[i])
             accepted.features = _committed_features(out, i, accepted.accepted_nodes, features)

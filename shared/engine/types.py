@@ -140,6 +140,11 @@ class PrefillItem:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # feature-level drafts only: target features of the prompt's tokens (row t feeds prompt token t + 1)
     features: FeatureBlock | None = None
+    # chunked prefill: compute at most this many prompt tokens in this call (tokens served by the prefix cache
+    # are free); the rest follows in later calls with ``resume``. 0 = the whole prompt now
+    max_tokens: int = 0
+    resume: bool = False  # continue the chunked prefill of a live sequence (``prompt_ids`` is not read)
+    cache_salt: str = ""  # prefix-cache tenant: sequences of different salts never share KV blocks
 
 
 @dataclass
@@ -179,8 +184,11 @@ class SpecItem:
 @dataclass
 class PrefillResult:
     seq_id: str
-    first_token: int
-    features: FeatureBlock | None = None  # the prompt's target features, when asked for
+    first_token: int  # -1 while ``pending``
+    features: FeatureBlock | None = None  # the features of the prompt tokens this call ran, when asked for
+    pending: bool = False  # a chunk of a longer prompt: nothing sampled yet, resume it
+    num_prefilled: int = 0  # prompt tokens in the KV cache after this call
+    num_cached: int = 0  # of them, served by the prefix cache in this call
 
 
 @dataclass

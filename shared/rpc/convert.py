@@ -161,7 +161,8 @@ def _features_of(msg, where: str) -> FeatureBlock | None:
 
 
 def prefill_item_to_pb(item: PrefillItem) -> common_pb2.PrefillItem:
-    msg = common_pb2.PrefillItem(seq_id=item.seq_id, prompt_ids=item.prompt_ids, sampling=sampling_to_pb(item.sampling))
+    msg = common_pb2.PrefillItem(seq_id=item.seq_id, prompt_ids=item.prompt_ids, sampling=sampling_to_pb(item.sampling),
+                                 max_tokens=item.max_tokens, resume=item.resume, cache_salt=item.cache_salt)
     if item.features is not None:
         msg.features.CopyFrom(feature_block_to_pb(item.features))
     return msg
@@ -173,6 +174,9 @@ def prefill_item_from_pb(msg: common_pb2.PrefillItem) -> PrefillItem:
         prompt_ids=list(msg.prompt_ids),
         sampling=sampling_from_pb(msg.sampling),
         features=_features_of(msg, f"sequence {msg.seq_id!r}"),
+        max_tokens=msg.max_tokens,
+        resume=msg.resume,
+        cache_salt=msg.cache_salt,
     )
 
 
@@ -222,7 +226,8 @@ def spec_item_from_pb(msg: draft_pb2.SpecItem) -> SpecItem:
 
 
 def prefill_result_to_pb(result: PrefillResult) -> target_pb2.PrefillOutput:
-    msg = target_pb2.PrefillOutput(seq_id=result.seq_id, first_token=result.first_token)
+    msg = target_pb2.PrefillOutput(seq_id=result.seq_id, first_token=result.first_token, pending=result.pending,
+                                   num_prefilled=result.num_prefilled, num_cached=result.num_cached)
     if result.features is not None:
         msg.features.CopyFrom(feature_block_to_pb(result.features))
     return msg
@@ -230,8 +235,9 @@ def prefill_result_to_pb(result: PrefillResult) -> target_pb2.PrefillOutput:
 
 def prefill_result_from_pb(msg: target_pb2.PrefillOutput) -> PrefillResult:
     return PrefillResult(
-        seq_id=msg.seq_id, first_token=msg.first_token, features=_features_of(msg, f"sequence {msg.seq_id!r}")
-    )
+        seq_id=msg.seq_id, first_token=msg.first_token, features=_features_of(msg, f"sequence {msg.seq_id!r}"),
+        pending=msg.pending, num_prefilled=msg.num_prefilled, num_cached=msg.num_cached,
+    )  # fmt: skip
 
 
 def accept_to_pb(seq_id: str, result: AcceptResult) -> target_pb2.VerifyOutput:

@@ -68,7 +68,8 @@ def unpack_f32(data: bytes, where: str = "float32 field") -> list[float]:
 
 def stream_prefill_to_pb(item: PrefillItem) -> common_pb2.StreamPrefill:
     msg = common_pb2.StreamPrefill(seq_id=item.seq_id, prompt_ids=pack_i32(item.prompt_ids),
-                                   sampling=sampling_to_pb(item.sampling))  # fmt: skip
+                                   sampling=sampling_to_pb(item.sampling), max_tokens=item.max_tokens,
+                                   resume=item.resume, cache_salt=item.cache_salt)  # fmt: skip
     if item.features is not None:
         msg.features.CopyFrom(feature_block_to_pb(item.features))
     return msg
@@ -81,6 +82,9 @@ def stream_prefill_from_pb(msg: common_pb2.StreamPrefill) -> PrefillItem:
         prompt_ids=unpack_i32(msg.prompt_ids, f"{where} prompt_ids"),
         sampling=sampling_from_pb(msg.sampling),
         features=stream_features_from_pb(msg, where),
+        max_tokens=msg.max_tokens,
+        resume=msg.resume,
+        cache_salt=msg.cache_salt,
     )
 
 

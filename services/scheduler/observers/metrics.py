@@ -30,6 +30,7 @@ class MetricsObserver:
         self._ema_rate: float | None = None
         self._ema_length: float | None = None
         self._feature_bytes = (0, 0, 0)  # the relay's all-time (in, out, pushed) at the last step
+        self._prefill = (0, 0)  # chunked prefill's all-time (chunks, cached tokens) at the last step
 
     def on_submit(self, request: Request) -> None:
         self._set_load()
@@ -54,6 +55,10 @@ class MetricsObserver:
             last = self._feature_bytes
             self.metrics.observe_feature_bytes(received=now[0] - last[0], sent=now[1] - last[1], pushed=now[2] - last[2])
             self._feature_bytes = now
+        chunks = self.scheduler.chunks
+        self.metrics.observe_prefill(chunks=chunks.num_chunks - self._prefill[0],
+                                     cached_tokens=chunks.num_cached_tokens - self._prefill[1])
+        self._prefill = (chunks.num_chunks, chunks.num_cached_tokens)
         self.metrics.observe_admission(preempted=len(report.preempted_ids), resumed=len(report.resumed_ids),
                                        evicted=len(report.evicted_ids))
         self.metrics.observe_draft_memory(
