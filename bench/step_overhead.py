@@ -10,7 +10,8 @@ for plain decode (no draft), a chain of 4 and a 6-node tree (SpecInfer expansion
 64, and a chain of 4 with EAGLE features of 3 layers of hidden 576 and 4096 at batch 1 and 32. Each case
 runs with ``TANDEM_WORKER_PROTOCOL=unary`` and ``=stream`` side by side, interleaved, in every repeat.
 Also per step: message bytes through the scheduler, and overlap: the share of the scheduler's own
-work (commit + observers) done while a worker call was in flight. ``--json`` prints one JSON object.
+per-step work (commit + the deferrable observers: Redis, metrics) that ran beside the next step's worker
+calls (scheduler/observer_calls.py). ``--json`` prints one JSON object.
 """
 
 from __future__ import annotations
@@ -101,15 +102,15 @@ def _worker(wrapper, attr: str):
 class StepLog:
     """An observer: per step its start, batch, prefills, bytes moved so far, and the scheduler's own work."""
 
-    def __init__(self, workers) -> None:
+    def __init__(self, workers, deferred) -> None:
         self.workers = [w for w in workers if w is not None]
+        self.deferred = deferred  # the loop's DeferredCalls: observers run beside the next step's worker calls
         self.rows: list[tuple[float, int, int, int, float, float]] = []
 
     def on_step(self, report) -> None:
         wire = sum(w.wire_bytes() for w in self.workers)
-        hidden = getattr(report.times, "overlapped", 0.0)
         self.rows.append((report.started_at, report.batch_size, len(report.prefilled_ids), wire,
-                          report.times.commit + getattr(report.times, "notify", 0.0), hidden))  # fmt: skip
+                          report.times.commit, self.deferred.busy_s))  # fmt: skip
 
     def on_finish(self, request) -> None:
         return None
@@ -132,7 +133,7 @@ async def run_case(running, services: Services, tag: str, shape: str, batch: int
 
     sched = running.scheduler
     target, draft = _worker(sched.target, "target"), _worker(sched.draft, "draft")
-    log = StepLog([target, draft])
+    log = StepLog([target, draft], sched.deferred)
     sched.add_observer(log)
     addrs = [services.target(width)] + ([services.draft(width)] if draft is not None else [])
     before = [await services.work_ns(a) for a in addrs]
@@ -150,8 +151,8 @@ async def run_case(running, services: Services, tag: str, shape: str, batch: int
     pairs = [(log.rows[i - 1], log.rows[i]) for i in steady if i - 1 in set(steady)]
     step_s = statistics.median(b[0] - a[0] for a, b in pairs)
     wire = statistics.median(b[3] - a[3] for a, b in pairs)
-    own = sum(log.rows[i][4] for i in steady)
-    hidden = sum(log.rows[i][5] for i in steady)
+    hidden = log.rows[steady[-1]][5] - log.rows[steady[0]][5]  # deferred observer time over the steady steps
+    own = sum(log.rows[i][4] for i in steady) + hidden  # the scheduler's own per-step work: commit + observers
     return {"step_ms": step_s * 1e3, "compute_ms": compute_s * 1e3, "orchestration_ms": (step_s - compute_s) * 1e3,
             "scheduler_bytes_per_step": wire, "overlap": hidden / own if own else 0.0, "steps": len(log.rows),
             "run_s": wall}  # fmt: skip

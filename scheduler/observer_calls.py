@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -43,16 +44,18 @@ class DeferredCalls:
 
     def __init__(self) -> None:
         self._task: asyncio.Task | None = None
+        self.busy_s = 0.0  # time spent in deferred calls, all time (what ran beside the workers)
 
     def submit(self, calls: list[Call]) -> None:
         if calls:
             self._task = asyncio.get_running_loop().create_task(self._after(self._task, calls))
 
-    @staticmethod
-    async def _after(previous: asyncio.Task | None, calls: list[Call]) -> None:
+    async def _after(self, previous: asyncio.Task | None, calls: list[Call]) -> None:
         if previous is not None:
             await asyncio.gather(previous, return_exceptions=True)
+        started = time.perf_counter()
         await call_all(calls)
+        self.busy_s += time.perf_counter() - started
 
     async def drain(self) -> None:
         while self._task is not None and not self._task.done():

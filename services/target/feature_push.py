@@ -34,6 +34,9 @@ class FeaturePusher:
         self._channel: grpc.aio.Channel | None = None
         self._call = None
         self.bytes_pushed = 0
+        self.disabled = _cannot_dial(settings)  # why this target cannot dial a draft (rows then go inline)
+        if self.disabled:
+            log.info("features go through the scheduler: %s", self.disabled)
 
     def _open(self, address: str):
         if address != self.address:
@@ -63,6 +66,8 @@ class FeaturePusher:
         """Write one step's rows; False when they could not be sent (then answer them inline)."""
         if not blocks:
             return True
+        if self.disabled:
+            return False
         try:
             call = self._open(address)
             await call.write(draft_pb2.FeaturePush(seq_ids=seq_ids, blocks=[feature_block_to_pb(b) for b in blocks]))
@@ -83,3 +88,16 @@ class FeaturePusher:
         channel, self._channel = self._channel, None
         if channel is not None:
             asyncio.get_running_loop().create_task(channel.close())
+
+
+def _cannot_dial(settings) -> str | None:
+    """A target serving TLS without a CA to check a draft's certificate cannot dial it: it answers rows inline."""
+    if settings is None:
+        return None
+    try:
+        tls = settings.internal_client_tls()
+    except Exception as exc:  # noqa: BLE001 - e.g. a server certificate without a CA (TlsConfigError)
+        return f"no client TLS to dial the draft ({exc})"
+    if tls is None and settings.internal_tls_cert is not None:
+        return "this target serves TLS but has no TANDEM_INTERNAL_TLS_CA to dial the draft with"
+    return None
