@@ -185,7 +185,7 @@ class Smoke:
         self.env["DOCKER_BUILDKIT"] = "0"  # the builder inside dockerd; no buildx plugin, no frontend image
         self.env["TANDEM_IMAGE"] = "tandem:cpu"
         t0 = time.monotonic()
-        self.compose("build", "models", timeout=2400)  # one image for models, target, draft, scheduler
+        self.compose("build", "models", timeout=3600)  # one image for models, target, draft, scheduler
         tandem_s = time.monotonic() - t0
         self.compose("build", "traces", timeout=2400)
         sizes = {img: round(int(self.run(["docker", "image", "inspect", "-f", "{{.Size}}", img]).strip()) / 2**20)
