@@ -220,6 +220,10 @@ class TandemMetrics:
         self.queue_depth.labels(queue).set(waiting)
         self.running_requests.set(running)
 
+    def exposition(self) -> tuple[bytes, str]:
+        """(body, content type) of the text exposition format, for a /metrics route of another server."""
+        return prometheus_client.generate_latest(self.registry), prometheus_client.CONTENT_TYPE_LATEST
+
     def render(self) -> str:
         """The text exposition format (what /metrics serves)."""
         return prometheus_client.generate_latest(self.registry).decode()

@@ -32,6 +32,7 @@ import asyncio
 import inspect
 import logging
 import time
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -261,7 +262,7 @@ async def _start(
     closers.pop()
     http_port = None
     if settings.http_port is not None:  # the OpenAI-compatible API, in this process (http_api.py)
-        http_port = await _start_http(settings, servicer, target_info.model_name, keys, closers)
+        http_port = await _start_http(settings, servicer, target_info.model_name, keys, closers, metrics)
 
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "[::]", "") else settings.host
     address = f"{host}:{port}"  # where clients on this machine dial it
@@ -288,12 +289,14 @@ async def _start(
     )
 
 
-async def _start_http(settings: ServiceSettings, servicer, model_name: str, keys, closers) -> int:
+async def _start_http(settings: ServiceSettings, servicer, model_name: str, keys, closers, metrics) -> int:
     import uvicorn
 
     from services.scheduler.http_api import build_app
 
-    app = build_app(servicer, model_name=model_name, keys=keys)
+    # the model's directory or repo id and its last part also name it (clients send either)
+    aliases = [settings.model, Path(str(settings.model)).name, "tandem"] if settings.model else ["tandem"]
+    app = build_app(servicer, model_name=model_name, keys=keys, aliases=aliases, metrics=metrics.exposition)
     tls = settings.public_tls()  # HTTPS with the gRPC endpoint's certificate, renewed with it (follow_https)
     config = uvicorn.Config(app, host=settings.host, port=settings.http_port, log_level="warning", lifespan="off",
                             access_log=False, ssl_certfile=tls and str(tls.cert), ssl_keyfile=tls and str(tls.key))  # fmt: skip

@@ -48,6 +48,7 @@ class Work:
     new_nodes: list[tuple[int, int]] = field(default_factory=list)  # (token id, parent index in seq.tree)
     want_root: bool = False  # logits at the last committed token
     want_nodes: bool = False  # logits at each new node
+    want_fed: bool = False  # with want_root: logits at every fed token before the last (prompt log-probabilities)
 
 
 @dataclass
@@ -56,6 +57,8 @@ class ForwardOutput:
     root_rows: list[int | None]  # per work: row of its root logits
     node_rows: list[int | None]  # per work: first row of its new nodes' logits (consecutive)
     cost: ForwardCost
+    # per work asking want_fed: first row of its fed tokens' logits (num_fed - 1 rows, then its root row)
+    fed_rows: list[int | None] = field(default_factory=list)
     # per work: new-node indices early exit stopped before the last layer (their logits rows are not valid)
     pruned: list[list[int]] = field(default_factory=list)
     # per work: (node, layer, pruned) for each node a check put outside its top-K: pruned there, or flagged and
@@ -249,6 +252,7 @@ class ModelRunner:
         out_rows: list[int] = []  # packed token rows whose logits we return
         root_rows: list[int | None] = []
         node_rows: list[int | None] = []
+        fed_rows: list[int | None] = []
         snapshots = [(w.seq, w.seq.num_cached, len(w.seq.tree)) for w in works]
         candidates: list[_Candidate] = []  # tree nodes early exit may prune
         fed_info: list[tuple[int, int, int]] = []
@@ -294,6 +298,9 @@ class ModelRunner:
 
                 root_rows.append(None)
                 node_rows.append(None)
+                fed_rows.append(len(out_rows) if w.want_fed and w.want_root else None)
+                if fed_rows[-1] is not None:
+                    out_rows += range(q_start, q_start + len(fed_pos) - 1)
                 if w.want_root:
                     root_rows[-1] = len(out_rows)
                     out_rows.append(q_start + len(fed_pos) - 1)
@@ -347,6 +354,7 @@ class ModelRunner:
             logits=logits,
             root_rows=root_rows,
             node_rows=node_rows,
+            fed_rows=fed_rows,
             cost=cost,
             pruned=pruned,
             flags=flags,

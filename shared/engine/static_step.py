@@ -26,13 +26,13 @@ import numpy as np
 import torch
 
 from shared.engine import step_plan
-from shared.engine.acceptance import accept_tree
 from shared.engine.attention.static_batch import StaticBatchAttention
 from shared.engine.device_acceptance import accept_greedy_batch, node_status
 from shared.engine.errors import ContextLengthError, OutOfBlocksError
 from shared.engine.runner import ModelRunner
 from shared.engine.sequence import Sequence
 from shared.engine.types import AcceptResult, ForwardCost, VerifyItem
+from shared.engine.verify_rows import plain, verify_sequence
 from shared.profiling.host_work import graph_body
 
 
@@ -61,7 +61,7 @@ class StaticStep:
         seqs = [runner.seqs[v.seq_id] for v in verifies]
         cached = [s.num_cached for s in seqs]
         steps = self._plan(seqs, verifies)  # grows block tables; nothing else mutated yet
-        if not all(s.sampling.greedy for s in seqs):
+        if not all(plain(s) for s in seqs):  # sampling, penalties, masks or log-probabilities: host acceptance
             return self._run_sampled(seqs, verifies, steps, cached, start)
         try:
             chains = True
@@ -104,7 +104,7 @@ class StaticStep:
             raise
         results = []
         for b, (seq, v) in enumerate(zip(seqs, verifies)):
-            accepted = accept_tree(v.tree, logits[b, : 1 + len(v.tree.token_ids)], seq.sampling, seq.generator)
+            accepted = verify_sequence(seq, v.tree, logits[b, : 1 + len(v.tree.token_ids)])
             self._move_path_host(seq, accepted.accepted_nodes)
             self._commit_tokens(seq, accepted.tokens, len(accepted.accepted_nodes))
             results.append(accepted)
