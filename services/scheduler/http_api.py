@@ -214,7 +214,11 @@ def build_app(servicer: TandemServicer, *, model_name: str, keys: frozenset[str]
 
 async def _parse(request: Request, cls: type[BaseModel]) -> Any:
     try:
-        return cls.model_validate(json.loads(await request.body()))
+        data = json.loads(await request.body())
+        json.dumps(data, ensure_ascii=False).encode("utf-8")  # a lone surrogate ("\ud800") is not text
+        return cls.model_validate(data)
+    except UnicodeEncodeError:
+        raise ApiError(400, "the body's strings must be valid Unicode (it has a lone surrogate)") from None
     except (ValidationError, ValueError, RecursionError) as exc:
         first = exc.errors(include_url=False)[0] if isinstance(exc, ValidationError) else None
         param = ".".join(str(p) for p in first["loc"]) if first else None

@@ -54,6 +54,7 @@ from shared.rpc.convert import feature_spec_from_pb
 from services.scheduler.internal_tls import follow_client_tls, follow_https
 from services.scheduler.ledger import StepLedger
 from services.scheduler.observers.metrics import MetricsObserver
+from services.scheduler.observers.vllm_metrics import VllmMetricsObserver
 from services.scheduler.observers.policy_state import PolicyStateSync
 from services.scheduler.observers.redis_state import RedisRecorder
 from services.scheduler.observers.tracing import RequestTracer, TracedDraft, TracedTarget
@@ -218,7 +219,8 @@ async def _start(
     closers.append(recorder.close)
     closers.append(heartbeat.stop)  # runs before the recorder closes the store
     metrics = TandemMetrics()
-    for observer in (recorder, MetricsObserver(metrics, scheduler), tracer):
+    vllm_names = VllmMetricsObserver(metrics.registry, scheduler, target_info.model_name)  # what routers scrape
+    for observer in (recorder, MetricsObserver(metrics, scheduler), vllm_names, tracer):
         scheduler.add_observer(observer)
     for learned in (spec_policy.shared_state(), scheduler.queue_policy.shared_state()):
         if learned is not None:  # what a policy learned lives in Redis, shared with other replicas

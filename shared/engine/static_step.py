@@ -50,6 +50,7 @@ class StaticStep:
         self.graphs = graphs  # cuda_graphs.GraphPool on CUDA, None: the body runs eagerly
         self._host: torch.Tensor | None = None  # [size] int64 staging (pinned on CUDA)
         self._dev: torch.Tensor | None = None  # [size] int64 the staged step on the device
+        self.num_host_accept = 0  # steps whose acceptance ran on the host (sampling, processed logits, logprobs)
 
     @torch.inference_mode()
     def run(self, verifies: list[VerifyItem]) -> tuple[list[AcceptResult], ForwardCost]:
@@ -93,6 +94,7 @@ class StaticStep:
 
     def _run_sampled(self, seqs, verifies, steps, cached, start) -> tuple[list[AcceptResult], ForwardCost]:
         runner = self.runner
+        self.num_host_accept += 1
         try:
             shape = step_plan.shape_of(steps, runner.cache.block_size, False)
             flat = self.stage(step_plan.build(steps, shape, runner.cache.block_size))

@@ -69,6 +69,7 @@ class TargetEngine:
             self.static = StaticStep(runner, graphs=cuda_graphs.pool_for(runner))
         self.early_exit: EarlyExitController | None = None
         self.set_early_exit(early_exit)
+        self.step_paths: dict[str, int] = {"static": 0, "eager": 0}  # verify steps by path (services/engine_metrics.py)
 
     def set_early_exit(self, config: EarlyExitConfig | None, source: Path | None = None) -> None:
         """Turn token-wise early exit on (with ``config``) or off (None or disabled).
@@ -200,7 +201,9 @@ class TargetEngine:
         self._validate(prefills, verifies)
         if self._static_eligible(prefills, verifies, features):
             accepted, cost = self.static.run(verifies)
+            self.step_paths["static"] += 1
             return TargetStepOutput(verifies=accepted, cost=cost)
+        self.step_paths["eager"] += bool(verifies)
         added = [self.runner.add(p.seq_id, p.prompt_ids, p.sampling) for p in prefills]
         for seq, p in zip(added, prefills):
             seq.generator = make_generator(seq.sampling.seed)

@@ -33,14 +33,16 @@ def stack(smollm2_dir, tmp_path_factory) -> Iterator[dict]:
     home = tmp_path_factory.mktemp("home")
     redis = start_redis()
     with LoopThread() as loop:
-        cm = serving(smollm2_dir, smollm2_dir.parent / "smollm2-draft", num_blocks=512, block_size=16, dtype="float32")
+        cm = serving(smollm2_dir, smollm2_dir.parent / "smollm2-draft", num_blocks=512, block_size=16, dtype="float32",
+                     metrics_port=0)
         target, draft = loop.run(cm.__aenter__(), timeout=600)
         settings = ServiceSettings(model=str(smollm2_dir), target_addr=target.address, draft_addr=draft.address,
                                    redis_url=redis.url, port=0, http_port=0, trace_exporter="memory",
                                    metrics_port=None, home=home, max_batch_size=8)
         running = loop.run(start(settings), timeout=600)
         try:
-            yield {"http": f"http://127.0.0.1:{running.http_port}", "running": running, "dir": smollm2_dir}
+            yield {"http": f"http://127.0.0.1:{running.http_port}", "running": running, "dir": smollm2_dir,
+                   "service_metrics": [f"http://127.0.0.1:{s.metrics_port}/metrics" for s in (target, draft)]}
         finally:
             loop.run(running.stop(0))
             loop.run(cm.__aexit__(None, None, None))
@@ -170,7 +172,7 @@ def reference_greedy(stack, prompt: list[int], n: int, rep=1.0, freq=0.0, pres=0
 @pytest.mark.parametrize("penalty", [{"repetition_penalty": 1.5}, {"frequency_penalty": 1.5}, {"presence_penalty": 1.5}],
                          ids=["repetition", "frequency", "presence"])
 def test_penalties_follow_their_definitions(stack, penalty, spec):
-    prompt = prompt_ids(stack, "1, 2, 1, 2, 1, 2, 1,")
+    prompt = prompt_ids(stack, "The cat sat on the mat. The cat sat on the")
     body = dict(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, logprobs=0)
     plain = client(stack).completions.create(**body, extra_body=spec | {"return_tokens_as_token_ids": True})
     out = client(stack).completions.create(**body, extra_body=spec | penalty | {"return_tokens_as_token_ids": True})
@@ -231,3 +233,7 @@ def test_hygiene(stack):
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:spec_decode_num_draft_tokens_total"):
         assert name in metrics
+    target_metrics, draft_metrics = (httpx.get(url).text for url in stack["service_metrics"])
+    assert 'tandem_engine_call_seconds_count{call="step",role="target"}' in target_metrics
+    assert 'tandem_target_steps_total{path="static_host_accept"}' in target_metrics
+    assert 'tandem_kv_blocks{role="draft",state="used"}' in draft_metrics
