@@ -182,6 +182,7 @@ def build_app(servicer: TandemServicer, *, model_name: str, keys: frozenset[str]
         return {"prompt": need_codec("detokenize").decode(body.tokens)}
 
     async def _serve(request: Request, body, shape: Shape, prefix: str, build):
+        shape.stop, shape.keep_stop = body.stop_list, body.include_stop_str_in_output
         rid = request.state.request_id or f"{prefix}-{uuid.uuid4().hex[:24]}"
         request.state.request_id = rid
         shape.rid = rid

@@ -62,6 +62,11 @@ class _Common(BaseModel):
     speculation: Literal["off", "auto"] | int | None = None
     priority: int = Field(0, ge=-INT32, le=INT32)
     return_tokens_as_token_ids: bool = False  # vLLM's: logprob tokens read "token_id:<id>"
+    include_stop_str_in_output: bool = False  # vLLM's: keep the stop string that ended the text
+
+    @property
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
 class CompletionBody(_Common):

@@ -18,6 +18,7 @@ from fastapi import Request
 
 from services.scheduler.http_errors import ApiError
 from services.scheduler.http_logprobs import CompletionLogprobs, chat_logprobs
+from services.scheduler.http_stop import StopTrimmer
 from shared.rpc.gen.tandem.v1 import tandem_pb2
 
 
@@ -34,6 +35,8 @@ class Shape:
     echo_ids: list[int] | None = None  # completions echo: the prompt's ids (its text leads each choice)
     echo_text: str = ""
     hide_output: bool = False  # max_tokens 0 with echo: only the prompt is answered
+    stop: list[str] = field(default_factory=list)  # stop strings the text ends before (http_stop.py)
+    keep_stop: bool = False  # include_stop_str_in_output
 
     @property
     def object(self) -> str:
@@ -52,6 +55,7 @@ class Sample:
     logprobs: list = field(default_factory=list)
     prompt_logprobs: list = field(default_factory=list)
     summary: tandem_pb2.GenerateSummary | None = None
+    trimmer: StopTrimmer | None = None  # a stream's stop-string hold-back
 
     def take(self, out: tandem_pb2.GenerateResponse) -> None:
         kind = out.WhichOneof("event")
@@ -75,15 +79,13 @@ def usage(summaries: list[tandem_pb2.GenerateSummary], hide_output: bool = False
     steps = sum(s.stats.num_steps for s in summaries)
     drafted = sum(s.stats.num_draft_tokens for s in summaries)
     accepted = sum(s.stats.num_accepted_tokens for s in summaries)
-    spec_steps = sum(s.num_generated_tokens for s in summaries) - accepted  # one target token per step
     return {
         "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
         "tandem": {"ttft_ms": round(max(s.ttft_ms for s in summaries), 3),
                    "tpot_ms": round(max(s.tpot_ms for s in summaries), 3), "num_steps": steps,
                    "num_draft_tokens": drafted, "num_accepted_tokens": accepted,
                    "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
-                   "mean_accepted_length": round(summaries[0].stats.mean_accepted_length if len(summaries) == 1
-                                                 else accepted / max(1, spec_steps), 4),
+                   "mean_accepted_length": round((accepted + steps) / steps if steps else 0.0, 4),
                    "slo_attained": all(s.slo_attained for s in summaries)},
     }  # fmt: skip
 
@@ -101,7 +103,7 @@ def _completion_logprobs(shape: Shape, s: Sample) -> dict | None:
 
 
 def choice(shape: Shape, s: Sample) -> dict:
-    text = "" if shape.hide_output else "".join(s.text)
+    text = "" if shape.hide_output else StopTrimmer(shape.stop, shape.keep_stop).whole("".join(s.text))
     reason = finish_reason(s.summary)
     if shape.chat:
         lps = None if shape.logprobs is None else {"content": chat_logprobs(s.logprobs, shape.text_of, shape.logprobs)}
@@ -117,8 +119,7 @@ async def _watch(task: asyncio.Future, samples: list[Sample], request: Request) 
         await asyncio.wait({task}, timeout=0.1)
         if not task.done() and await request.is_disconnected():
             task.cancel()
-            for s in samples:
-                await s.gen.aclose()
+            await close(samples, [task])
             raise asyncio.CancelledError
     task.result()
 
@@ -143,7 +144,7 @@ def _event(payload: dict) -> bytes:
 
 def _delta(shape: Shape, s: Sample, out: tandem_pb2.GenerateResponse, acc: CompletionLogprobs | None) -> dict | None:
     """The chunk choice of one token event, or None when it adds nothing."""
-    text = "" if shape.hide_output else out.tokens.text
+    text = "" if shape.hide_output else s.trimmer.push(out.tokens.text)
     lps = [] if shape.hide_output else list(out.tokens.logprobs)
     if shape.chat:
         if not text and not lps:
@@ -181,6 +182,8 @@ async def stream(samples: list[Sample], shape: Shape, include_usage: bool) -> As
         await queue.put((s, None))
 
     tasks = [asyncio.ensure_future(pump(s)) for s in samples]
+    for s in samples:
+        s.trimmer = StopTrimmer(shape.stop, shape.keep_stop)
     accs = {s.index: CompletionLogprobs(shape.text_of) for s in samples}
     try:
         if shape.chat:
@@ -206,8 +209,9 @@ async def stream(samples: list[Sample], shape: Shape, include_usage: bool) -> As
                     yield _event({"error": {"message": out.final.error, "type": "server_error",
                                             "code": "generation_failed"}})  # fmt: skip
                     continue
+                rest = "" if shape.hide_output else s.trimmer.push("", final=True)  # what was held back
                 end = {"index": s.index, "finish_reason": finish_reason(out.final), "logprobs": None}
-                end |= {"delta": {}} if shape.chat else {"text": ""}
+                end |= {"delta": {"content": rest} if rest else {}} if shape.chat else {"text": rest}
                 yield _event(shape.base(True) | {"choices": [end]})
         if include_usage and all(s.summary is not None for s in samples):
             yield _event(shape.base(True) | {"choices": [], "usage": usage([s.summary for s in samples],
@@ -216,5 +220,12 @@ async def stream(samples: list[Sample], shape: Shape, include_usage: bool) -> As
     finally:
         for t in tasks:
             t.cancel()
-        for s in samples:
-            await s.gen.aclose()  # a disconnect lands here: closing the generator aborts the request
+        await close(samples, tasks)  # a disconnect lands here: closing the generators aborts the requests
+
+
+async def close(samples: list[Sample], tasks: list[asyncio.Future]) -> None:
+    """Close every sample's generator (its request is aborted) once the tasks running them have stopped:
+    a generator still inside ``__anext__`` cannot be closed."""
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for s in samples:
+        await s.gen.aclose()

@@ -88,6 +88,8 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
                 result.token_ids.extend(msg.tokens.token_ids)
                 result.text += msg.tokens.text
                 result.token_timestamps_unix_ns.extend(msg.tokens.timestamps_unix_ns)
+                result.logprobs.extend(msg.tokens.logprobs)
+                result.prompt_logprobs.extend(msg.tokens.prompt_logprobs)
             elif kind == "final":
                 result.summary.CopyFrom(msg.final)
         return result

@@ -22,6 +22,7 @@ from tests.support.loop_thread import LoopThread
 from tests.support.model_services import serving
 
 MODEL = "smollm2-135m-instruct"
+pytestmark = pytest.mark.timeout(900)  # the module's stack loads two models first (minutes on a busy 2-core CPU)
 PROMPT = "The capital of France is Paris. The capital of Germany is"
 SPECULATION = [{"speculation": "off"}, {"speculation": 3}]
 
@@ -145,7 +146,7 @@ def test_n_samples_are_reproducible_by_seed(stack):
     assert len(set(texts)) > 1  # the samples differ from each other
     single = client(stack).completions.create(**(kw | {"n": 1}))
     assert single.choices[0].text == texts[0]  # sample 0 draws with the request's seed itself
-    assert a.usage.completion_tokens == sum(len(c.text) > 0 and 8 or 0 for c in a.choices) or a.usage.completion_tokens <= 32
+    assert 4 <= a.usage.completion_tokens <= 32 and a.usage.prompt_tokens == single.usage.prompt_tokens
     chunks = list(client(stack).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
                                                         max_tokens=4, n=2, seed=1, temperature=1.0, stream=True))
     assert {ch.choices[0].index for ch in chunks if ch.choices} == {0, 1}

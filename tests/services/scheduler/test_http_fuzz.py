@@ -70,3 +70,28 @@ def test_no_body_answers_5xx(text_stack):
         return count
 
     assert text_stack.loop.run(run(), timeout=900) > 400
+
+
+def test_stop_strings_end_the_text_whole_and_streamed(text_stack):
+    app = build_app(text_stack.servicer, model_name="toy")
+
+    async def run():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=60) as client:
+            body = {"prompt": "abc", "max_tokens": 12, "temperature": 0}
+            full = (await client.post("/v1/completions", json=body)).json()["choices"][0]["text"]
+            stop = full[3:5]
+            cut = full[: full.index(stop)]
+            whole = (await client.post("/v1/completions", json=body | {"stop": [stop]})).json()["choices"][0]
+            kept = (await client.post("/v1/completions", json=body | {"stop": stop, "include_stop_str_in_output": True}))
+            lines = []
+            async with client.stream("POST", "/v1/completions", json=body | {"stop": [stop], "stream": True}) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        lines.append(json.loads(line[6:])["choices"][0]["text"])
+            return full, stop, cut, whole, kept.json()["choices"][0]["text"], lines
+
+    full, stop, cut, whole, kept, chunks = text_stack.loop.run(run(), timeout=120)
+    assert whole["text"] == cut and whole["finish_reason"] == "stop" and stop not in whole["text"]
+    assert kept == cut + stop
+    assert "".join(chunks) == cut and all(stop not in c for c in chunks)
