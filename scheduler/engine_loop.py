@@ -52,7 +52,7 @@ from scheduler.loop_config import SchedulerConfig  # noqa: F401 - re-exported: c
 from scheduler.report import RequestOutcome, StepReport
 from scheduler.request_stream import RequestStream, TokenEvent  # noqa: F401 - re-exported too
 from scheduler.target_link import TargetLink, error_status
-from scheduler.tree_outcome import record_acceptance, tree_ok
+from scheduler.tree_outcome import keep_logprobs, record_acceptance, tree_ok
 from scheduler.request import FinishReason, Request, RequestState, validate_request
 from scheduler.workers import Clock, DraftWorker, IterationObserver, RealClock, TargetWorker
 from shared.engine.types import AcceptResult, PrefillItem, TokenTree, VerifyItem
@@ -335,7 +335,8 @@ class Scheduler:
 
     async def _prefill(self, new: list[Request], report: StepReport) -> None:
         # a preempted request comes back with its output so far; the target continues after it
-        items = [PrefillItem(r.id, r.tokens(), r.sampling, cache_salt=r.cache_salt) for r in new]
+        items = [PrefillItem(r.id, r.tokens(), r.sampling, num_prompt_tokens=len(r.prompt_ids),
+                             cache_salt=r.cache_salt) for r in new]
         to_draft = [
             r
             for r in new
@@ -368,6 +369,7 @@ class Scheduler:
             report.prefilled_ids.append(req.id)
             if self.features is not None:
                 self.features.on_prefill(req, res)
+            keep_logprobs(req, res)
             report.num_prefill_tokens += len(self._commit_tokens(req, [res.first_token], now))
 
     async def _speculate(self, batch: list[Request], shapes: list[SpecShape], report: StepReport) -> list[TokenTree]:
@@ -435,6 +437,7 @@ class Scheduler:
                 record_acceptance(req, tree, res)
             if self.features is not None and not self.features.on_verify(req, res):
                 self.link.drop(req)  # its held features were dropped: rebuilt from a recomputation if it speculates
+            keep_logprobs(req, res)
             emitted = self._commit_tokens(req, res.tokens, now)
             report.outcomes.append(
                 RequestOutcome(
@@ -460,7 +463,7 @@ class Scheduler:
                 req.first_token_time = now
             if tok in req.stop_token_ids:
                 reason = FinishReason.STOP_TOKEN
-            elif req.stop_strings and self._hits_stop_string(req):
+            elif req.stop_strings and len(req.output_ids) > req.sampling.min_tokens and self._hits_stop_string(req):
                 reason = FinishReason.STOP_STRING
             elif len(req.output_ids) >= req.max_new_tokens:
                 reason = FinishReason.LENGTH

@@ -16,7 +16,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from shared.engine.types import SamplingParams
+from shared.engine.types import SamplingParams, TokenLogprobs
 from shared.engine.features import FeatureBlock
 
 
@@ -87,6 +87,8 @@ class Request:
     # --- output ------------------------------------------------------------------------------
     output_ids: list[int] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)  # emit time of every output token
+    output_logprobs: list[TokenLogprobs] = field(default_factory=list)  # per output token, when sampling.logprobs
+    prompt_logprobs: list[TokenLogprobs] | None = None  # prompt tokens 1.., when sampling.prompt_logprobs
 
     # --- speculation history (for policies and metrics) --------------------------------------
     accepted_lens: list[int] = field(default_factory=list)  # accepted draft tokens per speculative step

@@ -32,6 +32,7 @@ import asyncio
 import inspect
 import logging
 import time
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,7 @@ from shared.rpc.convert import feature_spec_from_pb
 from services.scheduler.internal_tls import follow_client_tls, follow_https
 from services.scheduler.ledger import StepLedger
 from services.scheduler.observers.metrics import MetricsObserver
+from services.scheduler.observers.vllm_metrics import VllmMetricsObserver
 from services.scheduler.observers.policy_state import PolicyStateSync
 from services.scheduler.observers.redis_state import RedisRecorder
 from services.scheduler.observers.tracing import RequestTracer, TracedDraft, TracedTarget
@@ -221,7 +223,8 @@ async def _start(
     closers.append(recorder.close)
     closers.append(heartbeat.stop)  # runs before the recorder closes the store
     metrics = TandemMetrics()
-    for observer in (recorder, MetricsObserver(metrics, scheduler), tracer):
+    vllm_names = VllmMetricsObserver(metrics.registry, scheduler, target_info.model_name)  # what routers scrape
+    for observer in (recorder, MetricsObserver(metrics, scheduler), vllm_names, tracer):
         scheduler.add_observer(observer)
     for learned in (spec_policy.shared_state(), scheduler.queue_policy.shared_state()):
         if learned is not None:  # what a policy learned lives in Redis, shared with other replicas
@@ -265,7 +268,7 @@ async def _start(
     closers.pop()
     http_port = None
     if settings.http_port is not None:  # the OpenAI-compatible API, in this process (http_api.py)
-        http_port = await _start_http(settings, servicer, target_info.model_name, keys, closers)
+        http_port = await _start_http(settings, servicer, target_info.model_name, keys, closers, metrics)
 
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "[::]", "") else settings.host
     address = f"{host}:{port}"  # where clients on this machine dial it
@@ -292,12 +295,14 @@ async def _start(
     )
 
 
-async def _start_http(settings: ServiceSettings, servicer, model_name: str, keys, closers) -> int:
+async def _start_http(settings: ServiceSettings, servicer, model_name: str, keys, closers, metrics) -> int:
     import uvicorn
 
     from services.scheduler.http_api import build_app
 
-    app = build_app(servicer, model_name=model_name, keys=keys)
+    # the model's directory or repo id and its last part also name it (clients send either)
+    aliases = [settings.model, Path(str(settings.model)).name, "tandem"] if settings.model else ["tandem"]
+    app = build_app(servicer, model_name=model_name, keys=keys, aliases=aliases, metrics=metrics.exposition)
     tls = settings.public_tls()  # HTTPS with the gRPC endpoint's certificate, renewed with it (follow_https)
     config = uvicorn.Config(app, host=settings.host, port=settings.http_port, log_level="warning", lifespan="off",
                             access_log=False, ssl_certfile=tls and str(tls.cert), ssl_keyfile=tls and str(tls.key))  # fmt: skip

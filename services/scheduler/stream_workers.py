@@ -29,7 +29,8 @@ from services.scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker, W
 from services.scheduler.plan_stream import PlanStream
 from shared.engine.features import FeatureBlock
 from shared.engine.types import AcceptResult, PrefillItem, PrefillResult, SpecItem, TokenTree, VerifyItem
-from shared.rpc.convert import _dtype_from_pb, feature_block_from_pb, feature_block_to_pb, feature_spec_to_pb
+from shared.rpc.convert import (_dtype_from_pb, feature_block_from_pb, feature_block_to_pb, feature_spec_to_pb,
+                                logprobs_from_pb)
 from shared.rpc.gen.tandem.v1 import draft_pb2, target_pb2
 from shared.rpc.packing import pack_i32, pack_trees, stream_prefill_to_pb, unpack_accepts, unpack_i32, unpack_trees
 
@@ -136,6 +137,7 @@ class StreamTargetWorker(GrpcTargetWorker):
                 raise WorkerProtocolError(f"target StepStream: prefill counts for {len(prefills)} prefills disagree")
             for res, pending, done, cached in zip(results, *columns):
                 res.pending, res.num_prefilled, res.num_cached = bool(pending), done, cached
+        _attach_logprobs(reply, results, accepts)
         return results, accepts
 
     async def release(self, seq_ids: list[str]) -> None:
@@ -243,6 +245,19 @@ class StreamDraftWorker(GrpcDraftWorker):
         self.releases.cancel()
         await self.stream.close()
         await super().close()
+
+
+def _attach_logprobs(reply, prefilled: list[PrefillResult], accepts: list[AcceptResult]) -> None:
+    """The outcome's per-request logprobs (present only when some sampling asked for them)."""
+    for name, results in (("prefill_logprobs", prefilled), ("verify_logprobs", accepts)):
+        extras = getattr(reply, name)
+        if extras and len(extras) != len(results):
+            raise WorkerProtocolError(f"target StepStream: {len(extras)} {name} for {len(results)} sequences")
+    for res, msg in zip(prefilled, reply.prefill_logprobs):
+        res.logprobs = logprobs_from_pb(msg.logprobs) if msg.HasField("logprobs") else None
+        res.prompt_logprobs = [logprobs_from_pb(lp) for lp in msg.prompt_logprobs] or None
+    for res, msg in zip(accepts, reply.verify_logprobs):
+        res.logprobs = [logprobs_from_pb(lp) for lp in msg.logprobs] or None
 
 
 async def _flush_quietly(worker) -> None:

@@ -15,7 +15,7 @@ import logging
 from services.plan_spans import plan_span
 from shared.engine.features import FeatureBlock
 from shared.engine.types import VerifyItem
-from shared.rpc.convert import CallTimer, feature_block_to_pb, feature_spec_from_pb
+from shared.rpc.convert import CallTimer, feature_block_to_pb, feature_spec_from_pb, logprobs_to_pb
 from shared.rpc.gen.tandem.v1 import common_pb2, target_pb2
 from shared.rpc.interceptors import status_for_exception
 from shared.rpc.packing import pack_accepts, pack_i32, stream_prefill_from_pb, unpack_trees
@@ -56,6 +56,11 @@ async def run_target_plan(servicer, plan: target_pb2.TargetPlan) -> target_pb2.T
             reply.prefill_num_cached = pack_i32([r.num_cached for r in out.prefills])
     if verifies:
         reply.accepts.CopyFrom(pack_accepts(out.verifies))
+    if any(r.logprobs is not None or r.prompt_logprobs for r in out.prefills):
+        reply.prefill_logprobs.extend(_prefill_logprobs_pb(r) for r in out.prefills)
+    if any(r.logprobs for r in out.verifies):
+        reply.verify_logprobs.extend(target_pb2.VerifyOutput(logprobs=[logprobs_to_pb(lp) for lp in r.logprobs or ()])
+                                     for r in out.verifies)  # fmt: skip
     if spec is not None:
         blocks = [r.features for r in [*out.prefills, *out.verifies]]
         if plan.push_features_to:  # straight to the draft; the outcome says which rows went (feature_push.py)
@@ -68,3 +73,10 @@ async def run_target_plan(servicer, plan: target_pb2.TargetPlan) -> target_pb2.T
                           else None for b in blocks]  # fmt: skip
         reply.features.extend(feature_block_to_pb(b) if b is not None else _EMPTY_BLOCK for b in blocks)
     return reply
+
+
+def _prefill_logprobs_pb(result) -> target_pb2.PrefillOutput:
+    msg = target_pb2.PrefillOutput(prompt_logprobs=[logprobs_to_pb(lp) for lp in result.prompt_logprobs or ()])
+    if result.logprobs is not None:
+        msg.logprobs.CopyFrom(logprobs_to_pb(result.logprobs))
+    return msg

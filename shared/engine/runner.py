@@ -50,6 +50,7 @@ class Work:
     want_root: bool = False  # logits at the last committed token
     want_nodes: bool = False  # logits at each new node
     max_fed: int | None = None  # feed at most this many committed tokens (a prefill chunk); None = all
+    want_fed: bool = False  # with want_root: logits at every fed token before the last (prompt log-probabilities)
 
 
 @dataclass
@@ -58,6 +59,8 @@ class ForwardOutput:
     root_rows: list[int | None]  # per work: row of its root logits
     node_rows: list[int | None]  # per work: first row of its new nodes' logits (consecutive)
     cost: ForwardCost
+    # per work asking want_fed: first row of its fed tokens' logits (num_fed - 1 rows, then its root row)
+    fed_rows: list[int | None] = field(default_factory=list)
     # per work: new-node indices early exit stopped before the last layer (their logits rows are not valid)
     pruned: list[list[int]] = field(default_factory=list)
     # per work: (node, layer, pruned) for each node a check put outside its top-K: pruned there, or flagged and
@@ -265,6 +268,7 @@ class ModelRunner:
         out_rows: list[int] = []  # packed token rows whose logits we return
         root_rows: list[int | None] = []
         node_rows: list[int | None] = []
+        fed_rows: list[int | None] = []
         snapshots = [(w.seq, w.seq.num_cached, len(w.seq.tree), len(w.seq.block_ids)) for w in works]
         reuse = not feature_layers  # a step that returns features computes every token it feeds
         candidates: list[_Candidate] = []  # tree nodes early exit may prune
@@ -275,7 +279,7 @@ class ModelRunner:
             for w in works:
                 seq = w.seq
                 n = seq.num_committed
-                if reuse:
+                if reuse and not w.want_fed:  # prompt log-probabilities need every prompt token fed
                     prefix_blocks.attach(self.cache, seq)  # cached blocks of its prefix: shared, not fed
                 if w.want_root and seq.num_cached == n:
                     seq.num_cached = n - 1  # re-run the last token: its logits were not kept
@@ -315,7 +319,11 @@ class ModelRunner:
 
                 root_rows.append(None)
                 node_rows.append(None)
-                if w.want_root and end == n:  # a chunk that stops short of the prompt's end has no root
+                want_root = w.want_root and end == n  # a chunk that stops short of the prompt's end has no root
+                fed_rows.append(len(out_rows) if w.want_fed and want_root else None)
+                if fed_rows[-1] is not None:
+                    out_rows += range(q_start, q_start + len(fed_pos) - 1)
+                if want_root:
                     root_rows[-1] = len(out_rows)
                     out_rows.append(q_start + len(fed_pos) - 1)
                 if w.want_nodes and len(node_ids):
@@ -371,6 +379,7 @@ class ModelRunner:
             logits=logits,
             root_rows=root_rows,
             node_rows=node_rows,
+            fed_rows=fed_rows,
             cost=cost,
             pruned=pruned,
             flags=flags,

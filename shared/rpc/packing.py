@@ -70,6 +70,8 @@ def stream_prefill_to_pb(item: PrefillItem) -> common_pb2.StreamPrefill:
     msg = common_pb2.StreamPrefill(seq_id=item.seq_id, prompt_ids=pack_i32(item.prompt_ids),
                                    sampling=sampling_to_pb(item.sampling), max_tokens=item.max_tokens,
                                    resume=item.resume, cache_salt=item.cache_salt)  # fmt: skip
+    if item.num_prompt_tokens is not None:
+        msg.num_prompt_tokens = item.num_prompt_tokens
     if item.features is not None:
         msg.features.CopyFrom(feature_block_to_pb(item.features))
     return msg
@@ -85,6 +87,7 @@ def stream_prefill_from_pb(msg: common_pb2.StreamPrefill) -> PrefillItem:
         max_tokens=msg.max_tokens,
         resume=msg.resume,
         cache_salt=msg.cache_salt,
+        num_prompt_tokens=msg.num_prompt_tokens if msg.HasField("num_prompt_tokens") else None,
     )
 
 
