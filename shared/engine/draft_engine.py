@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from shared.engine import spec_checks
+from shared.engine import grammar_mask, spec_checks
 from shared.engine.drafting import BeamDrafter, ChainDrafter, ExpansionDrafter
 from shared.engine.errors import ContextLengthError, InvalidRequestError, WeightsOffloadedError
 from shared.engine.runner import ModelRunner, Work
@@ -33,6 +33,7 @@ class DraftEngine:
         self.max_width = max_width
         self.costs: list[ForwardCost] = []  # forwards of the last call
         self.offloaded = False
+        self.grammars = None  # grammar.GrammarBook: structured output (the factory sets it when there is a tokenizer)
 
     # ------------------------------------------------------------------ elastic memory (Nightjar §5)
     def offload(self) -> tuple[int, int]:
@@ -79,9 +80,11 @@ class DraftEngine:
                     f"{self.runner.max_context}"
                 )
             self._check_prefill(p)
+        grammars = grammar_mask.compile_prefills(self.grammars, items)
         added = [self.runner.add(p.seq_id, p.prompt_ids, p.sampling) for p in items]
         try:
             for seq, p in zip(added, items):
+                seq.grammar = grammars.get(seq.seq_id)
                 self._prefilled(seq, p)
             self.costs = [self.runner.forward([Work(seq) for seq in added]).cost]
         except BaseException:
@@ -139,5 +142,8 @@ class DraftEngine:
             out = self.runner.forward(works)
             self.costs.append(out.cost)
             for i, (d, w) in enumerate(zip(active, works)):
-                d.absorb(out.root(i)[None] if w.want_root else out.nodes(i, len(w.new_nodes)), out.vocab_ids)
-        return [d.tree for d in drafters]
+                logits = out.root(i)[None] if w.want_root else out.nodes(i, len(w.new_nodes))  # [rows, columns]
+                rows = 1 if w.want_root else len(w.new_nodes)
+                d.absorb(grammar_mask.constrain_draft(d.seq, d.tree, rows, w.want_root, logits, out.vocab_ids),
+                         out.vocab_ids)  # fmt: skip
+        return [grammar_mask.prune_draft(d.seq, d.tree) for d in drafters]

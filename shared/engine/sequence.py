@@ -73,6 +73,7 @@ class Sequence:
     num_cached: int = 0
     block_ids: list[int] = field(default_factory=list)
     tree: SpecTree = field(default_factory=SpecTree)
+    grammar: object | None = None  # grammar.GrammarState: structured output follows the committed tokens
 
     @property
     def num_committed(self) -> int:

@@ -25,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from shared.engine import step_plan
+from shared.engine import grammar_mask, step_plan
 from shared.engine.acceptance import accept_tree
 from shared.engine.attention.static_batch import StaticBatchAttention
 from shared.engine.device_acceptance import accept_greedy_batch, node_status
@@ -61,7 +61,7 @@ class StaticStep:
         seqs = [runner.seqs[v.seq_id] for v in verifies]
         cached = [s.num_cached for s in seqs]
         steps = self._plan(seqs, verifies)  # grows block tables; nothing else mutated yet
-        if not all(s.sampling.greedy for s in seqs):
+        if not all(s.sampling.greedy and s.grammar is None for s in seqs):  # a grammar masks on the host
             return self._run_sampled(seqs, verifies, steps, cached, start)
         try:
             chains = True
@@ -104,7 +104,8 @@ class StaticStep:
             raise
         results = []
         for b, (seq, v) in enumerate(zip(seqs, verifies)):
-            accepted = accept_tree(v.tree, logits[b, : 1 + len(v.tree.token_ids)], seq.sampling, seq.generator)
+            rows = grammar_mask.constrain_tree(seq, v.tree, logits[b, : 1 + len(v.tree.token_ids)])  # [1 + M, vocab]
+            accepted = accept_tree(v.tree, rows, seq.sampling, seq.generator)
             self._move_path_host(seq, accepted.accepted_nodes)
             self._commit_tokens(seq, accepted.tokens, len(accepted.accepted_nodes))
             results.append(accepted)

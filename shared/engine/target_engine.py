@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from shared.engine import cuda_graphs, static_step, tuned_lens
+from shared.engine import cuda_graphs, grammar_mask, static_step, tuned_lens
 from shared.engine.acceptance import _validate_child_dists, accept_tree
 from shared.engine.early_exit import EarlyExitConfig, EarlyExitController, layer_outcomes, prune_outcome
 from shared.engine.errors import ContextLengthError, DuplicateSequenceError, InvalidRequestError, KVPoolSizeError
@@ -36,7 +36,7 @@ from shared.engine.static_step import StaticStep
 from shared.engine.sampling import make_generator, probs_from_logits, sample, validate_sampling
 from shared.engine.tree import children_of, validate_tree
 from shared.engine.tuned_lens import TunedLens
-from shared.engine.types import AcceptResult, ForwardCost, PrefillItem, PrefillResult, VerifyItem
+from shared.engine.types import AcceptResult, ForwardCost, PrefillItem, PrefillResult, TokenTree, VerifyItem
 
 log = logging.getLogger(__name__)
 LOG_EVERY = 500  # verified requests between two early-exit log lines
@@ -67,6 +67,7 @@ class TargetEngine:
             self.static = StaticStep(runner, graphs=cuda_graphs.pool_for(runner))
         self.early_exit: EarlyExitController | None = None
         self.set_early_exit(early_exit)
+        self.grammars = None  # grammar.GrammarBook: structured output (the factory sets it when there is a tokenizer)
 
     def set_early_exit(self, config: EarlyExitConfig | None, source: Path | None = None) -> None:
         """Turn token-wise early exit on (with ``config``) or off (None or disabled).
@@ -193,12 +194,15 @@ class TargetEngine:
     ) -> TargetStepOutput:
         """``features``: also return, per sequence, the features of the tokens this step ran and committed."""
         self._validate(prefills, verifies)
+        grammars = grammar_mask.compile_prefills(self.grammars, prefills)
+        verifies, kept = grammar_mask.prune_verifies(self.runner.seqs, verifies)  # nodes the grammar rejects
         if self._static_eligible(prefills, verifies, features):
             accepted, cost = self.static.run(verifies)
-            return TargetStepOutput(verifies=accepted, cost=cost)
+            return TargetStepOutput(verifies=grammar_mask.unprune(accepted, kept), cost=cost)
         added = [self.runner.add(p.seq_id, p.prompt_ids, p.sampling) for p in prefills]
         for seq in added:
             seq.generator = make_generator(seq.sampling.seed)
+            seq.grammar = grammars.get(seq.seq_id)
         verify_seqs = [self.runner.get(v.seq_id) for v in verifies]
         works = [Work(seq, want_root=True) for seq in added] + [
             Work(seq, new_nodes=list(zip(v.tree.token_ids, v.tree.parent_ids)), want_root=True, want_nodes=True)
@@ -220,7 +224,8 @@ class TargetEngine:
 
         result = TargetStepOutput(cost=out.cost)
         for i, seq in enumerate(added):
-            probs = probs_from_logits(out.root(i)[None], seq.sampling)[0]  # [vocab]
+            root = grammar_mask.constrain_tree(seq, TokenTree(), out.root(i)[None])  # [1, vocab]
+            probs = probs_from_logits(root, seq.sampling)[0]  # [vocab]
             token = int(probs.argmax()) if seq.sampling.greedy else sample(probs, seq.generator)
             self.runner.commit(seq, [token])
             block = _committed_features(out, i, [], features)
@@ -228,6 +233,7 @@ class TargetEngine:
         for j, (seq, v) in enumerate(zip(verify_seqs, verifies)):
             i = len(added) + j
             rows = out.logits[out.root_rows[i] : out.root_rows[i] + 1 + len(v.tree)]  # [1 + num_nodes, vocab]
+            rows = grammar_mask.constrain_tree(seq, v.tree, rows)
             accepted = accept_tree(v.tree, rows, seq.sampling, seq.generator, pruned=out.pruned[i])
             accepted.features = _committed_features(out, i, accepted.accepted_nodes, features)
             self.runner.commit(seq, accepted.tokens)
@@ -241,6 +247,7 @@ class TargetEngine:
             result.verifies.append(accepted)
         if ee is not None and verifies and ee.stats.verifies // LOG_EVERY != (ee.stats.verifies - len(verifies)) // LOG_EVERY:
             log.info(ee.describe())
+        grammar_mask.unprune(result.verifies, kept)
         return result
 
 

@@ -37,6 +37,24 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
+@dataclass(frozen=True)
+class GrammarSpec:
+    """A constraint on what a request generates (structured output); compiled by shared/engine/grammar.py.
+
+    ``kind`` is one of GRAMMAR_KINDS; ``spec`` the schema (JSON text), regex, or choices (a JSON list of
+    strings); empty for json_object. ``start``: how many of the sequence's leading tokens (the prompt) lie
+    outside the grammar; every token after them is constrained, so a re-prefill of prompt + output resumes
+    the grammar where it was.
+    """
+
+    kind: str
+    spec: str = ""
+    start: int = 0
+
+
+GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "choice")
+
+
 @dataclass
 class SparseDist:
     """A probability distribution over a subset of the vocabulary (the rest is 0).
@@ -140,6 +158,7 @@ class PrefillItem:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # feature-level drafts only: target features of the prompt's tokens (row t feeds prompt token t + 1)
     features: FeatureBlock | None = None
+    grammar: GrammarSpec | None = None  # structured output: every token after grammar.start is constrained
 
 
 @dataclass
