@@ -135,7 +135,8 @@ class DraftLink:
             if self.features is not None:
                 await self.features.resync(resync, self.target, self.worker)
             else:
-                await self.worker.prefill([PrefillItem(r.id, r.tokens()[:-1], r.sampling) for r in resync])
+                resync_items = [PrefillItem(r.id, r.tokens()[:-1], r.sampling, grammar=r.grammar) for r in resync]
+                await self.worker.prefill(resync_items)
         except Exception:
             self.stale.update(r.id for r in resync)
             raise

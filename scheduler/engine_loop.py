@@ -331,7 +331,7 @@ class Scheduler:
 
     async def _prefill(self, new: list[Request], report: StepReport) -> None:
         # a preempted request comes back with its output so far; the target continues after it
-        items = [PrefillItem(r.id, r.tokens(), r.sampling) for r in new]
+        items = [PrefillItem(r.id, r.tokens(), r.sampling, grammar=r.grammar) for r in new]
         to_draft = [
             r
             for r in new
@@ -340,7 +340,7 @@ class Scheduler:
         ]
         calls = [self.target.prefill(items)]
         if to_draft:
-            calls.append(self.draft.prefill([PrefillItem(r.id, r.tokens(), r.sampling) for r in to_draft]))
+            calls.append(self.draft.prefill([PrefillItem(r.id, r.tokens(), r.sampling, None, r.grammar) for r in to_draft]))
         outcomes = await asyncio.gather(*calls, return_exceptions=True)
 
         if to_draft:  # before the target's token is appended: the draft saw tokens() as it was

@@ -16,7 +16,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from shared.engine.types import SamplingParams
+from shared.engine.types import GrammarSpec, SamplingParams
 from shared.engine.features import FeatureBlock
 
 
@@ -71,6 +71,7 @@ class Request:
     slo: SLO = field(default_factory=SLO)
     priority: int = 0  # lower value = more urgent (vLLM convention); see FCFS
     speculation: SpeculationSetting = field(default_factory=SpeculationSetting)
+    grammar: GrammarSpec | None = None  # structured output; start = len(prompt_ids)
 
     # --- lifecycle, written by the scheduler loop -------------------------------------------
     state: RequestState = RequestState.WAITING

@@ -19,7 +19,7 @@ from __future__ import annotations
 import grpc.aio
 
 from services.engine_host import EngineHost
-from services.spans import annotate, event
+from services.spans import annotate, event, grammar_cost
 from shared.engine.draft_engine import DraftEngine
 from shared.engine.ngram_drafter import NgramDraftEngine
 from shared.engine.suffix_drafter import SuffixDraftEngine
@@ -68,7 +68,7 @@ class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
         ran = await self.host.run(self._speculate, items)
         trees, engine_costs = ran.result
         costs = [cost_to_pb(c) for c in engine_costs]
-        annotate(drafted_tokens=[len(t) for t in trees], draft_forwards=len(costs))
+        annotate(drafted_tokens=[len(t) for t in trees], draft_forwards=len(costs), **grammar_cost(self.engine))
         return draft_pb2.SpeculateResponse(
             outputs=[draft_pb2.SpecOutput(seq_id=it.seq_id, tree=tree_to_pb(t)) for it, t in zip(items, trees)],
             costs=costs,

@@ -10,7 +10,9 @@ extra hop and no second copy of the tokenizer; the API keys are the same (TANDEM
 
 Options: ``max_tokens``, ``stop``, ``temperature``, ``top_p``, ``seed``, ``stream`` (SSE, ``data: [DONE]``)
 with ``stream_options.include_usage``; ``n`` > 1 is refused (400). Tandem's extensions in the body:
-``slo_tpot_ms``, ``slo_ttft_ms``, ``speculation`` ("off" | "auto" | k), ``priority``. ``usage`` carries
+``slo_tpot_ms``, ``slo_ttft_ms``, ``speculation`` ("off" | "auto" | k), ``priority``. Structured output:
+``response_format`` (json_object, json_schema) and the extensions ``regex`` and ``choice``
+(shared/rpc/grammar_fields.py), with speculation on. ``usage`` carries
 ``tandem``: ttft_ms, tpot_ms, num_steps, num_draft_tokens, num_accepted_tokens, acceptance_rate,
 mean_accepted_length. Errors are OpenAI-shaped (``{"error": {message, type, param, code}}``) with the
 matching HTTP status (RESOURCE_EXHAUSTED -> 429 + Retry-After). A client that disconnects aborts its
@@ -33,6 +35,7 @@ from opentelemetry.propagate import extract
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.scheduler.errors import TandemRequestError
+from shared.rpc.grammar_fields import GrammarFieldError, grammar_of
 from services.scheduler.servicer import TandemServicer
 from shared.rpc.api_keys import bearer, key_matches
 from shared.rpc.gen.tandem.v1 import common_pb2, tandem_pb2
@@ -108,8 +111,7 @@ def _error_for(exc: BaseException) -> ApiError:
 # (a value equal to the field's neutral default is accepted, as clients often send those).
 UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
                "suffix": (None, ""), "logit_bias": (None, {}), "frequency_penalty": (None, 0, 0.0),
-               "presence_penalty": (None, 0, 0.0), "tools": (None, []), "functions": (None, []),
-               "response_format": (None, {"type": "text"})}  # fmt: skip
+               "presence_penalty": (None, 0, 0.0), "tools": (None, []), "functions": (None, [])}  # fmt: skip
 
 
 def _request(body: _Common, prompt_ids: list[int] | None, text: str | None) -> tandem_pb2.GenerateRequest:
@@ -118,6 +120,10 @@ def _request(body: _Common, prompt_ids: list[int] | None, text: str | None) -> t
     for name, neutral in UNSUPPORTED.items():
         if name in (body.model_extra or {}) and body.model_extra[name] not in neutral:
             raise ApiError(400, f"'{name}' is not supported by this server", param=name, code="unsupported")
+    try:
+        grammar = grammar_of(body.model_extra or {})
+    except GrammarFieldError as exc:
+        raise ApiError(400, str(exc), param=exc.param) from None
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     sampling = common_pb2.SamplingParams(temperature=1.0 if body.temperature is None else body.temperature)
     if body.top_p is not None:
@@ -128,6 +134,8 @@ def _request(body: _Common, prompt_ids: list[int] | None, text: str | None) -> t
         max_new_tokens=body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS, stop=stop,
         sampling=sampling, priority=body.priority,
     )  # fmt: skip
+    if grammar is not None:
+        msg.grammar.CopyFrom(grammar)
     if prompt_ids is not None:
         msg.token_ids.ids.extend(prompt_ids)
     else:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import grpc.aio
 
 from services.engine_host import EngineHost
-from services.spans import annotate, event
+from services.spans import annotate, event, grammar_cost
 from shared.engine.target_engine import TargetEngine, TargetStepOutput
 from shared.engine.types import PrefillItem, VerifyItem
 from shared.engine.features import FeatureSpec
@@ -135,6 +135,7 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
             annotate(accepted_lens=[r.num_accepted for r in out.verifies])
         if out.cost is not None:
             annotate(batched_tokens=out.cost.num_batched_tokens, context_tokens=out.cost.num_context_tokens)
+        annotate(**grammar_cost(self.engine))
         return out, costs, ran.timing(timer, forward_ns=sum(c.duration_ns for c in costs))
 
 

@@ -80,7 +80,7 @@ class DraftEngine:
                     f"{self.runner.max_context}"
                 )
             self._check_prefill(p)
-        grammars = grammar_mask.compile_prefills(self.grammars, items)
+        grammars = grammar_mask.compile_prefills(self.grammars, items, required=False)
         added = [self.runner.add(p.seq_id, p.prompt_ids, p.sampling) for p in items]
         try:
             for seq, p in zip(added, items):

@@ -40,6 +40,9 @@ from shared.engine.errors import InvalidRequestError
 from shared.engine.types import GRAMMAR_KINDS, GrammarSpec
 
 REGEX_SPECIALS = set("\\.+*?()|[]{}^$#&-~/")
+# JSON as json.dumps writes it on one line; free whitespace lets a weak model pad forever (a schema's
+# "x-guidance" key overrides these)
+JSON_LAYOUT = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 
 
 def grammar_text(spec: GrammarSpec) -> str:
@@ -54,12 +57,12 @@ def grammar_text(spec: GrammarSpec) -> str:
         raise InvalidRequestError(f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, got {spec.kind!r}")
     try:
         if spec.kind == "json_object":
-            text = LLMatcher.grammar_from_json_schema({"type": "object"})
+            text = LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_LAYOUT)
         elif spec.kind == "json_schema":
             schema = json.loads(spec.spec)
             if not isinstance(schema, (dict, bool)):
                 raise InvalidRequestError("json_schema must be a JSON object (a JSON Schema)")
-            text = LLMatcher.grammar_from_json_schema(schema)
+            text = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
         elif spec.kind == "regex":
             if not spec.spec:
                 raise InvalidRequestError("regex must not be empty")
@@ -125,12 +128,13 @@ class GrammarBook:
                 raise InvalidRequestError(f"structured output needs a fast tokenizer: {exc}") from None
         return self._ll_tokenizer
 
-    def state(self, spec: GrammarSpec, prompt_len: int) -> GrammarState:
-        """A fresh matcher for a sequence whose first ``spec.start`` tokens are outside the grammar."""
+    def state(self, spec: GrammarSpec) -> GrammarState:
+        """A fresh matcher for a sequence whose first ``spec.start`` tokens are outside the grammar (a draft
+        prefilled in chunks may hold fewer than ``start`` tokens yet)."""
         from llguidance import LLMatcher
 
-        if not 0 <= spec.start <= prompt_len:
-            raise InvalidRequestError(f"grammar start {spec.start} is outside the prompt of {prompt_len} tokens")
+        if spec.start < 0:
+            raise InvalidRequestError(f"grammar start must be >= 0, got {spec.start}")
         text = grammar_text(spec)
         matcher = LLMatcher(self.ll_tokenizer, text, log_level=0)
         if matcher.is_error():

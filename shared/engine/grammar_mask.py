@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
+import numpy as np
 import torch
 
 from shared.engine.acceptance import REJECTED
@@ -27,16 +28,19 @@ from shared.engine.types import AcceptResult, PrefillItem, TokenTree, VerifyItem
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
 
 
-def compile_prefills(book: GrammarBook | None, items: Seq[PrefillItem]) -> dict[str, GrammarState]:
-    """A fresh state per prefill that carries a grammar, keyed by seq_id; raises before anything is added."""
+def compile_prefills(book: GrammarBook | None, items: Seq[PrefillItem], required: bool = True) -> dict[str, GrammarState]:
+    """A fresh state per prefill that carries a grammar, keyed by seq_id; raises before anything is added.
+
+    ``required`` False (a draft): without a tokenizer the draft proposes freely, and the target's pruning
+    and masks keep the output exact."""
     states = {}
     for item in items:
-        if item.grammar is None:
+        if item.grammar is None or (book is None and not required):
             continue
         if book is None:
             raise InvalidRequestError(f"sequence {item.seq_id!r}: structured output needs the model's tokenizer, "
                                       "and this model service has none")  # fmt: skip
-        state = book.state(item.grammar, len(item.prompt_ids))
+        state = book.state(item.grammar)
         if not all(state.valid_nodes(item.prompt_ids, [], [])):
             raise InvalidRequestError(f"sequence {item.seq_id!r}: its tokens after grammar start "
                                       f"{item.grammar.start} are not allowed by the grammar")  # fmt: skip
@@ -44,28 +48,49 @@ def compile_prefills(book: GrammarBook | None, items: Seq[PrefillItem]) -> dict[
     return states
 
 
-def allowed(bitmask, num_columns: int, device: torch.device, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """Bool ``[rows, num_columns]``: bit t of row r is set (``vocab_ids[c]`` for column c of a reduced head)."""
+def disallowed(bitmask: np.ndarray, num_columns: int, device: torch.device,
+               vocab_ids: torch.Tensor | None = None) -> torch.Tensor | np.ndarray:  # fmt: skip
+    """Bool ``[rows, num_columns]``, True where the token's bit is clear in the row's mask (column c is
+    ``vocab_ids[c]`` for a reduced head; columns past the tokenizer's vocabulary are never allowed).
+
+    On a CPU a numpy array: numpy's unpack and select are single-threaded passes, where torch's
+    parallel elementwise ops cost 10x more on a CPU that other work keeps busy. Elsewhere a device
+    tensor: the words cross as they are (4 bytes per 32 tokens) and are unpacked there.
+    """
+    if device.type == "cpu":
+        dis = np.unpackbits((~bitmask).view(np.uint8), axis=1, bitorder="little").view(np.bool_)  # [rows, 32 * words]
+        if vocab_ids is not None:
+            ids = vocab_ids.cpu().numpy()
+            return dis[:, np.minimum(ids, dis.shape[1] - 1)] | (ids >= dis.shape[1])
+        if dis.shape[1] >= num_columns:
+            return dis[:, :num_columns]
+        return np.concatenate([dis, np.ones((dis.shape[0], num_columns - dis.shape[1]), dtype=np.bool_)], axis=1)
     words = torch.from_numpy(bitmask).to(device, non_blocking=True)  # [rows, words] int32
     shifts = _SHIFTS.get(device)
     if shifts is None:
         shifts = _SHIFTS[device] = torch.arange(32, dtype=torch.int32, device=device)  # [32]
-    bits = ((words[:, :, None] >> shifts) & 1).flatten(1).bool()  # [rows, 32 * words], token order
+    dis = (((words[:, :, None] >> shifts) & 1) == 0).flatten(1)  # [rows, 32 * words]
     if vocab_ids is not None:
-        inside = vocab_ids < bits.shape[1]  # [num_columns]
-        return bits[:, vocab_ids.clamp_max(bits.shape[1] - 1)] & inside
-    if bits.shape[1] >= num_columns:
-        return bits[:, :num_columns]
-    pad = torch.zeros(bits.shape[0], num_columns - bits.shape[1], dtype=torch.bool, device=device)
-    return torch.cat([bits, pad], dim=1)  # columns past the tokenizer's vocabulary are never allowed
+        return dis[:, vocab_ids.clamp_max(dis.shape[1] - 1)] | (vocab_ids >= dis.shape[1])
+    if dis.shape[1] >= num_columns:
+        return dis[:, :num_columns]
+    pad = torch.ones(dis.shape[0], num_columns - dis.shape[1], dtype=torch.bool, device=device)
+    return torch.cat([dis, pad], dim=1)
 
 
 def mask_logits(logits: torch.Tensor, state: GrammarState, committed: list[int], tree: TokenTree,
                 rows: list[int] | None = None, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """``logits`` ``[len(rows), columns]`` (default rows: all ``1 + len(tree)``) with disallowed tokens at -inf."""
+    """``logits`` ``[len(rows), columns]`` (default rows: all ``1 + len(tree)``) with disallowed tokens at -inf.
+
+    A row that allows none of its columns (a reduced draft head without any allowed token) stays as it
+    was: its pick is pruned afterwards."""
     bitmask, _ = state.masks(committed, tree.token_ids, tree.parent_ids, rows)
-    keep = allowed(bitmask, logits.shape[-1], logits.device, vocab_ids)  # [rows, columns]
-    return logits.float().masked_fill(~keep, float("-inf"))
+    dis = disallowed(bitmask, logits.shape[-1], logits.device, vocab_ids)  # [rows, columns]
+    if isinstance(dis, np.ndarray):
+        dis &= ~dis.all(axis=1, keepdims=True)
+        return torch.from_numpy(np.where(dis, np.float32(-np.inf), logits.float().numpy()))
+    dis &= ~dis.all(dim=1, keepdim=True)
+    return logits.float().masked_fill(dis, float("-inf"))
 
 
 def constrain_tree(seq: Sequence, tree: TokenTree, logits: torch.Tensor) -> torch.Tensor:

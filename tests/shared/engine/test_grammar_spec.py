@@ -24,7 +24,7 @@ from shared.models.tiny import build_tiny
 from conftest import make_runner
 
 VOCAB = 49152
-NUM_TOKENS = 20
+NUM_TOKENS = 16
 SCHEMA = {
     "type": "object",
     "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"},
@@ -34,7 +34,7 @@ SCHEMA = {
 GRAMMARS = {
     "schema": GrammarSpec("json_schema", json.dumps(SCHEMA)),
     "object": GrammarSpec("json_object"),
-    "regex": GrammarSpec("regex", r"(\d{3})-(\d{4}) [a-z]+"),
+    "regex": GrammarSpec("regex", r"([0-9]{3})-([0-9]{4}) [a-z]+"),
     "choice": GrammarSpec("choice", json.dumps(["positive", "negative", "neutral"])),
 }
 
@@ -58,8 +58,8 @@ def models():
 
 
 def engines(models, book, static: bool = True):
-    target = TargetEngine(make_runner(models[0], static_step=static))
-    draft = DraftEngine(make_runner(models[1]))
+    target = TargetEngine(make_runner(models[0], static_step=static, cpu_prepack=False))
+    draft = DraftEngine(make_runner(models[1], cpu_prepack=False))
     target.grammars = draft.grammars = book
     return target, draft
 
@@ -106,7 +106,7 @@ def at(spec: GrammarSpec | None, start: int) -> GrammarSpec | None:
 
 def allowed_by(book: GrammarBook, spec: GrammarSpec, tokens: list[int]) -> bool:
     """Every token is one the grammar allows (up to its end, then only EOS)."""
-    state = book.state(spec, 0)
+    state = book.state(spec)
     return all(state.valid_nodes([], tokens, list(range(-1, len(tokens) - 1))))
 
 
@@ -117,30 +117,34 @@ SHAPES = {
 }
 
 
+PROMPTS = prompts_for(5, seed=3)
+MIXED = {k: spec for k, spec in zip(PROMPTS, GRAMMARS.values())}  # one prompt per grammar, the last one free
+
+
+@pytest.fixture(scope="module")
+def reference(models, book) -> dict[str, list[int]]:
+    """Constrained decoding without speculation (eager path), and the free prompt decoded alone."""
+    outs, _ = decode(*engines(models, book, static=False), PROMPTS, MIXED)
+    free = [k for k in PROMPTS if k not in MIXED][0]
+    alone, _ = decode(*engines(models, book, static=False), {free: PROMPTS[free]}, {})
+    assert alone[free] == outs[free]  # a grammar in the batch changes nothing for the others
+    for k, spec in MIXED.items():
+        assert allowed_by(book, spec, outs[k]), k
+    return outs
+
+
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("static", [True, False])
-def test_greedy_speculation_equals_constrained_decoding(models, book, shape, static):
-    prompts = prompts_for(5, seed=3)
-    names = list(GRAMMARS)
-    grammars = {k: GRAMMARS[names[i]] for i, k in enumerate(prompts) if i < len(names)}  # the last one is free
-    reference, _ = decode(*engines(models, book, static=False), prompts, grammars)
-    outs, trees = decode(*engines(models, book, static), prompts, grammars, SHAPES[shape])
+def test_greedy_speculation_equals_constrained_decoding(models, book, reference, shape, static):
+    outs, trees = decode(*engines(models, book, static), PROMPTS, MIXED, SHAPES[shape])
     assert outs == reference
-    for k, spec in grammars.items():
-        assert allowed_by(book, spec, outs[k]), k
-    free = [k for k in prompts if k not in grammars][0]
-    unconstrained, _ = decode(*engines(models, book, static=False), {free: prompts[free]}, {})
-    assert outs[free] == unconstrained[free]  # a grammar in the batch changes nothing for the others
     for k, tree, before in trees:  # the draft proposes only what the grammar allows, along every path
-        if k in grammars:
-            state = book.state(grammars[k], 0)
+        if k in MIXED:
+            state = book.state(MIXED[k])
             assert all(state.valid_nodes(before, tree.token_ids, tree.parent_ids)), (k, tree.token_ids)
 
 
-def test_model_free_garbage_trees_are_pruned_and_output_unchanged(models, book):
-    prompts = prompts_for(3, seed=5)
-    grammars = {k: GRAMMARS["schema"] for k in prompts}
-    reference, _ = decode(*engines(models, book, static=False), prompts, grammars)
+def test_model_free_garbage_trees_are_pruned_and_output_unchanged(models, book, reference):
     rng = random.Random(0)
 
     def garbage(k):
@@ -149,14 +153,14 @@ def test_model_free_garbage_trees_are_pruned_and_output_unchanged(models, book):
                          [rng.randrange(-1, i) for i in range(n)])  # fmt: skip
 
     target, _ = engines(models, book)
-    outs, _ = decode(target, None, prompts, grammars, garbage)
+    outs, _ = decode(target, None, PROMPTS, MIXED, garbage)
     assert outs == reference
 
 
 def test_self_draft_is_fully_accepted_under_a_grammar(models, book):
     """The target as its own draft: with the same masks on both sides every drafted token is accepted."""
-    target = TargetEngine(make_runner(models[0]))
-    draft = DraftEngine(make_runner(models[0]))
+    target = TargetEngine(make_runner(models[0], cpu_prepack=False))
+    draft = DraftEngine(make_runner(models[0], cpu_prepack=False))
     target.grammars = draft.grammars = book
     prompts = prompts_for(2, seed=7)
     grammars = {k: GRAMMARS["schema"] for k in prompts}
@@ -189,7 +193,7 @@ def test_bad_grammars_raise_before_anything_is_added(models, book, spec, message
 
 
 def test_no_tokenizer_no_grammar(models):
-    target = TargetEngine(make_runner(models[0]))
+    target = TargetEngine(make_runner(models[0], cpu_prepack=False))
     with pytest.raises(InvalidRequestError, match="tokenizer"):
         target.prefill([PrefillItem("a", [1, 2], grammar=GRAMMARS["object"])])
     assert not target.runner.seqs
