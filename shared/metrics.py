@@ -128,6 +128,10 @@ class TandemMetrics:
             "queue_depth", "Requests waiting for admission.", ["queue"], namespace=ns, registry=reg
         )
         self.running_requests = Gauge("running_requests", "Requests holding KV cache.", namespace=ns, registry=reg)
+        self.grammar_seconds_total = Counter(
+            "grammar_seconds_total", "Host time the model services spent on structured-output grammars (matcher "
+            "walks and masks for drafted and verified rows).", ["service"], namespace=ns, registry=reg,
+        )  # fmt: skip
 
     # --- recording helpers --------------------------------------------------------------------
 

@@ -97,11 +97,17 @@ class _GrpcWorker:
     def _make_stub(self, channel: grpc.aio.Channel) -> Any:
         raise NotImplementedError
 
+    grammar_ns = 0  # the service's structured-output grammar time, summed over its replies (metrics)
+
     async def _call(self, method: str, request: Any) -> Any:
         try:
-            return await getattr(self._stub, method)(request, timeout=self.timeout_s)
+            reply = await getattr(self._stub, method)(request, timeout=self.timeout_s)
         except grpc.aio.AioRpcError as err:
             raise WorkerRpcError(self.role, method, err) from None
+        timing = getattr(reply, "timing", None)
+        if timing is not None:
+            self.grammar_ns += timing.grammar_ns
+        return reply
 
     def _check_ids(self, method: str, asked: Sequence[str], answered: Sequence[str]) -> None:
         if list(asked) != list(answered):

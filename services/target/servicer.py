@@ -135,8 +135,9 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
             annotate(accepted_lens=[r.num_accepted for r in out.verifies])
         if out.cost is not None:
             annotate(batched_tokens=out.cost.num_batched_tokens, context_tokens=out.cost.num_context_tokens)
-        annotate(**grammar_cost(self.engine))
-        return out, costs, ran.timing(timer, forward_ns=sum(c.duration_ns for c in costs))
+        timing = ran.timing(timer, forward_ns=sum(c.duration_ns for c in costs))
+        annotate(**grammar_cost(self.engine, timing))
+        return out, costs, timing
 
 
 def _spec(request) -> FeatureSpec | None:

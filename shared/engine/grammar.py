@@ -167,12 +167,13 @@ class GrammarState:
         is ever empty).
         """
         began = time.perf_counter()
-        base = committed[self.start :]
         rows = list(range(1 + len(token_ids))) if rows is None else rows
         out = np.full((len(rows), self.words), -1, dtype=np.int32)  # [rows, words]
+        base_ok = self._to(0, committed[self.start :])
+        n = len(self.held)  # the committed part; every row's path goes on from here
         valid = [True] * len(rows)
         for k, row in enumerate(rows):
-            if self._move(base + _path(row - 1, token_ids, parent_ids)):
+            if base_ok and self._to(n, _path(row - 1, token_ids, parent_ids)):
                 self.matcher.unsafe_compute_mask_ptr(out[k].ctypes.data, out[k].nbytes)
                 self.stats.masks += 1
             else:
@@ -185,33 +186,31 @@ class GrammarState:
 
         With no nodes: [whether it allows the committed tokens after ``start``]."""
         began = time.perf_counter()
-        base = committed[self.start :]
-        if not token_ids:  # the committed tokens themselves
-            ok = self._move(base)
-            self.stats.seconds += time.perf_counter() - began
-            return [ok]
+        base_ok = self._to(0, committed[self.start :])
+        n = len(self.held)
         ok: list[bool] = []
         paths: dict[int, list[int]] = {-1: []}
         for node, (token, parent) in enumerate(zip(token_ids, parent_ids)):
             paths[node] = paths[parent] + [token]
-            ok.append((parent < 0 or ok[parent]) and self._move(base + paths[node]))
+            ok.append((ok[parent] if parent >= 0 else base_ok) and self._to(n, paths[node]))
         self.stats.seconds += time.perf_counter() - began
-        return ok
+        return ok if token_ids else [base_ok]
 
-    def _move(self, tokens: list[int]) -> bool:
-        """Bring the matcher to the state after ``tokens``; False when the grammar rejects one of them.
+    def _to(self, n: int, path: list[int]) -> bool:
+        """Bring the matcher to the state after ``held[:n] + path``; False when the grammar rejects a token.
 
-        After the grammar is complete, EOS (and anything else) is held outside the matcher: such a path
-        counts as valid when every token past the end is EOS.
+        ``held[:n]`` is already right (n = 0: ``path`` is everything after ``start``). Once the grammar is
+        complete, tokens after its end are held outside the matcher: such a path counts as valid when every
+        one of them is EOS.
         """
         held = self.held
-        common = min(len(held), len(tokens))
-        if held[:common] != tokens[:common]:
-            common = next(i for i, (a, b) in enumerate(zip(held, tokens)) if a != b)
-        if common < len(held):
-            self.matcher.rollback(len(held) - common)
-            del held[common:]
-        rest = tokens[common:]
+        common = min(len(held) - n, len(path))
+        if held[n : n + common] != path[:common]:
+            common = next(i for i, (a, b) in enumerate(zip(held[n:], path)) if a != b)
+        if n + common < len(held):
+            self.matcher.rollback(len(held) - n - common)
+            del held[n + common :]
+        rest = path[common:]
         if not rest:
             return True
         taken = self.matcher.try_consume_tokens(rest) if not self.matcher.is_stopped() else 0
