@@ -137,7 +137,8 @@ class DraftLink:
             if self.features is not None:
                 await self.features.resync(resync, self.target, self.worker)
             else:
-                items = [PrefillItem(r.id, r.tokens()[:-1], r.sampling, cache_salt=r.cache_salt) for r in resync]
+                items = [PrefillItem(r.id, r.tokens()[:-1], r.sampling, cache_salt=r.cache_salt, grammar=r.grammar)
+                         for r in resync]  # fmt: skip
                 await self.worker.prefill(items)
         except Exception:
             self.stale.update(r.id for r in resync)

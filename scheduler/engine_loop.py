@@ -336,7 +336,7 @@ class Scheduler:
     async def _prefill(self, new: list[Request], report: StepReport) -> None:
         # a preempted request comes back with its output so far; the target continues after it
         items = [PrefillItem(r.id, r.tokens(), r.sampling, num_prompt_tokens=len(r.prompt_ids),
-                             cache_salt=r.cache_salt) for r in new]
+                             cache_salt=r.cache_salt, grammar=r.grammar) for r in new]
         to_draft = [
             r
             for r in new

@@ -82,8 +82,8 @@ class FeatureRelay:
             tokens, rows = r.tokens(), held[r.id]
             per_row = max(1, rows.row_bytes)
             plans.append((r, tokens, rows, max(2, self.max_call_bytes // per_row)))
-        first = [PrefillItem(r.id, t[: min(n, len(t) - 1)], r.sampling, features=rows.rows(0, min(n, len(t) - 1) - 1))
-                 for r, t, rows, n in plans]  # fmt: skip
+        first = [PrefillItem(r.id, t[: min(n, len(t) - 1)], r.sampling, features=rows.rows(0, min(n, len(t) - 1) - 1),
+                             grammar=r.grammar) for r, t, rows, n in plans]  # fmt: skip
         for batch in _under(first, self.max_call_bytes, lambda p: len(p.features.data)):
             await draft.prefill(batch)
             self.bytes_out += sum(len(p.features.data) for p in batch)

@@ -170,7 +170,8 @@ async def _release_stale(loop, ids: list[str]) -> None:
 def _item(p: _Progress, n: int, *, draft: bool = False) -> PrefillItem:
     first = not (p.on_draft if draft else p.started)
     tokens = p.tokens if first else []
-    return PrefillItem(p.req.id, tokens, p.req.sampling, max_tokens=n, resume=not first, cache_salt=p.req.cache_salt)
+    return PrefillItem(p.req.id, tokens, p.req.sampling, max_tokens=n, resume=not first, cache_salt=p.req.cache_salt,
+                       grammar=p.req.grammar if first else None)  # the first chunk builds the grammar state
 
 
 async def target_step(target, prefills: list[PrefillItem], verifies: list[VerifyItem]):

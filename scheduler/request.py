@@ -16,7 +16,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from shared.engine.types import SamplingParams, TokenLogprobs
+from shared.engine.types import GrammarSpec, SamplingParams, TokenLogprobs
 from shared.engine.features import FeatureBlock
 
 
@@ -74,6 +74,7 @@ class Request:
     cache_salt: str = ""  # prefix-cache tenant on the model services: different salts never share KV blocks
     # prompt tokens the target's prefix cache likely holds (scheduler/prefix_estimate.py): not charged as prefill
     num_cached_estimate: int = field(default=0, compare=False)
+    grammar: GrammarSpec | None = None  # structured output; start = len(prompt_ids)
 
     # --- lifecycle, written by the scheduler loop -------------------------------------------
     state: RequestState = RequestState.WAITING

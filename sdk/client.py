@@ -53,6 +53,7 @@ from sdk.types import (
     TokenEvent,
 )
 from shared.rpc.channel import aio_channel, sync_channel
+from shared.rpc.grammar_fields import GrammarFieldError, grammar_of
 from shared.rpc.tls_mismatch import tls_problem
 from shared.rpc.gen.tandem.v1 import common_pb2, tandem_pb2, tandem_pb2_grpc
 
@@ -109,8 +110,13 @@ def build_request(
     speculation: SpeculationArg = None,
     request_id: str | None = None,
     cache_salt: str = "",
+    response_format: dict | None = None,
+    json_schema: dict | None = None,
+    regex: str | None = None,
+    choice: Sequence[str] | None = None,
 ) -> tandem_pb2.GenerateRequest:
-    """The GenerateRequest for these arguments; bad values raise InvalidRequestError before any call."""
+    """The GenerateRequest for these arguments; bad values raise InvalidRequestError before any call.
+    Structured output, at most one of: ``response_format`` (OpenAI's), ``json_schema``, ``regex``, ``choice``."""
     try:
         base = Sampling.model_validate(sampling) if isinstance(sampling, dict) else (sampling or Sampling())
         overrides = {k: v for k, v in (("temperature", temperature), ("top_p", top_p), ("seed", seed)) if v is not None}
@@ -152,6 +158,13 @@ def build_request(
     if spec is not None:
         request.speculation.mode = _SPEC_MODE[spec.mode]
         request.speculation.k = spec.k
+    try:
+        grammar = grammar_of({"response_format": response_format, "guided_json": json_schema, "regex": regex,
+                              "choice": list(choice) if choice is not None else None})  # fmt: skip
+    except GrammarFieldError as exc:
+        raise InvalidRequestError(str(exc).replace("guided_json", "json_schema")) from None
+    if grammar is not None:
+        request.grammar.CopyFrom(grammar)
     return request
 
 

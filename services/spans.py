@@ -23,3 +23,15 @@ def event(name: str, **attributes: AttributeValue) -> None:
     span = trace.get_current_span()
     if span.is_recording():
         span.add_event(name, {f"tandem.{key}": value for key, value in attributes.items()})
+
+
+def grammar_cost(engine: object, timing=None) -> dict[str, AttributeValue]:
+    """The grammar work of an engine's last call (masks computed, matcher time), for ``annotate``; {} if none.
+    ``timing``: a response Timing that gets the same time as ``grammar_ns``."""
+    book = getattr(engine, "grammars", None)
+    if book is None:
+        return {}
+    masks, seconds = book.stats.take()
+    if timing is not None:
+        timing.grammar_ns = int(seconds * 1e9)
+    return {"grammar_masks": masks, "grammar_ms": round(seconds * 1e3, 3)} if masks or seconds else {}

@@ -136,6 +136,10 @@ class TandemMetrics:
             namespace=ns, registry=reg,
         )  # fmt: skip
         self.running_requests = Gauge("running_requests", "Requests holding KV cache.", namespace=ns, registry=reg)
+        self.grammar_seconds_total = Counter(
+            "grammar_seconds_total", "Host time the model services spent on structured-output grammars (matcher "
+            "walks and masks for drafted and verified rows).", ["service"], namespace=ns, registry=reg,
+        )  # fmt: skip
 
     # --- recording helpers --------------------------------------------------------------------
 

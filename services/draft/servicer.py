@@ -21,7 +21,7 @@ import grpc.aio
 from services.engine_host import EngineHost
 from services.draft.feature_inbox import FeatureInbox
 from services.draft.spec_stream import run_draft_plan
-from services.spans import annotate, event
+from services.spans import annotate, event, grammar_cost
 from shared.engine.draft_engine import DraftEngine
 from shared.engine.ngram_drafter import NgramDraftEngine
 from shared.engine.suffix_drafter import SuffixDraftEngine
@@ -72,11 +72,12 @@ class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
         ran = await self.host.run(self._speculate, items)
         trees, engine_costs = ran.result
         costs = [cost_to_pb(c) for c in engine_costs]
-        annotate(drafted_tokens=[len(t) for t in trees], draft_forwards=len(costs))
+        timing = ran.timing(timer, forward_ns=sum(c.duration_ns for c in costs))
+        annotate(drafted_tokens=[len(t) for t in trees], draft_forwards=len(costs), **grammar_cost(self.engine, timing))
         return draft_pb2.SpeculateResponse(
             outputs=[draft_pb2.SpecOutput(seq_id=it.seq_id, tree=tree_to_pb(t)) for it, t in zip(items, trees)],
             costs=costs,
-            timing=ran.timing(timer, forward_ns=sum(c.duration_ns for c in costs)),
+            timing=timing,
         )
 
     async def SpeculateStream(self, request_iterator, context: grpc.aio.ServicerContext):

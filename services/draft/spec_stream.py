@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from services.plan_spans import plan_span
-from services.spans import annotate
+from services.spans import annotate, grammar_cost
 from shared.engine.errors import InvalidRequestError
 from shared.engine.features import FeatureBlock
 from shared.engine.types import SpecItem, TokenTree
@@ -62,7 +62,7 @@ async def run_draft_plan(servicer, plan: draft_pb2.DraftPlan) -> draft_pb2.Draft
     method (Prefill, Speculate), so a trace shows them as the unary protocol did."""
     timer = CallTimer()
     provider = getattr(servicer.host, "tracer_provider", None)
-    trees, costs, queue_ns, work_ns = [], [], 0, 0
+    trees, costs, queue_ns, work_ns, grammar_ns = [], [], 0, 0, 0
     try:
         prefills = [stream_prefill_from_pb(m) for m in plan.prefills]
         items = [stream_spec_item_from_pb(m) for m in plan.items]
@@ -90,7 +90,9 @@ async def run_draft_plan(servicer, plan: draft_pb2.DraftPlan) -> draft_pb2.Draft
                                            if x.features is not None))  # fmt: skip
                 ran = await servicer.host.run(servicer._plan, releases, part_prefills, part_items)
                 part_trees, part_costs = ran.result
-                annotate(drafted_tokens=[len(t) for t in part_trees], draft_forwards=len(part_costs))
+                grammar = grammar_cost(servicer.engine)
+                annotate(drafted_tokens=[len(t) for t in part_trees], draft_forwards=len(part_costs), **grammar)
+                grammar_ns += round(grammar.get("grammar_ms", 0.0) * 1e6)
             trees, costs = trees + part_trees, costs + [cost_to_pb(c) for c in part_costs]
             queue_ns, work_ns = queue_ns + ran.queue_ns, work_ns + ran.work_ns
     except Exception as exc:  # noqa: BLE001 - the plan's status, in band: the stream stays up
@@ -99,6 +101,7 @@ async def run_draft_plan(servicer, plan: draft_pb2.DraftPlan) -> draft_pb2.Draft
         return draft_pb2.DraftOutcome(step=plan.step, error=common_pb2.StepError(code=code.value[0], message=details))
     forward_ns = sum(c.duration_ns for c in costs)
     timing = timer.timing(queue_ns=queue_ns, forward_ns=forward_ns, sample_ns=max(0, work_ns - forward_ns))
+    timing.grammar_ns = grammar_ns
     if missing:  # an empty tree where an item was dropped
         drafted = iter(trees)
         trees = [TokenTree() if i.seq_id in missing else next(drafted) for i in items]

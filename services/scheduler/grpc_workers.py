@@ -98,6 +98,7 @@ class _GrpcWorker:
         raise NotImplementedError
 
     bytes_out = bytes_in = 0  # message bytes sent and received by this worker's unary calls, all time
+    grammar_ns = 0  # the service's structured-output grammar time, summed over its replies (metrics)
 
     async def _call(self, method: str, request: Any) -> Any:
         self.bytes_out += request.ByteSize()
@@ -106,6 +107,9 @@ class _GrpcWorker:
         except grpc.aio.AioRpcError as err:
             raise WorkerRpcError(self.role, method, err) from None
         self.bytes_in += reply.ByteSize()
+        timing = getattr(reply, "timing", None)
+        if timing is not None:
+            self.grammar_ns += timing.grammar_ns
         return reply
 
     def wire_bytes(self) -> int:

@@ -14,7 +14,8 @@ the refused fields); docs/http.md has the table. ``n`` samples run as n requests
 http_choices.py). ``X-Request-Id``: a client's id names the request (traces, logs, Abort) and is echoed
 back; without one the response carries the generated id. Errors are OpenAI-shaped with the matching
 status (RESOURCE_EXHAUSTED -> 429 + Retry-After); no input answers 5xx. An incoming W3C
-``traceparent`` header parents the scheduler's spans.
+``traceparent`` header parents the scheduler's spans. Structured output (``response_format``, ``regex``,
+``choice``; shared/rpc/grammar_fields.py) runs with speculation on.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Each bound is either OpenAI's (temperature, penalties, top_logprobs, n) or the
 wire's (uint32 token counts, int32 priority): a value the protobuf messages
 cannot hold is refused here, so no input reaches the scheduler as a crash.
 Unknown fields are ignored, except those in ``UNSUPPORTED`` with a
-non-neutral value, which are refused by name.
+non-neutral value, which are refused by name, and the structured-output
+fields (``GRAMMAR_FIELDS``), which become the request's grammar.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 # (a value equal to the field's neutral default is accepted, as clients often send those).
 UNSUPPORTED = {"suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []),
                "tool_choice": (None, "none", "auto"), "function_call": (None, "none", "auto"),
-               "response_format": (None, {"type": "text"}), "guided_json": (None,), "guided_regex": (None,),
-               "guided_choice": (None,), "guided_grammar": (None,)}  # fmt: skip
+               "guided_grammar": (None,)}  # fmt: skip
+# Structured output is read from the extra fields by shared/rpc/grammar_fields.py (http_request.py):
+# response_format (text, json_object, json_schema), regex, choice, and vLLM's guided_json/regex/choice.
+GRAMMAR_FIELDS = ("response_format", "regex", "choice", "guided_json", "guided_regex", "guided_choice")
 
 Finite = Field(allow_inf_nan=False)
 

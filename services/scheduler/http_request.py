@@ -14,6 +14,7 @@ import hashlib
 from services.scheduler.http_bodies import UNSUPPORTED, _Common
 from services.scheduler.http_errors import ApiError
 from shared.rpc.gen.tandem.v1 import common_pb2, tandem_pb2
+from shared.rpc.grammar_fields import GrammarFieldError, grammar_of
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -59,6 +60,10 @@ def generate_requests(body: _Common, prompt_ids: list[int] | None, text: str | N
                       max_tokens: int | None = None) -> list[tandem_pb2.GenerateRequest]:  # fmt: skip
     """The n requests of ``body``: ids ``request_id`` (n = 1) or ``request_id-i``."""
     check_unsupported(body)
+    try:
+        grammar = grammar_of(body.model_extra or {})  # response_format, regex, choice (http_bodies.GRAMMAR_FIELDS)
+    except GrammarFieldError as exc:
+        raise ApiError(400, str(exc), param=exc.param) from None
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if max_tokens is None:
         max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS
@@ -71,6 +76,8 @@ def generate_requests(body: _Common, prompt_ids: list[int] | None, text: str | N
         sampling=sampling_of(body, logprobs=logprobs, prompt_logprobs=prompt_logprobs), priority=body.priority,
         cache_salt=body.cache_salt,
     )  # fmt: skip
+    if grammar is not None:
+        msg.grammar.CopyFrom(grammar)
     if prompt_ids is not None:
         msg.token_ids.ids.extend(prompt_ids)
     else:

@@ -153,10 +153,12 @@ class StreamTargetWorker(GrpcTargetWorker):
         ids = self.releases.take()
         plan.releases.extend(ids)
         try:
-            return await self.stream.exchange(plan)
+            reply = await self.stream.exchange(plan)
         except BaseException:
             self.releases.ids[:0] = ids  # not known to be applied: they go again (idempotent)
             raise
+        self.grammar_ns += reply.timing.grammar_ns
+        return reply
 
     async def info(self, wait_s: float = 2.0):
         await _flush_quietly(self)  # what Info reports includes the releases queued so far
@@ -228,10 +230,12 @@ class StreamDraftWorker(GrpcDraftWorker):
             msg.CopyFrom(stream_prefill_to_pb(p))
             msg.features_pushed = p.features is not None and p.features.pushed
         try:
-            return await self.stream.exchange(plan)
+            reply = await self.stream.exchange(plan)
         except BaseException:  # the draft's state is unknown now: the loop resyncs (release + re-prefill) what
             self.releases.ids[:0] = ids  # it tracks; the releases of ended sequences go again
             raise
+        self.grammar_ns += reply.timing.grammar_ns
+        return reply
 
     async def info(self, wait_s: float = 2.0):
         await _flush_quietly(self)

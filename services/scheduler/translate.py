@@ -22,6 +22,9 @@ fail the whole batch.
     sizes (Limits.check_size)  prompt bytes/tokens, stop strings and   INVALID_ARGUMENT, naming the
                                ids, max_new_tokens under the caps      TANDEM_* variable
     speculation                FIXED needs 1 <= k <= max_spec_k       INVALID_ARGUMENT
+    grammar                    a kind, a schema/regex/choice list      INVALID_ARGUMENT, llguidance's
+                               llguidance compiles                     message
+                               needs the tokenizer                     FAILED_PRECONDITION
 
 Two conventions differ between the wire and the scheduler: the wire's
 priority is "higher runs earlier", the scheduler's "lower value is more
@@ -41,7 +44,7 @@ from services.scheduler.errors import NoTokenizerError, PromptTooLongError, Tand
 from services.scheduler.text import TextCodec
 from shared.engine.errors import InvalidRequestError
 from shared.engine.sampling_checks import validate_sampling
-from shared.engine.types import SamplingParams
+from shared.engine.types import GrammarSpec, SamplingParams
 from shared.rpc.gen.tandem.v1 import tandem_pb2
 
 _SPEC_MODES = {
@@ -128,6 +131,7 @@ def to_request(msg: tandem_pb2.GenerateRequest, limits: Limits, codec: TextCodec
         priority=-msg.priority,
         speculation=_speculation(msg, limits),
         cache_salt=msg.cache_salt,
+        grammar=_grammar(msg, len(prompt_ids), codec),
     )
     try:
         validate_request(request)
@@ -208,3 +212,24 @@ def _speculation(msg: tandem_pb2.GenerateRequest, limits: Limits) -> Speculation
     if not 1 <= k <= limits.max_spec_k:
         raise TandemRequestError(f"speculation FIXED needs 1 <= k <= {limits.max_spec_k}, got k={k}")
     return SpeculationSetting(mode, k)
+
+
+def _grammar(msg: tandem_pb2.GenerateRequest, num_prompt: int, codec: TextCodec | None) -> GrammarSpec | None:
+    """The request's structured-output grammar, compiled once here so a bad one is refused before it is queued."""
+    if not msg.HasField("grammar"):
+        return None
+    from shared.rpc.convert import grammar_from_pb
+
+    if codec is None:
+        raise NoTokenizerError("structured output needs the model's tokenizer and this server has none")
+    try:
+        spec = grammar_from_pb(msg.grammar)
+        spec = GrammarSpec(spec.kind, spec.spec, start=num_prompt)  # the grammar starts after the prompt
+        from shared.engine.grammar import grammar_text
+
+        grammar_text(spec)
+    except InvalidRequestError as exc:
+        raise TandemRequestError(f"grammar: {exc}") from None
+    except ImportError:
+        raise NoTokenizerError("structured output needs llguidance: pip install -e '.[grammar]'") from None
+    return spec

@@ -17,7 +17,7 @@ from __future__ import annotations
 import grpc.aio
 
 from services.engine_host import EngineHost
-from services.spans import annotate, event
+from services.spans import annotate, event, grammar_cost
 from services.target.feature_push import FeaturePusher
 from services.target.step_stream import run_target_plan
 from shared.engine.target_engine import TargetEngine, TargetStepOutput
@@ -143,7 +143,9 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
             annotate(accepted_lens=[r.num_accepted for r in out.verifies])
         if out.cost is not None:
             annotate(batched_tokens=out.cost.num_batched_tokens, context_tokens=out.cost.num_context_tokens)
-        return out, costs, ran.timing(timer, forward_ns=sum(c.duration_ns for c in costs))
+        timing = ran.timing(timer, forward_ns=sum(c.duration_ns for c in costs))
+        annotate(**grammar_cost(self.engine, timing))
+        return out, costs, timing
 
 
     def _engine_step(self, prefills, verifies, features, releases) -> TargetStepOutput:

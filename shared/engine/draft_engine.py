@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from shared.engine import chunks, spec_checks
+from shared.engine import chunks, grammar_mask, spec_checks
 from shared.engine.drafting import BeamDrafter, ChainDrafter, ExpansionDrafter
 from shared.engine.errors import ContextLengthError, InvalidRequestError, WeightsOffloadedError
 from shared.engine.runner import ModelRunner, Work
@@ -33,6 +33,7 @@ class DraftEngine:
         self.max_width = max_width
         self.costs: list[ForwardCost] = []  # forwards of the last call
         self.offloaded = False
+        self.grammars = None  # grammar.GrammarBook: structured output (the factory sets it when there is a tokenizer)
 
     # ------------------------------------------------------------------ elastic memory (Nightjar §5)
     def offload(self) -> tuple[int, int]:
@@ -85,9 +86,11 @@ class DraftEngine:
                 )
             self._check_prefill(p)
         fresh = [p for p in items if not p.resume]
+        grammars = grammar_mask.compile_prefills(self.grammars, fresh, required=False)
         added = [self.runner.add(p.seq_id, p.prompt_ids, p.sampling, p.cache_salt) for p in fresh]
         try:
             for seq, p in zip(added, fresh):
+                seq.grammar = grammars.get(seq.seq_id)
                 self._prefilled(seq, p)
             works = [Work(self.runner.get(p.seq_id), max_fed=p.max_tokens or None) for p in items]
             works = [w for w in works if w.seq.num_cached < w.seq.num_committed]  # a resumed prompt may be done
@@ -147,5 +150,8 @@ class DraftEngine:
             out = self.runner.forward(works)
             self.costs.append(out.cost)
             for i, (d, w) in enumerate(zip(active, works)):
-                d.absorb(out.root(i)[None] if w.want_root else out.nodes(i, len(w.new_nodes)), out.vocab_ids)
-        return [d.tree for d in drafters]
+                logits = out.root(i)[None] if w.want_root else out.nodes(i, len(w.new_nodes))  # [rows, columns]
+                rows = 1 if w.want_root else len(w.new_nodes)
+                d.absorb(grammar_mask.constrain_draft(d.seq, d.tree, rows, w.want_root, logits, out.vocab_ids),
+                         out.vocab_ids)  # fmt: skip
+        return [grammar_mask.prune_draft(d.seq, d.tree) for d in drafters]

@@ -19,11 +19,13 @@ from shared.engine.config import EngineConfig
 from shared.engine.draft_engine import DraftEngine
 from shared.engine.eagle.draft_engine import FeatureDraftEngine
 from shared.engine.eagle.runner import EagleRunner
+from shared.engine.grammar import GrammarBook
 from shared.engine.loading import LoadedModel, load_causal_lm
 from shared.engine.ngram_drafter import NgramDraftEngine
 from shared.engine.runner import ModelRunner
 from shared.engine.suffix_drafter import SuffixConfig, SuffixDraftEngine
 from shared.engine.target_engine import TargetEngine
+from shared.engine.tokenizer_dir import has_tokenizer
 
 
 def build_target_engine(
@@ -36,7 +38,9 @@ def build_target_engine(
 ) -> tuple[TargetEngine, LoadedModel]:
     """Load a local HF directory or .gguf and wrap it in a TargetEngine; raises ModelLoadError."""
     loaded, runner = _load("target", source, device, dtype, engine_config, with_tokenizer)
-    return TargetEngine(runner), loaded
+    engine = TargetEngine(runner)
+    engine.grammars = grammar_book(loaded.source, runner.vocab_size)
+    return engine, loaded
 
 
 def build_draft_engine(
@@ -49,7 +53,9 @@ def build_draft_engine(
 ) -> tuple[DraftEngine, LoadedModel]:
     """Load a local HF directory or .gguf and wrap it in a DraftEngine; raises ModelLoadError."""
     loaded, runner = _load("draft", source, device, dtype, engine_config, with_tokenizer)
-    return DraftEngine(runner), loaded
+    engine = DraftEngine(runner)
+    engine.grammars = grammar_book(loaded.source, runner.vocab_size)
+    return engine, loaded
 
 
 def build_feature_draft_engine(
@@ -68,7 +74,10 @@ def build_feature_draft_engine(
     dev = resolve_device(device)
     head = load_head(head_dir, target_dir=target_dir, dtype=resolve_dtype(dtype, dev), device=dev)
     runner = EagleRunner(head, engine_config, name=f"draft:{Path(head_dir).name}", feature_dtype=feature_dtype)
-    return FeatureDraftEngine(runner)
+    engine = FeatureDraftEngine(runner)
+    tokenizer_dir = Path(head_dir) if has_tokenizer(Path(head_dir)) or target_dir is None else Path(target_dir)
+    engine.grammars = grammar_book(tokenizer_dir, runner.vocab_size)
+    return engine
 
 
 def build_ngram_draft_engine(
@@ -95,3 +104,15 @@ def _load(
 ) -> tuple[LoadedModel, ModelRunner]:
     loaded = load_causal_lm(source, dtype=dtype, device=device, with_tokenizer=with_tokenizer)
     return loaded, ModelRunner(loaded.model, engine_config, name=f"{role}:{loaded.name}")
+
+
+def grammar_book(source: Path | None, vocab_size: int) -> GrammarBook | None:
+    """Structured output for a model directory with a tokenizer, when llguidance is installed
+    (``pip install -e '.[grammar]'``); the tokenizer loads on the first request that carries a grammar."""
+    if source is None or not has_tokenizer(Path(source)):
+        return None
+    try:
+        import llguidance  # noqa: F401
+    except ImportError:
+        return None
+    return GrammarBook(Path(source), vocab_size)

@@ -78,6 +78,7 @@ class Sequence:
     block_keys: list[bytes] = field(default_factory=list)
     output_start: int = 0  # token_ids[output_start:] are the request's output (penalties, min_tokens)
     logits_processors: list = field(default_factory=list)  # logits_process.LogitsProcessor, applied in order
+    grammar: object | None = None  # grammar.GrammarState: structured output follows the committed tokens
 
     @property
     def num_committed(self) -> int:

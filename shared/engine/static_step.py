@@ -62,7 +62,7 @@ class StaticStep:
         seqs = [runner.seqs[v.seq_id] for v in verifies]
         cached = [s.num_cached for s in seqs]
         steps = self._plan(seqs, verifies)  # grows block tables; nothing else mutated yet
-        if not all(plain(s) for s in seqs):  # sampling, penalties, masks or log-probabilities: host acceptance
+        if not all(plain(s) for s in seqs):  # sampling, penalties, masks, grammars or log-probabilities: host
             return self._run_sampled(seqs, verifies, steps, cached, start)
         try:
             chains = True

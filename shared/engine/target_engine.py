@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from shared.engine import chunks, cuda_graphs, static_step, tuned_lens
+from shared.engine import chunks, cuda_graphs, grammar_mask, static_step, tuned_lens
 from shared.engine.acceptance import _validate_child_dists
 from shared.engine.early_exit import EarlyExitConfig, EarlyExitController, layer_outcomes, prune_outcome
 from shared.engine.errors import ContextLengthError, DuplicateSequenceError, InvalidRequestError, KVPoolSizeError
@@ -70,6 +70,7 @@ class TargetEngine:
         self.set_early_exit(early_exit)
         self.pending: set[str] = set()  # sequences in the middle of a chunked prefill (no verify until it ends)
         self.step_paths: dict[str, int] = {"static": 0, "eager": 0}  # verify steps by path (services/engine_metrics.py)
+        self.grammars = None  # grammar.GrammarBook: structured output (the factory sets it when there is a tokenizer)
 
     def set_early_exit(self, config: EarlyExitConfig | None, source: Path | None = None) -> None:
         """Turn token-wise early exit on (with ``config``) or off (None or disabled).
@@ -206,16 +207,19 @@ class TargetEngine:
     ) -> TargetStepOutput:
         """``features``: also return, per sequence, the features of the tokens this step ran and committed."""
         self._validate(prefills, verifies)
+        grammars = grammar_mask.compile_prefills(self.grammars, prefills)
+        verifies, kept = grammar_mask.prune_verifies(self.runner.seqs, verifies)  # nodes the grammar rejects
         if self._static_eligible(prefills, verifies, features):
             accepted, cost = self.static.run(verifies)
             self.step_paths["static"] += 1
-            return TargetStepOutput(verifies=accepted, cost=cost)
+            return TargetStepOutput(verifies=grammar_mask.unprune(accepted, kept), cost=cost)
         self.step_paths["eager"] += bool(verifies)
         fresh = [p for p in prefills if not p.resume]
         added = [self.runner.add(p.seq_id, p.prompt_ids, p.sampling, p.cache_salt) for p in fresh]
         for seq, p in zip(added, fresh):
             seq.generator = make_generator(seq.sampling.seed)
             seq.output_start = len(p.prompt_ids) if p.num_prompt_tokens is None else p.num_prompt_tokens
+            seq.grammar = grammars.get(seq.seq_id)  # built now, first used when the (chunked) prefill completes
         prefill_seqs = [self.runner.get(p.seq_id) for p in prefills]
         before = [seq.num_cached for seq in prefill_seqs]
         verify_seqs = [self.runner.get(v.seq_id) for v in verifies]
@@ -270,6 +274,7 @@ class TargetEngine:
             result.verifies.append(accepted)
         if ee is not None and verifies and ee.stats.verifies // LOG_EVERY != (ee.stats.verifies - len(verifies)) // LOG_EVERY:
             log.info(ee.describe())
+        grammar_mask.unprune(result.verifies, kept)
         return result
 
 

@@ -71,6 +71,24 @@ class TokenLogprobs:
     top_logprobs: tuple[float, ...] = ()
 
 
+@dataclass(frozen=True)
+class GrammarSpec:
+    """A constraint on what a request generates (structured output); compiled by shared/engine/grammar.py.
+
+    ``kind`` is one of GRAMMAR_KINDS; ``spec`` the schema (JSON text), regex, or choices (a JSON list of
+    strings); empty for json_object. ``start``: how many of the sequence's leading tokens (the prompt) lie
+    outside the grammar; every token after them is constrained, so a re-prefill of prompt + output resumes
+    the grammar where it was.
+    """
+
+    kind: str
+    spec: str = ""
+    start: int = 0
+
+
+GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "choice")
+
+
 @dataclass
 class SparseDist:
     """A probability distribution over a subset of the vocabulary (the rest is 0).
@@ -182,6 +200,7 @@ class PrefillItem:
     cache_salt: str = ""  # prefix-cache tenant: sequences of different salts never share KV blocks
     # how many of prompt_ids are the request's prompt (the rest: output of a request prefilled again); None: all
     num_prompt_tokens: int | None = None
+    grammar: GrammarSpec | None = None  # structured output: every token after grammar.start is constrained
 
 
 @dataclass

@@ -19,6 +19,7 @@ from shared.engine.features import FeatureBlock, FeatureSpec
 from shared.engine.types import (
     AcceptResult,
     ForwardCost,
+    GrammarSpec,
     PrefillItem,
     PrefillResult,
     SamplingParams,
@@ -196,6 +197,8 @@ def prefill_item_to_pb(item: PrefillItem) -> common_pb2.PrefillItem:
         msg.num_prompt_tokens = item.num_prompt_tokens
     if item.features is not None:
         msg.features.CopyFrom(feature_block_to_pb(item.features))
+    if item.grammar is not None:
+        msg.grammar.CopyFrom(grammar_to_pb(item.grammar))
     return msg
 
 
@@ -209,7 +212,26 @@ def prefill_item_from_pb(msg: common_pb2.PrefillItem) -> PrefillItem:
         resume=msg.resume,
         cache_salt=msg.cache_salt,
         num_prompt_tokens=msg.num_prompt_tokens if msg.HasField("num_prompt_tokens") else None,
+        grammar=grammar_from_pb(msg.grammar) if msg.HasField("grammar") else None,
     )
+
+
+_GRAMMAR_KINDS = {common_pb2.GRAMMAR_KIND_JSON_OBJECT: "json_object", common_pb2.GRAMMAR_KIND_JSON_SCHEMA: "json_schema",
+                  common_pb2.GRAMMAR_KIND_REGEX: "regex", common_pb2.GRAMMAR_KIND_CHOICE: "choice"}  # fmt: skip
+
+
+def grammar_to_pb(spec: GrammarSpec) -> common_pb2.Grammar:
+    kind = {name: value for value, name in _GRAMMAR_KINDS.items()}.get(spec.kind)
+    if kind is None:
+        raise InvalidRequestError(f"unknown grammar kind {spec.kind!r}")
+    return common_pb2.Grammar(kind=kind, spec=spec.spec, start=spec.start)
+
+
+def grammar_from_pb(msg: common_pb2.Grammar) -> GrammarSpec:
+    kind = _GRAMMAR_KINDS.get(msg.kind)
+    if kind is None:
+        raise InvalidRequestError(f"grammar kind {msg.kind} is not one of JSON_OBJECT, JSON_SCHEMA, REGEX, CHOICE")
+    return GrammarSpec(kind, msg.spec, msg.start)
 
 
 def verify_item_to_pb(item: VerifyItem) -> target_pb2.VerifyItem:

@@ -24,6 +24,7 @@ from shared.engine.errors import InvalidRequestError
 from shared.engine.types import AcceptResult, PrefillItem, SparseDist, TokenTree
 from shared.engine.features import FeatureBlock
 from shared.rpc.convert import _dtype_from_pb, _features_of, _values, feature_block_to_pb, sampling_from_pb, sampling_to_pb
+from shared.rpc.convert import grammar_from_pb, grammar_to_pb
 from shared.rpc.gen.tandem.v1 import common_pb2, target_pb2
 
 _SWAP = sys.byteorder != "little"  # the wire is little-endian; array is native
@@ -74,6 +75,8 @@ def stream_prefill_to_pb(item: PrefillItem) -> common_pb2.StreamPrefill:
         msg.num_prompt_tokens = item.num_prompt_tokens
     if item.features is not None:
         msg.features.CopyFrom(feature_block_to_pb(item.features))
+    if item.grammar is not None:
+        msg.grammar.CopyFrom(grammar_to_pb(item.grammar))
     return msg
 
 
@@ -88,6 +91,7 @@ def stream_prefill_from_pb(msg: common_pb2.StreamPrefill) -> PrefillItem:
         resume=msg.resume,
         cache_salt=msg.cache_salt,
         num_prompt_tokens=msg.num_prompt_tokens if msg.HasField("num_prompt_tokens") else None,
+        grammar=grammar_from_pb(msg.grammar) if msg.HasField("grammar") else None,
     )
 
 

@@ -27,6 +27,7 @@ class MetricsObserver:
         self.scheduler = scheduler
         self._feature_bytes = (0, 0, 0)  # the relay's all-time (in, out, pushed) at the last step
         self._prefill = (0, 0)  # chunked prefill's all-time (chunks, cached tokens) at the last step
+        self._grammar_ns = {"target": 0, "draft": 0}  # the workers' all-time grammar time at the last step
 
     def on_submit(self, request: Request) -> None:
         self._set_load()
@@ -58,7 +59,15 @@ class MetricsObserver:
             pool_event=report.kv_pool_event,
             kv_token_budget=report.kv_token_budget,
         )
+        self._observe_grammar()
         self._set_load()
+
+    def _observe_grammar(self) -> None:
+        for service, worker in (("target", self.scheduler.target), ("draft", self.scheduler.draft)):
+            total = getattr(getattr(worker, "worker", worker), "grammar_ns", 0)  # a link wraps its worker
+            if isinstance(total, int) and total > self._grammar_ns[service]:
+                self.metrics.grammar_seconds_total.labels(service=service).inc((total - self._grammar_ns[service]) / 1e9)
+                self._grammar_ns[service] = total
 
     def on_finish(self, request: Request) -> None:
         self.metrics.observe_request(
