@@ -6,7 +6,7 @@ import pytest
 
 from shared.engine.errors import InvalidRequestError
 from shared.engine.features import FeatureBlock
-from shared.engine.types import AcceptResult, PrefillItem, SamplingParams, SparseDist, TokenTree
+from shared.engine.types import AcceptResult, GrammarSpec, PrefillItem, SamplingParams, SparseDist, TokenTree
 from shared.rpc.packing import (pack_accepts, pack_trees, stream_prefill_from_pb, stream_prefill_to_pb,
                                 unpack_accepts, unpack_trees)  # fmt: skip
 
@@ -61,6 +61,14 @@ def test_a_prefill_round_trips_with_pushed_features():
     item = stream_prefill_from_pb(msg)
     assert (item.seq_id, item.prompt_ids, item.sampling) == ("s", [1, 2, 3], SamplingParams(0.7, 0.9, 5))
     assert item.features == block and item.features.inline_rows == 1
+
+
+def test_a_prefill_carries_its_grammar_and_chunking_on_the_stream():
+    grammar = GrammarSpec("json_schema", '{"type": "object"}', start=3)
+    item = PrefillItem("g", [1, 2, 3], max_tokens=2, cache_salt="t", num_prompt_tokens=3, grammar=grammar)
+    back = stream_prefill_from_pb(stream_prefill_to_pb(item))
+    assert (back.grammar, back.max_tokens, back.cache_salt, back.num_prompt_tokens) == (grammar, 2, "t", 3)
+    assert stream_prefill_from_pb(stream_prefill_to_pb(PrefillItem("f", [1]))).grammar is None
 
 
 def test_pushed_blocks_join_and_slice_by_position_keeping_inline_rows_a_prefix():
