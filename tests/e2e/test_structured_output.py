@@ -69,7 +69,7 @@ def client(stack) -> openai.OpenAI:
 
 
 def _chat(client, speculation, **kw):
-    return client.chat.completions.create(model="x", messages=PERSON, max_tokens=64, temperature=0,
+    return client.chat.completions.create(model="tandem", messages=PERSON, max_tokens=64, temperature=0,
                                           extra_body={"speculation": speculation}, **kw)  # fmt: skip
 
 
@@ -92,12 +92,12 @@ def test_json_object_regex_and_choice(client):
     obj = _chat(client, 4, response_format={"type": "json_object"}).choices[0].message.content
     assert isinstance(json.loads(obj), dict)
     pattern = r"[0-9]{3}-[0-9]{4}"
-    number = client.completions.create(model="x", prompt="Call me at", max_tokens=16, temperature=0,
+    number = client.completions.create(model="tandem", prompt="Call me at", max_tokens=16, temperature=0,
                                        extra_body={"regex": pattern, "speculation": 3})  # fmt: skip
     assert re.fullmatch(pattern, number.choices[0].text)
     choices = ["positive", "negative", "neutral"]
     mood = client.chat.completions.create(
-        model="x", max_tokens=8, temperature=0, extra_body={"choice": choices, "speculation": 3},
+        model="tandem", max_tokens=8, temperature=0, extra_body={"choice": choices, "speculation": 3},
         messages=[{"role": "user", "content": "Sentiment of 'I love this!'?"}],
     )  # fmt: skip
     assert mood.choices[0].message.content in choices
@@ -115,10 +115,10 @@ def test_json_object_regex_and_choice(client):
 ])  # fmt: skip
 def test_bad_grammars_are_400_with_the_reason(client, extra, param, words):
     with pytest.raises(openai.BadRequestError) as caught:
-        client.completions.create(model="x", prompt="Hi", max_tokens=4, extra_body=extra)
+        client.completions.create(model="tandem", prompt="Hi", max_tokens=4, extra_body=extra)
     error = caught.value.body
     assert words in error["message"], error
     if param is not None:
         assert error["param"] == param
-    ok = client.completions.create(model="x", prompt="Hi", max_tokens=2, temperature=0)  # still serving
+    ok = client.completions.create(model="tandem", prompt="Hi", max_tokens=2, temperature=0)  # still serving
     assert ok.choices[0].text is not None
