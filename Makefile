@@ -5,6 +5,7 @@
 #   make models   prepare the demo pair's models under $TANDEM_HOME (default ~/.cache/tandem)
 #   make test     setup + models, then the whole test suite
 #   make compose-smoke  build the images offline, run docker compose up (CPU), serve, kill, trace (deploy/)
+#   make compose-smoke-tls  the same with TLS outside and mutual TLS inside (deploy/tls.env.example)
 #   make demo | trace-ui | profile | bench-engine | bench | bench-slo | bench-adaptive | bench-faser | bench-offload | soak
 #   make clean | distclean
 
@@ -33,10 +34,10 @@ TEST_WORKERS ?= 0
 # The launcher sets the same for the services it starts.
 export GOMP_SPINCOUNT ?= 10000
 
-.PHONY: help setup protos models test compose-smoke demo trace-ui profile bench-engine bench bench-serving bench-slo bench-adaptive bench-order bench-faser bench-exit-signal bench-offload bench-drafts bench-grounded bench-http soak clean distclean
+.PHONY: help setup protos models promtool test compose-smoke compose-smoke-tls demo trace-ui profile bench-engine bench bench-serving bench-slo bench-adaptive bench-order bench-faser bench-exit-signal bench-offload bench-drafts bench-grounded bench-http soak clean distclean
 
 help:
-	@sed -n '4,9p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '4,10p' Makefile | sed 's/^# \{0,1\}//'
 
 setup: $(VENV)/.stamp
 	@$(MAKE) --no-print-directory protos
@@ -64,7 +65,14 @@ protos: $(VENV)/.stamp
 models: setup
 	$(VENV)/bin/tandem models prepare --pair $(PAIR)
 
-test: setup models
+# promtool (Debian's prometheus package) for the exposition check in tests/services/scheduler/test_metrics_exposition.py:
+# installed where apt and root are at hand, else that check is skipped
+promtool:
+	@command -v promtool >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
+		&& DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
+		|| echo "note: promtool not installed; the promtool check is skipped"
+
+test: setup models promtool
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 # `docker compose up` for real on this machine (deploy/compose_smoke.py): a Docker daemon (started here if none
@@ -73,6 +81,11 @@ test: setup models
 # trace UI, all torn down. Results: bench/results/compose-smoke/. Needs root (dockerd, debootstrap).
 compose-smoke: setup models
 	$(PY) deploy/compose_smoke.py $(SMOKE_ARGS)
+
+# The same with deploy/tls.env.example: TLS on the public gRPC and HTTPS ports, mutual TLS inside, the
+# healthchecks probing with TLS, plaintext and keyless clients refused. Results: bench/results/compose-smoke/tls/.
+compose-smoke-tls: setup models
+	$(PY) deploy/compose_smoke.py --tls $(SMOKE_ARGS)
 
 
 # The demo serves with the strongest prepared draft on its prompts (sdk/demo.py DEMO_DRAFT, measured by

@@ -110,7 +110,7 @@ class Timeline:
         s = await asyncio.to_thread(prom.scrape, self.url)
         self.samples.append({
             "t_s": round(t, 3),
-            "kv_token_budget": s.get(("tandem_kv_token_budget", ())) or None,  # 0 before the first step
+            "kv_token_budget": s.get(("tandem_kv_budget_tokens", ())) or None,  # 0 before the first step
             "draft_offloaded": bool(s.get(("tandem_draft_offloaded", ()))),
             "running": int(s.get(("tandem_running_requests", ()), 0)),
             "waiting": int(s.get(("tandem_queue_depth", (("queue", "all"),)), 0)),

@@ -15,12 +15,22 @@
                (SIGKILL to its main process from the host: a crash;
                `docker kill` would count as a deliberate stop, which no restart policy undoes); compose's restart policy brings each back; every
                request must finish with the reference's output
-    trace      one request with a W3C traceparent; its spans must reach the trace backend; a headless
-               Chromium screenshot of the trace in Phoenix's UI
+    health     every long-running service up, and those with a healthcheck healthy (with --tls the probes
+               speak TLS, the model services' mutual TLS); `models` exited 0
+    trace      one request with a W3C traceparent; its spans must reach the trace backend (Phoenix's REST
+               API, project tandem), from scheduler, target and draft; a headless Chromium screenshot of the
+               trace in Phoenix's UI (deploy/trace_screenshot.py, websockets from the wheelhouse in a venv
+               under --state)
     down       docker compose down -v; the daemon stopped if started here
 
+--tls: the same run with `--env-file deploy/tls.env.example` (its values given here: certificates from
+deploy/make-certs.sh under --state, a random API key and secrets): TLS on the public gRPC and HTTPS ports,
+mutual TLS from the scheduler to target and draft; clients trust the CA (SDK root_certificates=, httpx
+verify=) and send the API key; a plaintext client and a client without the key must be refused.
+
 Every port is published on 127.0.0.1 only. Results: bench/results/compose-smoke/ (README.md, results.json,
-smoke.log, trace.png). Bounded: each step has a deadline; the whole run fails past --budget seconds.
+smoke.log, trace.png; --tls: the tls/ folder there). Bounded: each step has a deadline; the whole run fails
+past --budget seconds.
 """
 
 from __future__ import annotations
@@ -53,14 +63,20 @@ PROMPTS = [f"Question {i}: name {w} and explain it in one sentence." for i, w in
     ["a prime number", "a river in Europe", "a chemical element", "a planet", "a sorting algorithm", "a bird",
      "a musical instrument", "a programming language", "a mountain", "a tree", "a metal", "a colour"] * 2)]
 MAX_NEW_TOKENS = 40
+SERVICES = ("redis", "traces", "target", "draft", "scheduler")  # long-running; `models` is one-shot
+PROJECT = "tandem"  # the Phoenix project Tandem's spans name (shared/telemetry.py)
+TRACED = {"scheduler", "target", "draft"}  # one request's trace holds spans of all three
 
 
 class Smoke:
-    def __init__(self, state: Path, budget: float) -> None:
+    def __init__(self, state: Path, budget: float, tls: bool = False) -> None:
         self.state = state
         self.deadline = time.monotonic() + budget
         self.steps: list[dict] = []
-        self.log = (RESULTS / "smoke.log").open("w")
+        self.tls = tls
+        self.results = RESULTS / "tls" if tls else RESULTS
+        self.results.mkdir(parents=True, exist_ok=True)
+        self.log = (self.results / "smoke.log").open("w")
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
         self.started_daemon: subprocess.Popen | None = None
         self.compose_bin = _compose_binary()
@@ -87,7 +103,8 @@ class Smoke:
         return out.stdout
 
     def compose(self, *args: str, **kw) -> str:
-        return self.run([self.compose_bin, *FILES, *args], **kw)
+        env_file = ["--env-file", "deploy/tls.env.example"] if self.tls else []
+        return self.run([self.compose_bin, *env_file, *FILES, *args], **kw)
 
     def step(self, name: str, fn, *args):
         self.say(f"== {name}")
@@ -155,15 +172,20 @@ class Smoke:
 
     # --- 3. wheels, 4. build -------------------------------------------------------------------
     def wheels(self) -> dict:
-        self.run(["deploy/wheelhouse.sh", "cpu"], timeout=1800, quiet=True)  # idempotent: present wheels stay
+        stamp = self.state / "wheelhouse.stamp"  # outside the build context: a stamp there would bust its cache
+        filled = stamp.exists() and stamp.read_text() == _wheelhouse_key()
+        if not filled:
+            self.run(["deploy/wheelhouse.sh", "cpu"], timeout=1800, quiet=True)  # idempotent: present wheels stay
+            stamp.write_text(_wheelhouse_key())
         wheels = list((ROOT / "deploy/wheelhouse").glob("*.whl"))
-        return {"wheels": len(wheels), "size_mb": round(sum(p.stat().st_size for p in wheels) / 2**20)}
+        return {"wheels": len(wheels), "size_mb": round(sum(p.stat().st_size for p in wheels) / 2**20),
+                **({"note": "filled by an earlier run for the same requirements"} if filled else {})}
 
     def build(self) -> dict:
         self.env["DOCKER_BUILDKIT"] = "0"  # the builder inside dockerd; no buildx plugin, no frontend image
         self.env["TANDEM_IMAGE"] = "tandem:cpu"
         t0 = time.monotonic()
-        self.compose("build", "models", timeout=2400)  # one image for models, target, draft, scheduler
+        self.compose("build", "models", timeout=3600)  # one image for models, target, draft, scheduler
         tandem_s = time.monotonic() - t0
         self.compose("build", "traces", timeout=2400)
         sizes = {img: round(int(self.run(["docker", "image", "inspect", "-f", "{{.Size}}", img]).strip()) / 2**20)
@@ -186,19 +208,38 @@ class Smoke:
                          "TANDEM_METRICS_BIND": "127.0.0.1", "TANDEM_TRACE_UI_BIND": "127.0.0.1",
                          "TANDEM_TARGET_THREADS": "1", "TANDEM_DRAFT_THREADS": "1",
                          "TANDEM_INTERNAL_SECRET": secrets.token_hex(16), "TANDEM_REDIS_PASSWORD": secrets.token_hex(16)})
+        if self.tls:  # the env file's keys, with values of this run: fresh certificates, a random API key
+            certs = self.state / "certs"
+            shutil.rmtree(certs, ignore_errors=True)
+            self.run(["sh", "deploy/make-certs.sh", str(certs)])
+            self.api_key = secrets.token_hex(16)
+            self.env.update({"TANDEM_TLS_DIR": str(certs), "TANDEM_API_KEYS": self.api_key})
         self.compose("down", "-v", "--remove-orphans", check=False, quiet=True)
         self.t_up = time.monotonic()
         self.compose("up", "-d", "--no-build", timeout=900)
-        return {"ports": ports}
+        return {"ports": ports, "tls": self.tls}
 
-    def first_token(self) -> dict:
+    # --- clients: plaintext, or TLS trusting the run's CA with its API key ------------------------
+    def client(self, **kw):
         from sdk import Client
 
-        addr = f"127.0.0.1:{self.ports['PUBLIC']}"
+        if self.tls:
+            kw.update(root_certificates=self.state / "certs" / "ca.crt", api_key=self.api_key)
+        return Client(f"127.0.0.1:{self.ports['PUBLIC']}", **kw)
+
+    def http_post(self, path: str, body: dict, **kw):
+        import httpx
+
+        scheme = "https" if self.tls else "http"
+        if self.tls:
+            kw.update(verify=str(self.state / "certs" / "ca.crt"), headers={"authorization": f"Bearer {self.api_key}"})
+        return httpx.post(f"{scheme}://127.0.0.1:{self.ports['HTTP_PUBLIC']}{path}", json=body, **kw)
+
+    def first_token(self) -> dict:
         last = None
         while time.monotonic() - self.t_up < 900:
             try:
-                with Client(addr, timeout=30) as c:
+                with self.client(timeout=30) as c:
                     stream = c.stream("Hello", max_new_tokens=4)
                     next(iter(stream))
                     seconds = time.monotonic() - self.t_up
@@ -214,14 +255,10 @@ class Smoke:
     # --- 6. requests ---------------------------------------------------------------------------
     def _one(self, i: int) -> str:
         if i % 2 == 0:
-            from sdk import Client
-
-            with Client(f"127.0.0.1:{self.ports['PUBLIC']}", timeout=600, wait_for_ready=True) as c:
+            with self.client(timeout=600, wait_for_ready=True) as c:
                 return c.generate(PROMPTS[i], max_new_tokens=MAX_NEW_TOKENS, temperature=0.0).text
-        import httpx
-
-        r = httpx.post(f"http://127.0.0.1:{self.ports['HTTP_PUBLIC']}/v1/completions", timeout=600,
-                       json={"model": "tandem", "prompt": PROMPTS[i], "max_tokens": MAX_NEW_TOKENS, "temperature": 0})
+        r = self.http_post("/v1/completions", {"model": "tandem", "prompt": PROMPTS[i], "max_tokens": MAX_NEW_TOKENS,
+                                               "temperature": 0}, timeout=600)
         r.raise_for_status()
         return r.json()["choices"][0]["text"]
 
@@ -266,44 +303,116 @@ class Smoke:
             time.sleep(0.5)
         raise RuntimeError(f"{service} was not restarted within 120 s")
 
-    # --- 7. trace ------------------------------------------------------------------------------
-    def trace(self) -> dict:
+    # --- 7. health, refusals -----------------------------------------------------------------
+    def health(self) -> dict:
+        """Every service running and, where it has a healthcheck, healthy: docker-compose.yml's own probes
+        (with --tls they dial with the CA, the model services' with their certificate: mutual TLS)."""
+        t0, states = time.monotonic(), {}
+        while time.monotonic() - t0 < 300:
+            states = {svc: self._state(svc) for svc in SERVICES}
+            if all(st["status"] == "running" and st["health"] in ("healthy", "none") for st in states.values()):
+                break
+            time.sleep(3)
+        else:
+            raise AssertionError(f"not all healthy after 300 s: {states}")
+        models = self._state("models")
+        if (models["status"], models["exit_code"]) != ("exited", 0):
+            raise AssertionError(f"models did not exit 0: {models}")
+        probe = self.run(["docker", "inspect", "-f", "{{json .Config.Healthcheck.Test}}", self._cid("target")]).strip()
+        return {"after_s": round(time.monotonic() - t0, 1), "states": {k: v["health"] for k, v in states.items()},
+                "target_probe": json.loads(probe)[1:]}
+
+    def _cid(self, service: str) -> str:
+        cid = self.compose("ps", "-a", "-q", service, quiet=True).strip()
+        if not cid:
+            raise RuntimeError(f"no container for {service}")
+        return cid
+
+    def _state(self, service: str) -> dict:
+        fmt = "{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}} {{.State.ExitCode}}"
+        status, health, code = self.run(["docker", "inspect", "-f", fmt, self._cid(service)], quiet=True).split()
+        return {"status": status, "health": health, "exit_code": int(code)}
+
+    def refusals(self) -> dict:
+        """--tls: what must not get in. Plaintext and keyless clients on the public ports; a client without a
+        certificate (and a plaintext one) at a model service, from inside the internal network."""
         import httpx
         from sdk import Client
 
+        refused = {}
+        ca = self.state / "certs" / "ca.crt"
+        addr = f"127.0.0.1:{self.ports['PUBLIC']}"
+        for name, kw in (("grpc_plaintext", {}), ("grpc_tls_no_key", {"root_certificates": ca})):
+            try:
+                with Client(addr, timeout=20, **kw) as c:
+                    c.generate("Hello", max_new_tokens=2)
+                refused[name] = "SERVED"
+            except Exception as exc:  # noqa: BLE001 - the refusal is the point
+                refused[name] = type(exc).__name__
+        body = {"model": "tandem", "prompt": "Hello", "max_tokens": 2}
+        try:
+            httpx.post(f"http://127.0.0.1:{self.ports['HTTP_PUBLIC']}/v1/completions", json=body, timeout=20)
+            refused["http_plaintext"] = "SERVED"
+        except httpx.HTTPError as exc:
+            refused["http_plaintext"] = type(exc).__name__
+        r = httpx.post(f"https://127.0.0.1:{self.ports['HTTP_PUBLIC']}/v1/completions", json=body, timeout=20,
+                       verify=str(ca))
+        refused["https_no_key"] = r.status_code
+        probe = ["exec", "-T", "target", "python", "-m", "shared.rpc.health_probe", "127.0.0.1:50052",
+                 "tandem.v1.TargetService"]
+        for name, extra in (("target_no_client_cert", ["--ca=/certs/ca.crt", "--server-name=target"]),
+                            ("target_plaintext", [])):
+            out = self.compose(*probe, *extra, check=False, timeout=120)
+            refused[name] = out.strip() or "no answer"
+        if any(v in ("SERVED", "SERVING") for v in refused.values()) or refused["https_no_key"] != 401:
+            raise AssertionError(f"something got in: {refused}")
+        return {"refused": refused}
+
+    # --- 8. trace ------------------------------------------------------------------------------
+    def trace(self) -> dict:
+        import httpx
+
         trace_id = secrets.token_hex(16)
         parent = f"00-{trace_id}-{secrets.token_hex(8)}-01"
-        with Client(f"127.0.0.1:{self.ports['PUBLIC']}", timeout=120, metadata=[("traceparent", parent)]) as c:
+        with self.client(timeout=120, metadata=[("traceparent", parent)]) as c:
             c.generate("Trace me", max_new_tokens=8)
         ui = f"http://127.0.0.1:{self.ports['TRACE_UI']}"
         spans: list = []
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 90 and not spans:
-            time.sleep(3)
-            r = httpx.get(f"{ui}/v1/projects/default/spans", params={"trace_id": trace_id, "limit": 1000}, timeout=30)
+        while time.monotonic() - t0 < 120 and not TRACED <= {_service_of(s) for s in spans}:
+            time.sleep(3)  # the services' batch exporters send every few seconds
+            r = httpx.get(f"{ui}/v1/projects/{PROJECT}/spans", params={"trace_id": trace_id, "limit": 1000}, timeout=30)
             if r.status_code == 200:
                 spans = r.json().get("data", [])
-        if not spans:
-            raise AssertionError(f"trace {trace_id} did not reach the trace backend in 90 s")
         services = sorted({_service_of(s) for s in spans} - {None})
-        shot = self._screenshot(ui, trace_id)
-        return {"trace_id": trace_id, "spans": len(spans), "names": sorted({s.get("name") for s in spans})[:12],
-                "services": services, "screenshot": shot}
+        if not TRACED <= set(services):
+            raise AssertionError(f"trace {trace_id}: spans of {services} in 120 s, expected {sorted(TRACED)}")
+        names = sorted({s.get("name") for s in spans})
+        if "tandem.v1.Tandem/GenerateUnary" not in names:
+            raise AssertionError(f"trace {trace_id} has no root GenerateUnary span: {names}")
+        return {"trace_id": trace_id, "spans": len(spans), "services": services, "names": names[:16],
+                **self._screenshot(ui, trace_id)}
 
-    def _screenshot(self, ui: str, trace_id: str) -> str | None:
-        browser = shutil.which("chromium") or shutil.which("chromium-browser")
-        if browser is None:
-            return None
+    def _screenshot(self, ui: str, trace_id: str) -> dict:
+        """deploy/trace_screenshot.py (Chromium over the DevTools protocol) in a venv with websockets from the
+        wheelhouse: the page once the trace's span tree has rendered, the Attributes tab open."""
+        if shutil.which("chromium") is None:
+            raise RuntimeError("no chromium for the trace screenshot (apt-get install chromium)")
+        venv = self.state / "screenshot-venv"
+        if not (venv / "bin/python").exists():
+            self.run([sys.executable, "-m", "venv", str(venv)], timeout=300)
+        self.run([str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-index", "--find-links",
+                  str(ROOT / "deploy/wheelhouse"), "websockets"], timeout=300)
         import httpx
 
-        projects = httpx.get(f"{ui}/v1/projects", timeout=30).json().get("data", [])
-        pid = next((p["id"] for p in projects if p.get("name") == "default"), None)
-        url = f"{ui}/projects/{pid}/traces/{trace_id}" if pid else ui
-        out = RESULTS / "trace.png"
-        self.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                  "--window-size=1600,1000", "--virtual-time-budget=15000", f"--screenshot={out}", url],
-                 timeout=120, check=False)
-        return out.name if out.exists() else None
+        project = httpx.get(f"{ui}/v1/projects/{PROJECT}", timeout=30).json()["data"]["id"]
+        url = f"{ui}/projects/{project}/traces/{trace_id}"
+        out = self.results / "trace.png"
+        out.unlink(missing_ok=True)
+        t0 = time.monotonic()
+        self.run([str(venv / "bin/python"), "deploy/trace_screenshot.py", url, str(out), "--tab", "Attributes",
+                  "--timeout", "400"], timeout=600)
+        return {"screenshot": str(out.relative_to(ROOT)), "screenshot_s": round(time.monotonic() - t0, 1), "url": url}
 
     # --- 8. down -------------------------------------------------------------------------------
     def down(self) -> dict:
@@ -332,6 +441,15 @@ def _compose_binary() -> str:
         return shutil.which("docker-compose") or "docker-compose"
 
 
+def _wheelhouse_key() -> str:
+    """What the wheelhouse was filled for: the requirements, the script, and the wheels there."""
+    import hashlib
+
+    parts = [(ROOT / "pyproject.toml").read_bytes(), (ROOT / "deploy/wheelhouse.sh").read_bytes(),
+             "\n".join(sorted(p.name for p in (ROOT / "deploy/wheelhouse").glob("*.whl"))).encode()]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -339,10 +457,27 @@ def _free_port() -> int:
 
 
 def _service_of(span: dict) -> str | None:
-    for attr in (span.get("resource") or {}).get("attributes", []) + (span.get("attributes") or []):
-        if isinstance(attr, dict) and attr.get("key") == "service.name":
-            return (attr.get("value") or {}).get("string_value")
-    return None
+    """service.name, which Tandem copies onto every span (Phoenix keeps no resource attributes)."""
+    return (span.get("attributes") or {}).get("service.name")
+
+
+def _summary(steps: dict[str, dict]) -> list[str]:
+    """The figures worth reading first, from the steps that ran."""
+    lines = []
+    if b := steps.get("build"):
+        lines.append(f"image build: tandem:cpu {b['tandem_image_s']} s, both images {b['total_s']} s; sizes {b['image_mb']} MB")
+    if f := steps.get("first-token"):
+        lines.append(f"first token after `up`: {f['first_token_after_up_s']} s")
+    if f := steps.get("faults"):
+        kills = ", ".join(f"{k['service']} killed at {k['at_s']} s ({k['requests_done']} done), restarted "
+                          f"{k['restarted_after_s']} s later" for k in f["kills"])
+        lines.append(f"faults: {f['equal_to_reference']}/{f['requests']} outputs equal to the fault-free run, all "
+                     f"finished {f['finished_s']} s after the start; {kills}")
+    if r := steps.get("refusals"):
+        lines.append(f"refused: {r['refused']}")
+    if t := steps.get("trace"):
+        lines.append(f"trace: {t['spans']} spans from {', '.join(t['services'])} in Phoenix; screenshot {t['screenshot']}")
+    return lines
 
 
 def _write_results(smoke: Smoke, ok: bool, argv: list[str]) -> None:
@@ -351,20 +486,27 @@ def _write_results(smoke: Smoke, ok: bool, argv: list[str]) -> None:
                            text=True).stdout.strip()
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
-    meta = {"command": "make compose-smoke  (" + " ".join(argv) + ")", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    target = "compose-smoke-tls" if smoke.tls else "compose-smoke"
+    command = f"make {target}" if os.environ.get("MAKELEVEL") else f"python deploy/compose_smoke.py {' '.join(argv)}".strip()
+    meta = {"command": command, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "commit": commit + ("+dirty" if dirty else ""), "machine": f"{os.cpu_count()} cores, {cpu}, {platform.platform()}",
             "ok": ok, "steps": smoke.steps}
-    (RESULTS / "results.json").write_text(json.dumps(meta, indent=2) + "\n")
-    rows = "\n".join(f"| {s['step']} | {'ok' if s['ok'] else 'FAILED'} | {s['seconds']} | "
+    (smoke.results / "results.json").write_text(json.dumps(meta, indent=2) + "\n")
+    rows = "\n".join(f"| {s['step']} | {'skipped' if s.get('skipped') else 'ok' if s['ok'] else 'FAILED'} | {s['seconds']} | "
                      f"{json.dumps({k: v for k, v in s.items() if k not in ('step', 'ok', 'seconds')})[:400]} |"
                      for s in smoke.steps)
-    (RESULTS / "README.md").write_text(
-        f"# compose smoke: `docker compose up` built offline and served, with faults\n\n"
+    summary = "".join(f"- {line}\n" for line in _summary({s["step"]: s for s in smoke.steps if s["ok"] and not s.get("skipped")}))
+    summary += "".join(f"- not run (--skip): {s['step']}\n" for s in smoke.steps if s.get("skipped"))
+    title = "with TLS (deploy/tls.env.example)" if smoke.tls else "built offline and served, with faults"
+    shot = smoke.results / "trace.png"
+    (smoke.results / "README.md").write_text(
+        f"# compose smoke{' (TLS)' if smoke.tls else ''}: `docker compose up` {title}\n\n"
         f"- command: `{meta['command']}`\n- machine: {meta['machine']}\n- date: {meta['date']}\n"
-        f"- commit: {meta['commit']}\n- result: **{'passed' if ok else 'FAILED'}**\n\n"
+        f"- commit: {meta['commit']}\n- result: **{'passed' if ok else 'FAILED'}**\n\n{summary}\n"
         f"What each step does: deploy/compose_smoke.py. Full log: smoke.log; data: results.json"
-        f"{'; the trace in Phoenix: trace.png' if (RESULTS / 'trace.png').exists() else ''}.\n\n"
-        f"| step | result | seconds | detail |\n|---|---|---|---|\n{rows}\n")
+        f"{'; the trace in Phoenix: trace.png' if shot.exists() else ''}.\n\n"
+        f"| step | result | seconds | detail |\n|---|---|---|---|\n{rows}\n"
+        + (f"\n![the trace in Phoenix](trace.png)\n" if shot.exists() else ""))
 
 
 def main() -> int:
@@ -373,16 +515,23 @@ def main() -> int:
                     help="daemon data root, base rootfs, models copy (outside the repo)")
     ap.add_argument("--budget", type=float, default=5400, help="seconds for the whole run")
     ap.add_argument("--until", default="down", help="stop after this step (keeps the stack up)")
+    ap.add_argument("--tls", action="store_true", help="with deploy/tls.env.example: TLS outside, mutual TLS inside")
+    ap.add_argument("--skip", default="", help="comma-separated steps not to run (recorded as skipped), e.g. faults")
     args = ap.parse_args()
-    RESULTS.mkdir(parents=True, exist_ok=True)
     args.state.mkdir(parents=True, exist_ok=True)
-    smoke = Smoke(args.state, args.budget)
+    smoke = Smoke(args.state, args.budget, tls=args.tls)
     plan = [("daemon", smoke.daemon), ("base", smoke.base), ("wheels", smoke.wheels), ("build", smoke.build),
-            ("up", smoke.up), ("first-token", smoke.first_token), ("reference", smoke.reference),
-            ("faults", smoke.faults), ("trace", smoke.trace)]
+            ("up", smoke.up), ("first-token", smoke.first_token), ("health", smoke.health)]
+    plan += [("refusals", smoke.refusals)] if args.tls else []
+    plan += [("reference", smoke.reference), ("faults", smoke.faults), ("healthy-again", smoke.health),
+             ("trace", smoke.trace)]
     ok = False
     try:
+        skip = set(filter(None, args.skip.split(",")))
         for name, fn in plan:
+            if name in skip:
+                smoke.steps.append({"step": name, "ok": True, "seconds": 0.0, "skipped": True})
+                continue
             smoke.step(name, fn)
             if name == args.until:
                 os.environ["TANDEM_SMOKE_KEEP"] = "1"

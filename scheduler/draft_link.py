@@ -73,6 +73,8 @@ class DraftLink:
         self.up = False
         self.stale.update(also_stale)
         for req in holders:  # running and resident requests
+            if self.features is not None and req.features is not None and req.features.pushed:
+                req.features = None  # pushed rows a restarted draft no longer has: recomputed at the resync
             req.draft_rollback = 0
             if req.on_draft:
                 req.on_draft = False
@@ -135,7 +137,8 @@ class DraftLink:
             if self.features is not None:
                 await self.features.resync(resync, self.target, self.worker)
             else:
-                await self.worker.prefill([PrefillItem(r.id, r.tokens()[:-1], r.sampling) for r in resync])
+                items = [PrefillItem(r.id, r.tokens()[:-1], r.sampling, cache_salt=r.cache_salt) for r in resync]
+                await self.worker.prefill(items)
         except Exception:
             self.stale.update(r.id for r in resync)
             raise

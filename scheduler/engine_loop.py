@@ -15,7 +15,7 @@ One ``step`` is one target forward for every running request::
     verify     ONE target.verify for all running requests (empty tree = plain decode)
     commit     append, stop checks (truncating past a stop), stream, finish, release
 
-Failure handling:
+Chunked prefill (prefill_chunks.py): long prompts run in chunks inside step 6's forward. Failure handling:
 - draft raises -> it is marked unavailable, the step runs as plain decode for
   everybody, and it is retried after an exponential backoff. What it held is
   then unknown, so on retry the loop first releases every id it may hold and
@@ -27,14 +27,12 @@ Failure handling:
 Preemption and KV pressure: admission.py; elastic draft memory (Nightjar §5): elastic_control.py.
 
 Workers see releases only between calls (flushed after admission and at the end of a step),
-never while one of their calls is in flight. No torch, grpc or redis here: workers, clock and
-observers are injected.
+never while one of their calls is in flight. No torch, grpc or redis here: workers, clock, observers injected.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from collections.abc import Callable, Iterable, Sequence
 
@@ -43,6 +41,8 @@ from scheduler.draft_link import DraftLink
 from scheduler.elastic_control import ElasticControl
 from scheduler.feature_relay import FeatureRelay
 from scheduler.frontier import FrontierPipeline
+from scheduler.observer_calls import DeferredCalls, call_all, is_deferrable
+from scheduler.prefill_chunks import ChunkedPrefill
 from scheduler.policies.elastic_memory import ElasticDraftMemory
 from scheduler.policies.queue import FCFS, QueuePolicy, reserved_tokens
 from scheduler.policies.selection import PassThrough, TreeSelector
@@ -52,7 +52,7 @@ from scheduler.loop_config import SchedulerConfig  # noqa: F401 - re-exported: c
 from scheduler.report import RequestOutcome, StepReport
 from scheduler.request_stream import RequestStream, TokenEvent  # noqa: F401 - re-exported too
 from scheduler.target_link import TargetLink, error_status
-from scheduler.tree_outcome import record_acceptance, tree_ok
+from scheduler.tree_outcome import keep_logprobs, record_acceptance, tree_ok
 from scheduler.request import FinishReason, Request, RequestState, validate_request
 from scheduler.workers import Clock, DraftWorker, IterationObserver, RealClock, TargetWorker
 from shared.engine.types import AcceptResult, PrefillItem, TokenTree, VerifyItem
@@ -85,6 +85,7 @@ class Scheduler:
         self.selector = selector or self.spec_policy.tree_selector() or PassThrough()
         self.detokenize = detokenize
         self.observers: list[IterationObserver] = list(observers)
+        self.deferred = DeferredCalls()  # observers that run while the next step's workers compute
 
         self._waiting: list[Request] = []
         self._running: dict[str, Request] = {}  # insertion order = admission order
@@ -98,7 +99,7 @@ class Scheduler:
         cfg = self.config
         # a feature-level draft (EAGLE family) reads target features: the target returns them, the loop relays them
         spec = getattr(draft, "feature_spec", None)
-        self.features = FeatureRelay(spec) if spec is not None else None
+        self.features = FeatureRelay(spec, source=draft) if spec is not None else None
         # draft health, releases and resync (draft_link.py); elastic memory (elastic_control.py)
         self.link = DraftLink(
             draft,
@@ -114,6 +115,7 @@ class Scheduler:
             else None
         )
         self.frontier = FrontierPipeline(cfg.frontier) if cfg.frontier is not None and draft is not None else None
+        self.chunks = ChunkedPrefill(cfg.prefill_chunk if self.frontier is None else 0)
         # admission within the caps, preemption, eviction under KV pressure (admission.py)
         self.admission = AdmissionControl(self.queue_policy, cfg, self.link,
                                           lambda seq_id: self._release_target.append(seq_id))
@@ -212,6 +214,7 @@ class Scheduler:
                 log.exception("scheduler step failed; failing all live requests")
                 self._fail_all(exc)
             await asyncio.sleep(0)  # let stream consumers and submitters run
+        await self.deferred.drain()
 
     def stop(self) -> None:
         self._stopping = True
@@ -224,6 +227,7 @@ class Scheduler:
             await self.step()
             await asyncio.sleep(0)
             n += 1
+        await self.deferred.drain()
         return n
 
     # ------------------------------------------------------------------ one iteration
@@ -244,16 +248,16 @@ class Scheduler:
 
         # 2. prefill
         t = clock.now()
-        if new:
+        if new := self.chunks.take(new, self):  # long prompts go in chunks, in step 6's forward
             await self._prefill(new, report)
         times.prefill = clock.now() - t
 
         # 3. plan
-        batch = list(self._running.values())
+        batch = self.chunks.ready(self._running.values())
         self.link.probe()  # after a failure's backoff: the resync in _speculate tells whether it is back
         ctx = SpecContext(
             now=clock.now(), step=self._num_steps, draft_available=self.link.usable,
-            token_budget=self.config.token_budget, cost_model=self.config.cost_model,
+            token_budget=self.chunks.plan(batch, clock.now(), self.config, self), cost_model=self.config.cost_model,
             draft_cost_model=self.config.draft_cost_model, max_tokens_in_flight=self.max_tokens_in_flight,
         )
         try:
@@ -289,7 +293,7 @@ class Scheduler:
         if piped is not None:
             results, times.verify = piped.results, piped.verify_s
         else:
-            results = await self._verify(batch, trees, report) if batch else []
+            results = await self._verify(batch, trees, report) if batch or self.chunks.planned else []
             times.verify = clock.now() - t
 
         # 7. commit
@@ -331,7 +335,8 @@ class Scheduler:
 
     async def _prefill(self, new: list[Request], report: StepReport) -> None:
         # a preempted request comes back with its output so far; the target continues after it
-        items = [PrefillItem(r.id, r.tokens(), r.sampling) for r in new]
+        items = [PrefillItem(r.id, r.tokens(), r.sampling, num_prompt_tokens=len(r.prompt_ids),
+                             cache_salt=r.cache_salt) for r in new]
         to_draft = [
             r
             for r in new
@@ -340,7 +345,7 @@ class Scheduler:
         ]
         calls = [self.target.prefill(items)]
         if to_draft:
-            calls.append(self.draft.prefill([PrefillItem(r.id, r.tokens(), r.sampling) for r in to_draft]))
+            calls.append(self.draft.prefill([it for it, r in zip(items, new) if r in to_draft]))
         outcomes = await asyncio.gather(*calls, return_exceptions=True)
 
         if to_draft:  # before the target's token is appended: the draft saw tokens() as it was
@@ -364,6 +369,7 @@ class Scheduler:
             report.prefilled_ids.append(req.id)
             if self.features is not None:
                 self.features.on_prefill(req, res)
+            keep_logprobs(req, res)
             report.num_prefill_tokens += len(self._commit_tokens(req, [res.first_token], now))
 
     async def _speculate(self, batch: list[Request], shapes: list[SpecShape], report: StepReport) -> list[TokenTree]:
@@ -403,7 +409,7 @@ class Scheduler:
     ) -> list[AcceptResult] | None:
         items = [VerifyItem(r.id, tree) for r, tree in zip(batch, trees)]
         try:
-            results = await self.target.verify(items)
+            results = await self.chunks.verify(self, items, report)
         except Exception as exc:  # noqa: BLE001 - reported to the requests, not swallowed
             self._fail(batch, "target verify failed", exc, report)
             return None
@@ -431,6 +437,7 @@ class Scheduler:
                 record_acceptance(req, tree, res)
             if self.features is not None and not self.features.on_verify(req, res):
                 self.link.drop(req)  # its held features were dropped: rebuilt from a recomputation if it speculates
+            keep_logprobs(req, res)
             emitted = self._commit_tokens(req, res.tokens, now)
             report.outcomes.append(
                 RequestOutcome(
@@ -456,7 +463,7 @@ class Scheduler:
                 req.first_token_time = now
             if tok in req.stop_token_ids:
                 reason = FinishReason.STOP_TOKEN
-            elif req.stop_strings and self._hits_stop_string(req):
+            elif req.stop_strings and len(req.output_ids) > req.sampling.min_tokens and self._hits_stop_string(req):
                 reason = FinishReason.STOP_STRING
             elif len(req.output_ids) >= req.max_new_tokens:
                 reason = FinishReason.LENGTH
@@ -583,16 +590,11 @@ class Scheduler:
         await self.link.flush(self._holders())
 
     async def _notify(self, report: StepReport) -> None:
+        """The policies' hooks and the synchronous observers now; the deferrable ones (Redis, metrics) run while
+        the next step's workers compute (observer_calls.py)."""
         finished, self._finished_unnotified = self._finished_unnotified, []
-        calls = [(self.spec_policy.observe, report)]
-        calls += [(obs.on_step, report) for obs in self.observers]
-        calls += [(obs.on_finish, req) for req in finished for obs in self.observers]
-        calls += [(self.queue_policy.on_finish, req) for req in finished]  # e.g. output-length history
-        for fn, arg in calls:
-            try:
-                out = fn(arg)
-                if inspect.isawaitable(out):
-                    await out
-            except Exception:  # noqa: BLE001 - an observer never stops the loop
-                log.exception("observer %r failed", fn)
-
+        hooks = [(obs.on_step, report) for obs in self.observers]
+        hooks += [(obs.on_finish, req) for req in finished for obs in self.observers]
+        await call_all([(self.spec_policy.observe, report), *((self.queue_policy.on_finish, req) for req in finished),
+                        *(h for h in hooks if not is_deferrable(h[0].__self__))])  # fmt: skip
+        self.deferred.submit([h for h in hooks if is_deferrable(h[0].__self__)])

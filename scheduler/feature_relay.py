@@ -35,17 +35,24 @@ class FeatureRelay:
     bytes_in: int = 0  # received from the target, all time
     bytes_out: int = 0  # sent to the draft, all time
     recomputed: int = 0  # requests rebuilt from features the target recomputed
+    source: object = None  # the draft worker: over step streams it names the sequences whose pushed rows it lacked
+    bytes_pushed: int = 0  # went from the target straight to the draft (step streams), all time
+
+    def _count(self, block: FeatureBlock | None) -> None:
+        if block is not None:
+            self.bytes_in += len(block.data)
+            self.bytes_pushed += (block.num_rows - block.inline_rows) * block.row_bytes if block.pushed else 0
 
     def on_prefill(self, req, res: PrefillResult) -> None:
         """A (re)prefill on the target starts the request's features over, from position 0."""
         req.features = res.features
-        self.bytes_in += len(res.features.data) if res.features is not None else 0
+        self._count(res.features)
 
     def on_verify(self, req, res: AcceptResult) -> bool:
         """Hold the step's rows; False when the request's held rows passed the cap and were dropped."""
         if res.features is None:
             return True
-        self.bytes_in += len(res.features.data)
+        self._count(res.features)
         try:
             req.features = FeatureBlock.join([b for b in (req.features, res.features) if b is not None])
         except ValueError:  # a gap: rows the draft would need are gone; rebuild from a recomputation
@@ -98,11 +105,15 @@ class FeatureRelay:
             r.features = rows.rows(len(t) - 2, len(t) - 1)  # goes with the last token in the next speculate
 
     def sent(self, requests) -> None:
-        """The draft took the held rows of ``requests``."""
+        """The draft took the held rows of ``requests``; those whose pushed rows it lacked it dropped (rebuilt
+        from a recomputation when they speculate next, as after a draft restart)."""
+        missing = getattr(self.source, "missing_features", ())
         for r in requests:
             if r.features is not None:
                 self.bytes_out += len(r.features.data)
             r.features = None
+            if r.id in missing:
+                r.on_draft = False
 
 
 def _covers_from_start(block: FeatureBlock | None, num_rows: int) -> bool:

@@ -35,6 +35,13 @@ class LocalTargetWorker:
     async def verify(self, items: list[VerifyItem]) -> list[AcceptResult]:
         return await asyncio.to_thread(self.engine.verify, items, self.feature_spec)
 
+    async def step(
+        self, prefills: list[PrefillItem], verifies: list[VerifyItem]
+    ) -> tuple[list[PrefillResult], list[AcceptResult]]:
+        """Prefill chunks and verifies in one forward (chunked prefill, prefill_chunks.py)."""
+        out = await asyncio.to_thread(self.engine.step, prefills, verifies, self.feature_spec)
+        return out.prefills, out.verifies
+
     def want_features(self, spec: FeatureSpec | None) -> None:
         """Return target features with every prefill and verify from now on (None: stop)."""
         self.feature_spec = spec

@@ -3,6 +3,8 @@ collaborators each option switches on (frontier pipelining, elastic draft memory
 
 from __future__ import annotations
 
+import os
+
 from pydantic import BaseModel, Field
 
 from scheduler.frontier import FrontierConfig
@@ -58,4 +60,12 @@ class SchedulerConfig(BaseModel):
     target_recovery: TargetRecoveryConfig = Field(
         default_factory=TargetRecoveryConfig,
         description="How long requests wait for a target that went down (target_link.py) before they fail.",
+    )
+    prefill_chunk: int = Field(
+        default_factory=lambda: int(os.environ.get("TANDEM_PREFILL_CHUNK", "512")),
+        ge=0,
+        description="Chunked prefill (prefill_chunks.py): prompts longer than this many tokens are prefilled in "
+        "chunks of at most this size, each in a step's one forward beside the running requests' verify trees, "
+        "under one token budget (policies/prefill_split.py). 0 = one-piece prefills. Off while frontier "
+        "pipelining is on. Default from TANDEM_PREFILL_CHUNK, else 512.",
     )

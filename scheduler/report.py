@@ -46,6 +46,10 @@ class StepReport:
     batch_size: int = 0  # requests verified this step
     prefilled_ids: list[str] = field(default_factory=list)
     num_prefill_tokens: int = 0  # tokens emitted by target prefill (first tokens)
+    # chunked prefill in the verify forward (prefill_chunks.py): prompt tokens it computed (the prefix cache's
+    # hits excluded) and the KV length those chunks attended to (summed over their sequences)
+    num_chunk_tokens: int = 0
+    num_chunk_context: int = 0
     preempted_ids: list[str] = field(default_factory=list)
     # tokens the speculate call fed the draft before drafting, beyond each request's newest one: the accepted
     # tokens of its last step, and everything since it last drafted for it (the catch-up of Nightjar §4.2)

@@ -16,7 +16,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from shared.engine.types import SamplingParams
+from shared.engine.types import SamplingParams, TokenLogprobs
 from shared.engine.features import FeatureBlock
 
 
@@ -71,6 +71,9 @@ class Request:
     slo: SLO = field(default_factory=SLO)
     priority: int = 0  # lower value = more urgent (vLLM convention); see FCFS
     speculation: SpeculationSetting = field(default_factory=SpeculationSetting)
+    cache_salt: str = ""  # prefix-cache tenant on the model services: different salts never share KV blocks
+    # prompt tokens the target's prefix cache likely holds (scheduler/prefix_estimate.py): not charged as prefill
+    num_cached_estimate: int = field(default=0, compare=False)
 
     # --- lifecycle, written by the scheduler loop -------------------------------------------
     state: RequestState = RequestState.WAITING
@@ -84,6 +87,8 @@ class Request:
     # --- output ------------------------------------------------------------------------------
     output_ids: list[int] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)  # emit time of every output token
+    output_logprobs: list[TokenLogprobs] = field(default_factory=list)  # per output token, when sampling.logprobs
+    prompt_logprobs: list[TokenLogprobs] | None = None  # prompt tokens 1.., when sampling.prompt_logprobs
 
     # --- speculation history (for policies and metrics) --------------------------------------
     accepted_lens: list[int] = field(default_factory=list)  # accepted draft tokens per speculative step

@@ -1,9 +1,9 @@
-"""Checking a drafted tree's shape, and recording on a request what the target accepted of it."""
+"""Checking a drafted tree's shape, and recording on a request what the target accepted of it and its log-probabilities."""
 
 from __future__ import annotations
 
 from scheduler.request import Request
-from shared.engine.types import AcceptResult, TokenTree
+from shared.engine.types import AcceptResult, PrefillResult, TokenTree
 
 
 def record_acceptance(req: Request, tree: TokenTree, res: AcceptResult) -> None:
@@ -22,6 +22,18 @@ def record_acceptance(req: Request, tree: TokenTree, res: AcceptResult) -> None:
     req.drafted_depths.append(max_depth)
     req.num_drafted_tokens += len(tree)
     req.num_accepted_tokens += res.num_accepted
+
+
+def keep_logprobs(req: Request, res: AcceptResult | PrefillResult) -> None:
+    """Before the result's tokens are committed: their log-probabilities go to ``req.output_logprobs`` at the
+    same output indices (anything past the output left by an earlier stop or preemption is dropped first);
+    a prefill's prompt log-probabilities are kept once (a request prefilled again reports its first ones)."""
+    if req.sampling.prompt_logprobs is not None and req.prompt_logprobs is None and isinstance(res, PrefillResult):
+        req.prompt_logprobs = list(res.prompt_logprobs or ())
+    logprobs = res.logprobs if isinstance(res, AcceptResult) else ([res.logprobs] if res.logprobs else None)
+    if logprobs:
+        del req.output_logprobs[len(req.output_ids) :]
+        req.output_logprobs.extend(logprobs)
 
 
 def tree_ok(tree: TokenTree) -> bool:

@@ -108,6 +108,7 @@ def build_request(
     priority: int = 0,
     speculation: SpeculationArg = None,
     request_id: str | None = None,
+    cache_salt: str = "",
 ) -> tandem_pb2.GenerateRequest:
     """The GenerateRequest for these arguments; bad values raise InvalidRequestError before any call."""
     try:
@@ -128,6 +129,7 @@ def build_request(
         stop=list(stop),
         stop_token_ids=list(stop_token_ids),
         priority=priority,
+        cache_salt=cache_salt,  # prefix-cache tenant: requests of different salts never share KV blocks
     )
     if isinstance(prompt, str):
         if not prompt:

@@ -89,6 +89,7 @@ class EngineHost:
         self.model_name = model_name or (loaded.name if loaded is not None else type(engine).__name__)
         self._lock = asyncio.Lock()
         self._thread = thread or engine_thread(role)
+        self.metrics = None  # services.engine_metrics.EngineMetrics when the service exports metrics
 
     @classmethod
     async def load(cls, settings: ServiceSettings, role: Literal["target", "draft"]) -> EngineHost:
@@ -207,6 +208,8 @@ class EngineHost:
             started = time.perf_counter_ns()
             result = await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
         ran = Ran(result, queue_ns=started - arrived, work_ns=time.perf_counter_ns() - started)
+        if self.metrics is not None:
+            self.metrics.observe_call(fn, args, ran.queue_ns, ran.work_ns, result)
         annotate(engine_queue_ms=ran.queue_ns / 1e6, engine_work_ms=ran.work_ns / 1e6)  # on the call's server span
         return ran
 
@@ -262,6 +265,9 @@ class EngineHost:
         info.kv_blocks_base, info.kv_blocks_max = runner.base_blocks, runner.max_blocks
         info.kv_blocks_free = cache.num_free_blocks  # 0 while offloaded: the pool's memory is given back
         info.block_size = cache.block_size
+        index = cache.allocator.prefix  # automatic prefix caching (shared/engine/prefix_cache.py)
+        info.prefix_cache_blocks, info.prefix_cache_evictions = cache.allocator.num_cached, index.evictions
+        info.prefix_cache_query_tokens, info.prefix_cache_hit_tokens = index.queries, index.hits
         spec = getattr(self.engine, "spec", None)  # a feature-level draft: what it reads of the target
         if spec is not None:
             info.feature_spec.CopyFrom(feature_spec_to_pb(spec))

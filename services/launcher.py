@@ -140,6 +140,8 @@ class Endpoints:
     log_dir: Path
     http_url: str | None = None
     tls_ca: Path | None = None  # set: the public endpoint speaks TLS; clients trust this CA
+    # the model services' own /metrics (services/engine_metrics.py), by role; empty when metrics are off
+    service_metrics_urls: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -231,6 +233,8 @@ def start(config: LaunchConfig) -> LaunchedStack:
     scheduler = f"{_dial(host)}:{config.port or next(free)}"
     metrics_port = None if config.metrics_port is None else (config.metrics_port or next(free))
     http_port = None if config.http_port is None else (config.http_port or next(free))
+    roles = ["target"] + (["draft"] if draft is not None else [])
+    service_metrics = {} if metrics_port is None else {role: next(free) for role in roles}
     endpoints = Endpoints(
         scheduler=scheduler,
         target=target,
@@ -240,6 +244,7 @@ def start(config: LaunchConfig) -> LaunchedStack:
         log_dir=log_dir,
         http_url=None if http_port is None else f"{'https' if tls.public else 'http'}://{_dial(host)}:{http_port}",
         tls_ca=tls.public_ca,
+        service_metrics_urls={role: f"http://{_dial(host)}:{p}/metrics" for role, p in service_metrics.items()},
     )
     stack = LaunchedStack(endpoints, redis=redis, stop_timeout_s=config.stop_timeout_s, tls=tls)
     try:
@@ -273,6 +278,8 @@ def start(config: LaunchConfig) -> LaunchedStack:
         secret = os.environ.get("TANDEM_INTERNAL_SECRET") or secrets.token_urlsafe(24)
         for role, env in envs.items():  # with TLS the secret stays: a second factor
             env["TANDEM_INTERNAL_SECRET"] = secret
+            if role != "scheduler":  # each service its own metrics port (never the scheduler's, inherited)
+                env["TANDEM_METRICS_PORT"] = str(service_metrics.get(role, ""))
             env.update(tls.env(role))
         stack.envs = envs
         for role, env in envs.items():  # all at once: imports and model loading overlap

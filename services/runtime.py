@@ -60,6 +60,11 @@ class RunningService:
     tracer_provider: TandemTracerProvider
     grace_s: float
     stopped: bool = False
+    metrics_server: object | None = None  # the /metrics HTTP server (TANDEM_METRICS_PORT), if any
+
+    @property
+    def metrics_port(self) -> int | None:
+        return None if self.metrics_server is None else self.metrics_server.server_port
 
     @property
     def address(self) -> str:
@@ -77,6 +82,8 @@ class RunningService:
         await self.server.stop(self.grace_s if grace_s is None else grace_s)
         self.engine_host.close()
         self.tracer_provider.shutdown()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
 
 
 async def start_model_service(settings: ServiceSettings, role: str, service: str, register: Register) -> RunningService:
@@ -95,14 +102,19 @@ async def start_model_service(settings: ServiceSettings, role: str, service: str
     secret = settings.secret()  # only the scheduler, which knows it, may drive this service
     server = create_server(tracer_provider=provider,  # spans only inside a request's trace: probes make none
                            interceptors=[SecretServerInterceptor(secret)] if secret else [], only_in_trace=True)
+    engine_host.tracer_provider = provider  # step streams open one span per plan themselves (plan_spans.py)
+    engine_host.settings = settings  # how the target dials a draft it pushes features to (feature_push.py)
     register(engine_host, server)
     health_servicer = await add_health(server, [service])
+    metrics_server = _serve_metrics(settings, engine_host)
     try:
         port = bind(server, settings.listen_address(role), tls=tls)
         await server.start()
     except BaseException:
         engine_host.close()
         provider.shutdown()
+        if metrics_server is not None:
+            metrics_server.shutdown()
         raise
     running = RunningService(
         role=role,
@@ -114,10 +126,23 @@ async def start_model_service(settings: ServiceSettings, role: str, service: str
         engine_host=engine_host,
         tracer_provider=provider,
         grace_s=settings.shutdown_grace_s,
+        metrics_server=metrics_server,
     )
     log.info("%s serving %s on %s%s", role, engine_host.describe(), running.address,
              "" if tls is None else " over mutual TLS" if tls.mutual else " over TLS")
     return running
+
+
+def _serve_metrics(settings: ServiceSettings, engine_host):
+    """The service's own /metrics (services/engine_metrics.py) on TANDEM_METRICS_PORT; None when unset."""
+    if settings.metrics_port is None:
+        return None
+    from services.engine_metrics import EngineMetrics
+    from shared.metrics import start_http_server
+
+    engine_host.metrics = EngineMetrics(engine_host)
+    server, _ = start_http_server(settings.metrics_port, engine_host.metrics.registry, addr=settings.host)
+    return server
 
 
 async def serve_until_stopped(starting: Awaitable[RunningService], *, ready: asyncio.Event | None = None) -> None:

@@ -330,6 +330,16 @@ class ServiceSettings(BaseModel):
         description="Scheduler: frontier pipelining (FASER §4.3): off, on (chunk size s_c from the draft and "
         "target cost models, only when they predict a gain), or chunk=N[,max_chunk=,alpha=,min_gain=,gain=false].",
     )
+    worker_protocol: Literal["stream", "unary"] = Field(
+        "unary",
+        description="Scheduler: how it drives the model services: stream (one long-lived step stream per "
+        "service, one message per step; docs/services.md) or unary (one RPC per call, the older protocol).",
+    )
+    feature_path: Literal["direct", "relay"] = Field(
+        "direct",
+        description="Scheduler, feature-level drafts over step streams: direct (the target pushes each step's "
+        "feature rows to the draft at draft_addr; the scheduler moves positions only) or relay (through the scheduler).",
+    )
     threads: int | None = Field(
         None,
         ge=1,

@@ -12,7 +12,11 @@ Definitions (per request, n generated tokens):
     SLO attained  <=>  TPOT <= slo_tpot (and TTFT <= slo_ttft when set); no SLO counts as attained
     goodput    = rate(tandem_goodput_tokens_total)     tokens/s of SLO-meeting requests
     throughput = rate(tandem_generated_tokens_total)
-    acceptance rate = accepted / proposed draft tokens; also the last EMA as a gauge
+    acceptance rate = rate(tandem_draft_tokens_accepted_total) / rate(tandem_draft_tokens_proposed_total)
+    mean accepted length = rate(tandem_accepted_length_tokens_sum) / rate(tandem_accepted_length_tokens_count)
+
+Every ratio is left to PromQL over counters (so replicas sum); names carry their unit (_seconds,
+_tokens, _bytes, _total). The vLLM-named series routers scrape: services/scheduler/observers/vllm_metrics.py.
 
 Labels are few and bounded: ``slo_class`` (a name the scheduler gives each SLO
 tier, e.g. "tight"/"loose"/"none"), ``finish_reason``, ``position`` (capped at
@@ -76,20 +80,16 @@ class TandemMetrics:
             "(FASER §4.2); counted among the proposed, never accepted.", namespace=ns, registry=reg,
         )  # fmt: skip
         self.feature_bytes_total = Counter(
-            "feature_bytes_total", "Target feature bytes relayed for a feature-level draft (hop: target->scheduler, "
-            "scheduler->draft); their rate per step is what the EAGLE boundary costs on the wire.",
+            "feature_bytes_total", "Target feature bytes moved for a feature-level draft (hop: target->scheduler, "
+            "scheduler->draft, or target->draft straight over step streams); their rate per step is what the EAGLE "
+            "boundary costs on the wire.",
             ["hop"], namespace=ns, registry=reg,
         )  # fmt: skip
         self.accepted_length = Histogram(
-            "accepted_length", "Tokens committed per request per step, bonus included.",
+            "accepted_length_tokens", "Tokens committed per request per verify step, bonus included (_sum / _count "
+            "is the mean accepted length).",
             namespace=ns, registry=reg, buckets=LENGTH_BUCKETS,
         )  # fmt: skip
-        self.acceptance_rate = Gauge(
-            "acceptance_rate", "Moving average of accepted / proposed draft tokens.", namespace=ns, registry=reg
-        )
-        self.mean_accepted_length = Gauge(
-            "mean_accepted_length", "Moving average of tokens committed per step.", namespace=ns, registry=reg
-        )
         self.position_proposed_total = Counter(
             "position_proposed_total", "Steps that proposed a draft token at this position (depth).",
             ["position"], namespace=ns, registry=reg,
@@ -99,11 +99,11 @@ class TandemMetrics:
             ["position"], namespace=ns, registry=reg,
         )  # fmt: skip
         self.speculation_length = Histogram(
-            "speculation_length", "Speculation length k chosen per request per step (0 = plain decoding).",
+            "speculation_length_tokens", "Speculation length k chosen per request per step (0 = plain decoding).",
             namespace=ns, registry=reg, buckets=SPEC_K_BUCKETS,
         )  # fmt: skip
         self.step_speculation_length = Gauge(
-            "step_speculation_length", "Mean k over the requests of the last step.", namespace=ns, registry=reg
+            "step_speculation_length_tokens", "Mean k over the requests of the last step.", namespace=ns, registry=reg
         )
         self.draft_memory_events_total = Counter(
             "draft_memory_events_total", "Draft weight offloads and reloads (Nightjar elastic memory).",
@@ -121,12 +121,20 @@ class TandemMetrics:
             "released: the request is prefilled again when readmitted).", ["event"], namespace=ns, registry=reg,
         )  # fmt: skip
         self.kv_token_budget = Gauge(
-            "kv_token_budget", "The scheduler's KV token budget (max_tokens_in_flight), grown while the draft is "
+            "kv_budget_tokens", "The scheduler's KV token budget (max_tokens_in_flight), grown while the draft is "
             "offloaded.", namespace=ns, registry=reg,
         )  # fmt: skip
         self.queue_depth = Gauge(
             "queue_depth", "Requests waiting for admission.", ["queue"], namespace=ns, registry=reg
         )
+        self.prefill_chunks_total = Counter(
+            "prefill_chunks_total", "Chunks of chunked prefills run (each in one target step beside the verifies).",
+            namespace=ns, registry=reg,
+        )  # fmt: skip
+        self.prefix_cache_hit_tokens_total = Counter(
+            "prefix_cache_hit_tokens_total", "Prompt tokens of chunked prefills the target's prefix cache served.",
+            namespace=ns, registry=reg,
+        )  # fmt: skip
         self.running_requests = Gauge("running_requests", "Requests holding KV cache.", namespace=ns, registry=reg)
 
     # --- recording helpers --------------------------------------------------------------------
@@ -165,8 +173,6 @@ class TandemMetrics:
         num_proposed: int,
         num_accepted: int,
         depth: int | None = None,
-        ema_acceptance_rate: float | None = None,
-        ema_accepted_length: float | None = None,
         num_pruned: int = 0,
     ) -> None:
         """Record one request's verification step (``depth`` defaults to num_proposed: a chain)."""
@@ -180,10 +186,13 @@ class TandemMetrics:
             self.position_proposed_total.labels(str(position)).inc()
             if position < num_accepted:
                 self.position_accepted_total.labels(str(position)).inc()
-        if ema_acceptance_rate is not None:
-            self.acceptance_rate.set(ema_acceptance_rate)
-        if ema_accepted_length is not None:
-            self.mean_accepted_length.set(ema_accepted_length)
+
+    def observe_prefill(self, *, chunks: int, cached_tokens: int) -> None:
+        """Chunked prefill since the last step: chunks run, prompt tokens the prefix cache served."""
+        if chunks:
+            self.prefill_chunks_total.inc(chunks)
+        if cached_tokens:
+            self.prefix_cache_hit_tokens_total.inc(cached_tokens)
 
     def observe_speculation(self, ks: list[int]) -> None:
         """The k chosen for every request of one step."""
@@ -192,7 +201,9 @@ class TandemMetrics:
         if ks:
             self.step_speculation_length.set(sum(ks) / len(ks))
 
-    def observe_feature_bytes(self, *, received: int, sent: int) -> None:
+    def observe_feature_bytes(self, *, received: int, sent: int, pushed: int = 0) -> None:
+        if pushed:
+            self.feature_bytes_total.labels("target_to_draft").inc(pushed)
         if received:
             self.feature_bytes_total.labels("target_to_scheduler").inc(received)
         if sent:
@@ -219,6 +230,10 @@ class TandemMetrics:
     def set_load(self, *, waiting: int, running: int, queue: str = "all") -> None:
         self.queue_depth.labels(queue).set(waiting)
         self.running_requests.set(running)
+
+    def exposition(self) -> tuple[bytes, str]:
+        """(body, content type) of the text exposition format, for a /metrics route of another server."""
+        return prometheus_client.generate_latest(self.registry), prometheus_client.CONTENT_TYPE_LATEST
 
     def render(self) -> str:
         """The text exposition format (what /metrics serves)."""

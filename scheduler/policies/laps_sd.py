@@ -102,7 +102,7 @@ class LapsSD(QueuePolicy):
         """What the target must (re)compute before ``req`` decodes again: nothing while it runs or stays resident."""
         if req.state is RequestState.RUNNING or req.resident:
             return 0
-        return req.num_tokens
+        return max(0, req.num_tokens - req.num_cached_estimate)  # the prefix cache's blocks cost no prefill
 
     def rank(self, req: Request, batch: int = 1) -> tuple:
         """(priority, queue, 0 perceptible | 1 not, T̃ | arrival, arrival): lower runs first; ``batch``: the requests

@@ -279,7 +279,10 @@ class StepCostModel:
         """``measurement`` of what a step report says: speculate less the draft's resync, the tokens fed."""
         times = report.times
         spec_s = times.drafting if any(ks) else None
-        return cls.measurement(ks, contexts, times.verify, spec_s, report.num_catchup_tokens)
+        event = cls.measurement(ks, contexts, times.verify, spec_s, report.num_catchup_tokens)
+        x = event["x_target"]  # prefill chunks in the verify forward: their uncached tokens and context count too
+        x[1], x[2] = x[1] + report.num_chunk_tokens, x[2] + report.num_chunk_context
+        return event
 
     @staticmethod
     def measurement(

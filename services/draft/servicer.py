@@ -19,12 +19,15 @@ from __future__ import annotations
 import grpc.aio
 
 from services.engine_host import EngineHost
+from services.draft.feature_inbox import FeatureInbox
+from services.draft.spec_stream import run_draft_plan
 from services.spans import annotate, event
 from shared.engine.draft_engine import DraftEngine
 from shared.engine.ngram_drafter import NgramDraftEngine
 from shared.engine.suffix_drafter import SuffixDraftEngine
 from shared.engine.types import ForwardCost, PrefillItem, SpecItem, TokenTree
-from shared.rpc.convert import CallTimer, cost_to_pb, prefill_item_from_pb, spec_item_from_pb, tree_to_pb
+from shared.rpc.convert import (CallTimer, cost_to_pb, feature_block_from_pb, prefill_item_from_pb, spec_item_from_pb,
+                                tree_to_pb)  # fmt: skip
 from shared.rpc.gen.tandem.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 OFFLOAD_UNIMPLEMENTED = "a model-free draft (ngram, suffix) has no weights or KV cache to offload"
@@ -34,6 +37,7 @@ class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
     def __init__(self, host: EngineHost) -> None:
         self.host = host
         self.engine: DraftEngine | NgramDraftEngine | SuffixDraftEngine = host.engine
+        self.inbox = FeatureInbox()  # rows the target pushes (PushFeatures), until a plan takes them
 
     async def Prefill(
         self, request: draft_pb2.DraftPrefillRequest, context: grpc.aio.ServicerContext
@@ -75,6 +79,18 @@ class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
             timing=ran.timing(timer, forward_ns=sum(c.duration_ns for c in costs)),
         )
 
+    async def SpeculateStream(self, request_iterator, context: grpc.aio.ServicerContext):
+        async for plan in request_iterator:  # one plan, one engine call, one outcome (spec_stream.py)
+            yield await run_draft_plan(self, plan)
+
+    async def PushFeatures(self, request_iterator, context: grpc.aio.ServicerContext) -> draft_pb2.FeaturePushAck:
+        num = 0
+        async for push in request_iterator:  # the target's rows, by sequence and position (feature_inbox.py)
+            for seq_id, block in zip(push.seq_ids, push.blocks):
+                self.inbox.put(seq_id, feature_block_from_pb(block, f"pushed features of {seq_id!r}"))
+                num += 1
+        return draft_pb2.FeaturePushAck(num_blocks=num)
+
     async def Release(
         self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> common_pb2.ReleaseResponse:
@@ -115,6 +131,14 @@ class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
     def _offload(self) -> tuple[tuple[int, int], int]:
         dropped = len(self.engine.runner.seqs)
         return self.engine.offload(), dropped
+
+    def _plan(self, releases: list[str], prefills: list[PrefillItem], items: list[SpecItem]):
+        """A step stream's plan: releases, prefills, then one speculate; (trees, forward costs)."""
+        if releases:
+            self.host._release_live(releases)
+        costs = self._prefill(prefills) if prefills else []
+        trees, spec_costs = self._speculate(items) if items else ([], [])
+        return trees, [*costs, *spec_costs]
 
     def _speculate(self, items: list[SpecItem]) -> tuple[list[TokenTree], list[ForwardCost]]:
         trees = self.engine.speculate(items)

@@ -97,11 +97,21 @@ class _GrpcWorker:
     def _make_stub(self, channel: grpc.aio.Channel) -> Any:
         raise NotImplementedError
 
+    bytes_out = bytes_in = 0  # message bytes sent and received by this worker's unary calls, all time
+
     async def _call(self, method: str, request: Any) -> Any:
+        self.bytes_out += request.ByteSize()
         try:
-            return await getattr(self._stub, method)(request, timeout=self.timeout_s)
+            reply = await getattr(self._stub, method)(request, timeout=self.timeout_s)
         except grpc.aio.AioRpcError as err:
             raise WorkerRpcError(self.role, method, err) from None
+        self.bytes_in += reply.ByteSize()
+        return reply
+
+    def wire_bytes(self) -> int:
+        """Message bytes this worker moved both ways so far (a step stream's plans and outcomes too)."""
+        stream = getattr(self, "stream", None)
+        return self.bytes_out + self.bytes_in + (stream.bytes_out + stream.bytes_in if stream is not None else 0)
 
     def _check_ids(self, method: str, asked: Sequence[str], answered: Sequence[str]) -> None:
         if list(asked) != list(answered):
@@ -168,6 +178,19 @@ class GrpcTargetWorker(_GrpcWorker):
         answered = [accept_from_pb(o) for o in reply.outputs]
         self._check_ids("Verify", [i.seq_id for i in items], [seq_id for seq_id, _ in answered])
         return [result for _, result in answered]
+
+    async def step(
+        self, prefills: list[PrefillItem], verifies: list[VerifyItem]
+    ) -> tuple[list[PrefillResult], list[AcceptResult]]:
+        """ONE Step RPC: prefill chunks and verify trees in one target forward (chunked prefill)."""
+        request = target_pb2.StepRequest(prefills=[prefill_item_to_pb(i) for i in prefills],
+                                         verifies=[verify_item_to_pb(i) for i in verifies], **self._spec_pb())
+        reply = await self._call("Step", request)
+        prefilled = [prefill_result_from_pb(o) for o in reply.prefills]
+        answered = [accept_from_pb(o) for o in reply.verifies]
+        self._check_ids("Step", [i.seq_id for i in prefills], [r.seq_id for r in prefilled])
+        self._check_ids("Step", [i.seq_id for i in verifies], [seq_id for seq_id, _ in answered])
+        return prefilled, [result for _, result in answered]
 
     def want_features(self, spec: FeatureSpec | None) -> None:
         """Return target features with every prefill and verify from now on (None: stop)."""

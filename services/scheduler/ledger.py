@@ -23,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler.prefill_chunks import target_step
 from scheduler.workers import Clock, TargetWorker
 from shared.engine.types import AcceptResult, PrefillItem, PrefillResult, VerifyItem
 
@@ -71,11 +72,27 @@ class StepLedger:
 
     async def verify(self, items: list[VerifyItem]) -> list[AcceptResult]:
         results = await self.target.verify(items)
+        self._verified(items, results)
+        return results
+
+    async def step(self, prefills: list[PrefillItem], verifies: list[VerifyItem]):
+        """Prefill chunks + verifies in one call: a chunk that ends its prompt counts as a prefill here."""
+        now = self.clock.now()
+        for it in prefills:
+            if (entry := self._entries.get(it.seq_id)) is not None and entry.admitted_at is None:
+                entry.admitted_at = now
+        prefilled, results = await target_step(self.target, prefills, verifies)
+        for res in prefilled:
+            if not res.pending and (entry := self._entries.get(res.seq_id)) is not None:
+                entry.chunks.append(0)
+        self._verified(verifies, results)
+        return prefilled, results
+
+    def _verified(self, items: list[VerifyItem], results: list[AcceptResult]) -> None:
         for it, res in zip(items, results):
             if (entry := self._entries.get(it.seq_id)) is not None:
                 entry.num_steps += 1
                 entry.chunks.append(res.num_accepted if len(it.tree) else 0)
-        return results
 
     async def release(self, seq_ids: list[str]) -> None:
         await self.target.release(seq_ids)

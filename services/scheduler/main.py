@@ -32,6 +32,7 @@ import asyncio
 import inspect
 import logging
 import time
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,7 @@ import shared.rpc  # noqa: F401 - builds the generated code if needed
 from scheduler.engine_loop import Scheduler, SchedulerConfig
 from scheduler.target_link import TargetRecoveryConfig
 from services.scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker
+from services.scheduler.stream_workers import worker_classes
 from scheduler.policies.elastic_memory import ElasticDraftMemory, ElasticMemoryConfig, PoolGrowth
 from scheduler.workers import RealClock
 from services.version import service_version
@@ -53,6 +55,7 @@ from shared.rpc.convert import feature_spec_from_pb
 from services.scheduler.internal_tls import follow_client_tls, follow_https
 from services.scheduler.ledger import StepLedger
 from services.scheduler.observers.metrics import MetricsObserver
+from services.scheduler.observers.vllm_metrics import VllmMetricsObserver
 from services.scheduler.observers.policy_state import PolicyStateSync
 from services.scheduler.observers.redis_state import RedisRecorder
 from services.scheduler.observers.tracing import RequestTracer, TracedDraft, TracedTarget
@@ -137,10 +140,11 @@ async def _start(
 
     secret = settings.secret()  # the model services' shared secret, sent on every call to them (with TLS too)
     internal = [SecretClientInterceptor(secret)] if secret else []
-    target = GrpcTargetWorker(settings.target_addr, interceptors=internal, **channel)
+    target_cls, draft_cls = worker_classes(settings.worker_protocol)
+    target = target_cls(settings.target_addr, interceptors=internal, **channel)
     closers.append(target.close)
     draft_addr = None if (settings.draft_addr or "none").lower() in NO_DRAFT else settings.draft_addr
-    draft = GrpcDraftWorker(draft_addr, interceptors=internal, **channel) if draft_addr else None
+    draft = draft_cls(draft_addr, interceptors=internal, **channel) if draft_addr else None
     if draft is not None:
         closers.append(draft.close)
     if internal_tls is not None:  # a renewed client certificate or CA reaches new calls without a restart
@@ -176,6 +180,8 @@ async def _start(
             draft = None
         else:
             draft.feature_spec = feature_spec_from_pb(draft_info.feature_spec)
+            if settings.feature_path == "direct" and hasattr(target, "push_features_to"):
+                target.push_features_to = draft_addr  # step streams: the target sends the draft its rows itself
             log.info("feature-level draft: target features of layers %s travel as %s (%d values per token)",
                      list(draft.feature_spec.layer_ids), draft.feature_spec.dtype, draft_info.feature_width)  # fmt: skip
     spec_policy = speculation_policy(settings.speculation_policy)
@@ -217,7 +223,8 @@ async def _start(
     closers.append(recorder.close)
     closers.append(heartbeat.stop)  # runs before the recorder closes the store
     metrics = TandemMetrics()
-    for observer in (recorder, MetricsObserver(metrics, scheduler), tracer):
+    vllm_names = VllmMetricsObserver(metrics.registry, scheduler, target_info.model_name)  # what routers scrape
+    for observer in (recorder, MetricsObserver(metrics, scheduler), vllm_names, tracer):
         scheduler.add_observer(observer)
     for learned in (spec_policy.shared_state(), scheduler.queue_policy.shared_state()):
         if learned is not None:  # what a policy learned lives in Redis, shared with other replicas
@@ -261,7 +268,7 @@ async def _start(
     closers.pop()
     http_port = None
     if settings.http_port is not None:  # the OpenAI-compatible API, in this process (http_api.py)
-        http_port = await _start_http(settings, servicer, target_info.model_name, keys, closers)
+        http_port = await _start_http(settings, servicer, target_info.model_name, keys, closers, metrics)
 
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "[::]", "") else settings.host
     address = f"{host}:{port}"  # where clients on this machine dial it
@@ -288,12 +295,14 @@ async def _start(
     )
 
 
-async def _start_http(settings: ServiceSettings, servicer, model_name: str, keys, closers) -> int:
+async def _start_http(settings: ServiceSettings, servicer, model_name: str, keys, closers, metrics) -> int:
     import uvicorn
 
     from services.scheduler.http_api import build_app
 
-    app = build_app(servicer, model_name=model_name, keys=keys)
+    # the model's directory or repo id and its last part also name it (clients send either)
+    aliases = [settings.model, Path(str(settings.model)).name, "tandem"] if settings.model else ["tandem"]
+    app = build_app(servicer, model_name=model_name, keys=keys, aliases=aliases, metrics=metrics.exposition)
     tls = settings.public_tls()  # HTTPS with the gRPC endpoint's certificate, renewed with it (follow_https)
     config = uvicorn.Config(app, host=settings.host, port=settings.http_port, log_level="warning", lifespan="off",
                             access_log=False, ssl_certfile=tls and str(tls.cert), ssl_keyfile=tls and str(tls.key))  # fmt: skip

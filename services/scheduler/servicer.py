@@ -36,7 +36,7 @@ from services.scheduler.summary import summary_pb
 from services.scheduler.text import TextCodec
 from services.scheduler.timebase import Timebase
 from services.scheduler.translate import Limits, to_request
-from shared.rpc.convert import CallTimer
+from shared.rpc.convert import CallTimer, logprobs_to_pb
 from shared.rpc.gen.tandem.v1 import common_pb2, tandem_pb2, tandem_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,8 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
                 result.token_ids.extend(msg.tokens.token_ids)
                 result.text += msg.tokens.text
                 result.token_timestamps_unix_ns.extend(msg.tokens.timestamps_unix_ns)
+                result.logprobs.extend(msg.tokens.logprobs)
+                result.prompt_logprobs.extend(msg.tokens.prompt_logprobs)
             elif kind == "final":
                 result.summary.CopyFrom(msg.final)
         return result
@@ -173,13 +175,18 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
                 log.exception("observer %r failed in %s", observer, hook)
 
     def _chunk(self, req: Request, event: TokenEvent, text: str) -> tandem_pb2.TokenChunk:
-        times = req.token_times[event.index : event.index + len(event.token_ids)]
-        return tandem_pb2.TokenChunk(
+        span = slice(event.index, event.index + len(event.token_ids))
+        chunk = tandem_pb2.TokenChunk(
             token_ids=event.token_ids,
             text=text,
-            timestamps_unix_ns=[self.timebase.unix_ns(t) for t in times],
+            timestamps_unix_ns=[self.timebase.unix_ns(t) for t in req.token_times[span]],
             num_accepted=self.ledger.take_accepted(req.id, len(event.token_ids)) if event.token_ids else 0,
         )
+        if req.sampling.logprobs is not None:
+            chunk.logprobs.extend(logprobs_to_pb(lp) for lp in req.output_logprobs[span])
+        if event.index == 0 and req.prompt_logprobs:
+            chunk.prompt_logprobs.extend(logprobs_to_pb(lp) for lp in req.prompt_logprobs)
+        return chunk
 
     def _close(self, req: Request) -> None:
         """The call ended: normally, or cancelled by the client (then the request is aborted)."""

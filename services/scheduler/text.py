@@ -31,6 +31,10 @@ from shared.engine.tokenizer_dir import has_tokenizer, load_tokenizer
 log = logging.getLogger(__name__)
 
 _INCOMPLETE = "\ufffd"
+# apply_chat_template's own arguments: a client's template variables may not override how it is called
+_RESERVED_TEMPLATE_ARGS = frozenset({"conversation", "tokenize", "return_dict", "return_tensors", "padding",
+                                     "truncation", "max_length", "tokenizer_kwargs", "chat_template",
+                                     "continue_final_message", "return_assistant_tokens_mask"})  # fmt: skip
 
 
 class TextCodec:
@@ -57,21 +61,35 @@ class TextCodec:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+    def encode_chat(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True,
+                    template_kwargs: dict[str, Any] | None = None) -> list[int]:  # fmt: skip
         """The conversation rendered by the tokenizer's chat template, ending with the assistant's turn opened.
 
-        Raises ``NoTokenizerError`` when the tokenizer has no template and ``TandemRequestError`` with the
+        ``template_kwargs`` are extra variables for the template (e.g. ``enable_thinking``). Raises
+        ``NoTokenizerError`` when the tokenizer has no template and ``TandemRequestError`` with the
         template's own complaint (e.g. roles out of order); both are the client's to fix."""
         if not self.has_chat_template:
             raise NoTokenizerError("the target's tokenizer has no chat template; send the prompt as text or token ids")
+        extra = dict(template_kwargs or {})
+        reserved = sorted(set(extra) & _RESERVED_TEMPLATE_ARGS)
+        if reserved:
+            raise TandemRequestError(f"chat_template_kwargs may not set {', '.join(reserved)}")
         try:
-            encoded = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+            encoded = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
+                                                         tokenize=True, **extra)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - the template's own complaint, for the client
             raise TandemRequestError(f"the chat template rejected the messages: {exc}") from None
         return list(encoded["input_ids"]) if hasattr(encoded, "keys") else list(encoded)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        """One token's own text, special tokens included (what log-probabilities are keyed by)."""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def encode_plain(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
     def stream(self) -> IncrementalDecoder:
         return IncrementalDecoder(self.decode)

@@ -13,7 +13,11 @@ fail the whole batch.
     token ids                  0 <= id < target vocab                 INVALID_ARGUMENT
     prompt + max_new_tokens    <= target max_context                  OUT_OF_RANGE
     max_new_tokens             >= 1                                   INVALID_ARGUMENT
-    sampling                   temperature >= 0, top_p in (0, 1]      INVALID_ARGUMENT
+    sampling                   temperature >= 0, top_p in (0, 1],     INVALID_ARGUMENT
+                               top_k >= 0, min_p in [0, 1], repetition
+                               > 0, frequency / presence in [-2, 2],
+                               min_tokens <= max_new_tokens, logprobs
+                               and prompt_logprobs <= 20
     slo                        tpot_ms >= 0 (0: none), ttft_ms > 0    INVALID_ARGUMENT
     sizes (Limits.check_size)  prompt bytes/tokens, stop strings and   INVALID_ARGUMENT, naming the
                                ids, max_new_tokens under the caps      TANDEM_* variable
@@ -22,7 +26,8 @@ fail the whole batch.
 Two conventions differ between the wire and the scheduler: the wire's
 priority is "higher runs earlier", the scheduler's "lower value is more
 urgent" (vLLM's), so the sign flips here; and the model's end-of-sequence
-token joins the request's stop ids, so generation ends where the model says.
+token joins the request's stop ids, so generation ends where the model says
+(unless ``ignore_eos``); those stop ids are what ``min_tokens`` holds back.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from dataclasses import dataclass
 from scheduler.request import SLO, Request, SpecMode, SpeculationSetting, validate_request
 from services.scheduler.errors import NoTokenizerError, PromptTooLongError, TandemRequestError
 from services.scheduler.text import TextCodec
+from shared.engine.errors import InvalidRequestError
+from shared.engine.sampling_checks import validate_sampling
 from shared.engine.types import SamplingParams
 from shared.rpc.gen.tandem.v1 import tandem_pb2
 
@@ -108,17 +115,19 @@ def to_request(msg: tandem_pb2.GenerateRequest, limits: Limits, codec: TextCodec
             f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({msg.max_new_tokens}) = {total} tokens "
             f"exceeds the target's context window of {limits.max_context}"
         )
-    stop_ids = list(dict.fromkeys([*msg.stop_token_ids, *(codec.eos_token_ids if codec else ())]))
+    eos_ids = () if msg.ignore_eos or codec is None else codec.eos_token_ids
+    stop_ids = list(dict.fromkeys([*msg.stop_token_ids, *eos_ids]))
     request = Request(
         id=request_id,
         prompt_ids=prompt_ids,
-        sampling=_sampling(msg),
+        sampling=_sampling(msg, tuple(stop_ids)),
         max_new_tokens=msg.max_new_tokens,
         stop_token_ids=stop_ids,
         stop_strings=list(msg.stop),
         slo=_slo(msg),
         priority=-msg.priority,
         speculation=_speculation(msg, limits),
+        cache_salt=msg.cache_salt,
     )
     try:
         validate_request(request)
@@ -156,7 +165,7 @@ def _check_ids(ids: list[int], limits: Limits, what: str) -> None:
         raise TandemRequestError(f"{what} must be in [0, {limits.vocab_size}) (the target's vocabulary); got {bad[:5]}")
 
 
-def _sampling(msg: tandem_pb2.GenerateRequest) -> SamplingParams:
+def _sampling(msg: tandem_pb2.GenerateRequest, stop_ids: tuple[int, ...]) -> SamplingParams:
     s = msg.sampling
     temperature = s.temperature
     top_p = s.top_p if s.HasField("top_p") else 1.0
@@ -164,7 +173,20 @@ def _sampling(msg: tandem_pb2.GenerateRequest) -> SamplingParams:
         raise TandemRequestError(f"sampling.temperature must be a finite number >= 0, got {temperature}")
     if not math.isfinite(top_p) or not 0.0 < top_p <= 1.0:
         raise TandemRequestError(f"sampling.top_p must be in (0, 1], got {top_p}")
-    return SamplingParams(temperature=temperature, top_p=top_p, seed=s.seed if s.HasField("seed") else None)
+    if s.min_tokens > msg.max_new_tokens:
+        raise TandemRequestError(f"sampling.min_tokens ({s.min_tokens}) exceeds max_new_tokens ({msg.max_new_tokens})")
+    params = SamplingParams(
+        temperature=temperature, top_p=top_p, seed=s.seed if s.HasField("seed") else None, top_k=s.top_k,
+        min_p=s.min_p, repetition_penalty=s.repetition_penalty if s.HasField("repetition_penalty") else 1.0,
+        frequency_penalty=s.frequency_penalty, presence_penalty=s.presence_penalty, min_tokens=s.min_tokens,
+        stop_token_ids=stop_ids if s.min_tokens else (), logprobs=s.logprobs if s.HasField("logprobs") else None,
+        prompt_logprobs=s.prompt_logprobs if s.HasField("prompt_logprobs") else None,
+    )  # fmt: skip
+    try:
+        validate_sampling(params)  # the engine's own checks, before anything is queued
+    except InvalidRequestError as exc:
+        raise TandemRequestError(f"sampling.{exc}") from None
+    return params
 
 
 def _slo(msg: tandem_pb2.GenerateRequest) -> SLO:

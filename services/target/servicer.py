@@ -18,6 +18,8 @@ import grpc.aio
 
 from services.engine_host import EngineHost
 from services.spans import annotate, event
+from services.target.feature_push import FeaturePusher
+from services.target.step_stream import run_target_plan
 from shared.engine.target_engine import TargetEngine, TargetStepOutput
 from shared.engine.types import PrefillItem, VerifyItem
 from shared.engine.features import FeatureSpec
@@ -38,6 +40,7 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
     def __init__(self, host: EngineHost) -> None:
         self.host = host
         self.engine: TargetEngine = host.engine
+        self.pusher = FeaturePusher(getattr(host, "settings", None))  # rows straight to a feature draft
 
     async def Prefill(
         self, request: target_pb2.TargetPrefillRequest, context: grpc.aio.ServicerContext
@@ -70,6 +73,10 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
             costs=costs,
             timing=timing,
         )
+
+    async def StepStream(self, request_iterator, context: grpc.aio.ServicerContext):
+        async for plan in request_iterator:  # one plan, one engine step, one outcome (step_stream.py)
+            yield await run_target_plan(self, plan)
 
     async def Release(
         self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
@@ -117,6 +124,7 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
         verifies: list[VerifyItem],
         timer: CallTimer,
         features: FeatureSpec | None = None,
+        releases: list[str] | None = None,
     ) -> tuple[TargetStepOutput, list[common_pb2.ForwardCost], common_pb2.Timing]:
         annotate(
             batch_size=len(prefills) + len(verifies),
@@ -125,7 +133,7 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
             tree_nodes=[len(v.tree) for v in verifies],
             seq_ids=[p.seq_id for p in prefills] + [v.seq_id for v in verifies],
         )
-        ran = await self.host.run(self.engine.step, prefills, verifies, features)
+        ran = await self.host.run(self._engine_step, prefills, verifies, features, releases)
         out = ran.result
         if features is not None:  # what travels to the draft, per step (only committed tokens' rows)
             blocks = [r.features for r in [*out.prefills, *out.verifies] if r.features is not None]
@@ -136,6 +144,13 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
         if out.cost is not None:
             annotate(batched_tokens=out.cost.num_batched_tokens, context_tokens=out.cost.num_context_tokens)
         return out, costs, ran.timing(timer, forward_ns=sum(c.duration_ns for c in costs))
+
+
+    def _engine_step(self, prefills, verifies, features, releases) -> TargetStepOutput:
+        """On the engine thread: a step stream's releases first, then the step (none: nothing to run)."""
+        if releases:
+            self.host._release_live(releases)
+        return self.engine.step(prefills, verifies, features) if prefills or verifies else TargetStepOutput()
 
 
 def _spec(request) -> FeatureSpec | None:

@@ -58,3 +58,9 @@ class EngineConfig(BaseModel):
         "(static_step.py: the step staged in one copy, acceptance on the device, one host read; CUDA graphs on a GPU); "
         "off = every step through the eager forward.",
     )
+    prefix_caching: bool = Field(
+        default_factory=lambda: _env_flag("TANDEM_PREFIX_CACHE", True),
+        description="Automatic prefix caching (prefix_cache.py): full KV blocks stay cached, keyed by a hash of their "
+        "tokens and every block before them, and a new sequence shares every cached block of its prefix. Default "
+        "from TANDEM_PREFIX_CACHE (0 turns it off), else on.",
+    )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from shared.engine import spec_checks
+from shared.engine import chunks, spec_checks
 from shared.engine.drafting import BeamDrafter, ChainDrafter, ExpansionDrafter
 from shared.engine.errors import ContextLengthError, InvalidRequestError, WeightsOffloadedError
 from shared.engine.runner import ModelRunner, Work
@@ -70,6 +70,11 @@ class DraftEngine:
         self._check_resident()
         spec_checks.check_distinct_prefill(items)
         for p in items:
+            if p.resume:  # the next chunk of a chunked prefill (shared/engine/chunks.py)
+                chunks.check_chunk(p)
+                self.runner.get(p.seq_id)
+                continue
+            chunks.check_chunk(p)
             spec_checks.check_prefill_item(self.runner, p)
             validate_sampling(p.sampling)
             # checked here, not only in add(): a later item failing must not strand the earlier ones
@@ -79,11 +84,14 @@ class DraftEngine:
                     f"{self.runner.max_context}"
                 )
             self._check_prefill(p)
-        added = [self.runner.add(p.seq_id, p.prompt_ids, p.sampling) for p in items]
+        fresh = [p for p in items if not p.resume]
+        added = [self.runner.add(p.seq_id, p.prompt_ids, p.sampling, p.cache_salt) for p in fresh]
         try:
-            for seq, p in zip(added, items):
+            for seq, p in zip(added, fresh):
                 self._prefilled(seq, p)
-            self.costs = [self.runner.forward([Work(seq) for seq in added]).cost]
+            works = [Work(self.runner.get(p.seq_id), max_fed=p.max_tokens or None) for p in items]
+            works = [w for w in works if w.seq.num_cached < w.seq.num_committed]  # a resumed prompt may be done
+            self.costs = [self.runner.forward(works).cost] if works else []
         except BaseException:
             for seq in added:
                 self.runner.release(seq.seq_id)

@@ -49,12 +49,17 @@ class FeatureBlock:
     width: int
     dtype: str
     data: bytes
+    # pushed: the rows past ``data`` (which then holds only the first len(data) // row_bytes of them) went from
+    # the target straight to the draft (step streams, docs/services.md); the scheduler tracks positions only
+    pushed: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in ITEMSIZE:
             raise ValueError(f"feature dtype {self.dtype!r}: use one of {sorted(ITEMSIZE)}")
         if self.start < 0 or self.num_rows < 0 or self.width <= 0:
             raise ValueError(f"feature block: start {self.start}, rows {self.num_rows}, width {self.width}")
+        if self.pushed and len(self.data) % self.row_bytes == 0 and len(self.data) <= self.num_rows * self.row_bytes:
+            return
         if len(self.data) != self.num_rows * self.row_bytes:
             raise ValueError(
                 f"feature block: {len(self.data)} bytes for {self.num_rows} rows of {self.width} {self.dtype} "
@@ -69,11 +74,19 @@ class FeatureBlock:
     def end(self) -> int:
         return self.start + self.num_rows
 
+    @property
+    def inline_rows(self) -> int:
+        """Rows whose bytes this block carries (all of them unless pushed)."""
+        return len(self.data) // self.row_bytes
+
     def rows(self, start: int, end: int) -> "FeatureBlock":
         """The rows for positions [start, end), which must lie inside this block."""
         if not (self.start <= start <= end <= self.end):
             raise ValueError(f"rows [{start}, {end}) outside the block's [{self.start}, {self.end})")
         a, b = (start - self.start) * self.row_bytes, (end - self.start) * self.row_bytes
+        if self.pushed:  # the inline prefix that falls in [start, end); rows past it stay with the draft
+            data = self.data[a:b] if a < len(self.data) else b""
+            return FeatureBlock(start, end - start, self.width, self.dtype, data, pushed=True)
         return FeatureBlock(start, end - start, self.width, self.dtype, self.data[a:b])
 
     @staticmethod
@@ -90,7 +103,10 @@ class FeatureBlock:
                 raise ValueError(f"feature rows from {b.start} leave a gap after {out.end}")
             head = out.rows(out.start, b.start)
             # the earlier block's rows past b's end are dropped too: b is newer (the target re-ran from there)
-            out = FeatureBlock(out.start, head.num_rows + b.num_rows, out.width, out.dtype, head.data + b.data)
+            pushed = head.pushed or b.pushed
+            whole = head.inline_rows == head.num_rows  # inline bytes stay a prefix: b's only follow a whole head
+            data = head.data + b.data if whole else head.data
+            out = FeatureBlock(out.start, head.num_rows + b.num_rows, out.width, out.dtype, data, pushed=pushed)
         return out
 
     def to_tensor(self, device=None):

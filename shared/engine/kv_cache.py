@@ -33,42 +33,103 @@ import heapq
 import torch
 
 from shared.engine.errors import KVBlocksInUseError, OutOfBlocksError
+from shared.engine.prefix_cache import PrefixIndex
 
 
 class BlockAllocator:
-    """Hands out block ids, lowest free id first; knows exactly who owns each one."""
+    """Hands out block ids, lowest free id first; knows exactly who holds each one.
+
+    A block is in exactly one state (the accounting invariant ``check`` tests)::
+
+        free       in the heap, no holder, not indexed
+        cached     indexed in the prefix cache, no holder: evictable (LRU), counted as free
+        held       ref count >= 1 (one per block table, or the scratch owner), maybe indexed too
+
+    ``allocate`` takes plainly free blocks first and reclaims cached ones, least recently used first,
+    only when none is left; ``share`` adds a holder to a cached block; ``free`` drops one holder.
+    """
 
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
         self._free: list[int] = list(range(num_blocks))  # min-heap: low ids first, so the top ones stay free
-        self._owner: dict[int, str] = {}
+        self._owner: dict[int, str] = {}  # held blocks: the first holder's name (messages)
+        self._ref: dict[int, int] = {}  # held blocks: number of holders
+        self.prefix = PrefixIndex()
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        """Blocks an allocation can take: plainly free plus cached-and-evictable."""
+        return len(self._free) + len(self.prefix.evictable)
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks indexed in the prefix cache (held or evictable)."""
+        return len(self.prefix.key_of)
 
     def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= len(self._free)
+        return num_blocks <= self.num_free
 
     def allocate(self, num_blocks: int, owner: str) -> list[int]:
-        if num_blocks > len(self._free):
+        if num_blocks > self.num_free:
             raise OutOfBlocksError(
-                f"KV cache needs {num_blocks} more blocks for {owner!r} but only {len(self._free)} "
+                f"KV cache needs {num_blocks} more blocks for {owner!r} but only {self.num_free} "
                 f"of {self.num_blocks} are free"
             )
-        block_ids = [heapq.heappop(self._free) for _ in range(num_blocks)]
+        block_ids = [heapq.heappop(self._free) if self._free else self.prefix.evict_oldest() for _ in range(num_blocks)]
         for block_id in block_ids:
             self._owner[block_id] = owner
+            self._ref[block_id] = 1
         return block_ids
+
+    def share(self, block_id: int, owner: str) -> None:
+        """One more holder of a cached block (taken off the evictable list if nobody held it)."""
+        if block_id not in self.prefix:
+            raise RuntimeError(f"KV block {block_id} is not cached; only cached blocks are shared")
+        if block_id in self._ref:
+            self._ref[block_id] += 1
+        else:
+            self.prefix.unpark(block_id)
+            self._ref[block_id], self._owner[block_id] = 1, owner
+
+    def ref(self, block_id: int) -> int:
+        return self._ref.get(block_id, 0)
 
     def free(self, block_ids: list[int]) -> None:
         for block_id in block_ids:
-            if self._owner.pop(block_id, None) is None:
+            ref = self._ref.get(block_id)
+            if ref is None:
                 raise RuntimeError(f"double free of KV block {block_id}")
-            heapq.heappush(self._free, block_id)
+            if ref > 1:
+                self._ref[block_id] = ref - 1
+                continue
+            del self._ref[block_id], self._owner[block_id]
+            if block_id in self.prefix:
+                self.prefix.park(block_id)  # stays cached until an allocation reclaims it
+            else:
+                heapq.heappush(self._free, block_id)
+
+    def make_private(self, block_id: int) -> None:
+        """A sole holder is about to write into its block: drop it from the prefix cache."""
+        self.prefix.forget(block_id)
 
     def owners(self) -> dict[int, str]:
         return dict(self._owner)
+
+    def check(self) -> None:
+        """Every block is exactly one of free, cached-evictable or held (AssertionError otherwise)."""
+        free, parked, held = set(self._free), set(self.prefix.evictable), set(self._ref)
+        assert len(free) == len(self._free), "a block is twice in the free heap"
+        assert not (free & parked) and not (free & held) and not (parked & held), "a block is in two states"
+        assert free | parked | held == set(range(self.num_blocks)), "a block is lost (in no state)"
+        assert parked <= set(self.prefix.key_of), "an evictable block is not indexed"
+        assert set(self.prefix.key_of) == set(self.prefix.by_key.values()), "the prefix index disagrees with itself"
+        assert all(r >= 1 for r in self._ref.values()) and set(self._owner) == held
+
+    def drop_cache(self) -> None:
+        """Forget every cached block nobody holds (they become plainly free)."""
+        for block_id in list(self.prefix.evictable):
+            self.prefix.forget(block_id)
+            heapq.heappush(self._free, block_id)
 
     def resize(self, num_blocks: int) -> None:
         """Add ids at the top, or drop the top ones, which must all be free (``KVBlocksInUseError``)."""
@@ -77,12 +138,14 @@ class BlockAllocator:
             for block_id in range(self.num_blocks, num_blocks):
                 heapq.heappush(self._free, block_id)
         else:
+            for block_id in [b for b in self.prefix.evictable if b >= num_blocks]:
+                self.prefix.forget(block_id)  # a cached block past the new end is simply lost
             self._free = [b for b in self._free if b < num_blocks]
             heapq.heapify(self._free)
         self.num_blocks = num_blocks
 
     def check_shrink(self, num_blocks: int) -> None:
-        """Raise ``KVBlocksInUseError`` when a block at or past ``num_blocks`` is owned."""
+        """Raise ``KVBlocksInUseError`` when a block at or past ``num_blocks`` is held."""
         owned = sorted(b for b in self._owner if b >= num_blocks)
         if owned:
             owners = sorted({self._owner[b] for b in owned})
@@ -131,6 +194,7 @@ class PagedKVCache:
             return 0
         if self.allocator.num_free != self.num_blocks:
             raise RuntimeError(f"{self.num_blocks - self.allocator.num_free} KV blocks are still owned")
+        self.allocator.drop_cache()
         freed = self.kv.numel() * self.kv.element_size()
         self.kv = torch.empty(0, dtype=self.dtype, device=self.device)
         self.allocator = BlockAllocator(0)

@@ -208,6 +208,7 @@ class NgramDraftEngine:
         self.costs: list[ForwardCost] = []  # no model forwards; one entry timing the lookups of the last call
 
     def prefill(self, items: list[PrefillItem]) -> None:
+        items = [p for p in items if not p.resume]  # a chunked prefill's later chunks: the first one took it all
         spec_checks.check_distinct_prefill(items)
         for p in items:
             spec_checks.check_prefill_item(self.runner, p)

@@ -37,6 +37,7 @@ from shared.engine.errors import (
     OutOfBlocksError,
     UnknownSequenceError,
 )
+from shared.engine import prefix_blocks
 from shared.engine.kv_cache import PagedKVCache
 from shared.engine.sequence import Sequence
 from shared.engine.types import ForwardCost, SamplingParams
@@ -48,6 +49,8 @@ class Work:
     new_nodes: list[tuple[int, int]] = field(default_factory=list)  # (token id, parent index in seq.tree)
     want_root: bool = False  # logits at the last committed token
     want_nodes: bool = False  # logits at each new node
+    max_fed: int | None = None  # feed at most this many committed tokens (a prefill chunk); None = all
+    want_fed: bool = False  # with want_root: logits at every fed token before the last (prompt log-probabilities)
 
 
 @dataclass
@@ -56,6 +59,8 @@ class ForwardOutput:
     root_rows: list[int | None]  # per work: row of its root logits
     node_rows: list[int | None]  # per work: first row of its new nodes' logits (consecutive)
     cost: ForwardCost
+    # per work asking want_fed: first row of its fed tokens' logits (num_fed - 1 rows, then its root row)
+    fed_rows: list[int | None] = field(default_factory=list)
     # per work: new-node indices early exit stopped before the last layer (their logits rows are not valid)
     pruned: list[list[int]] = field(default_factory=list)
     # per work: (node, layer, pruned) for each node a check put outside its top-K: pruned there, or flagged and
@@ -138,7 +143,10 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ sequences
 
-    def add(self, seq_id: str, token_ids: list[int], sampling: SamplingParams | None = None) -> Sequence:
+    def add(
+        self, seq_id: str, token_ids: list[int], sampling: SamplingParams | None = None, cache_salt: str | None = ""
+    ) -> Sequence:
+        """``cache_salt``: prefix-cache tenant (None: this sequence never shares blocks)."""
         if seq_id in self.seqs:
             raise DuplicateSequenceError(f"sequence {seq_id!r} is already live")
         if not token_ids:
@@ -148,7 +156,8 @@ class ModelRunner:
             raise ContextLengthError(
                 f"sequence {seq_id!r}: prompt of {len(token_ids)} tokens exceeds the context window of {self.max_context}"
             )
-        seq = Sequence(seq_id=seq_id, token_ids=list(token_ids), sampling=sampling or SamplingParams())
+        salt = cache_salt if self.config.prefix_caching else None
+        seq = Sequence(seq_id=seq_id, token_ids=list(token_ids), sampling=sampling or SamplingParams(), cache_salt=salt)
         self.seqs[seq_id] = seq
         return seq
 
@@ -171,15 +180,19 @@ class ModelRunner:
                 raise InvalidRequestError(f"{what}: token id {t} is outside the vocabulary [0, {self.vocab_size})")
 
     def check_accounting(self) -> None:
-        """Every block is owned by exactly one live sequence or free (architecture.md §4)."""
-        owners = self.cache.allocator.owners()
-        held = [b for s in self.seqs.values() for b in s.block_ids]
-        assert len(held) == len(set(held)), "a KV block is held by two sequences"
-        assert set(held) | self.reserved == set(owners), "allocator and block tables disagree"
+        """Every block is free, cached, or held by exactly as many live block tables as its reference count
+        says (architecture.md §4); a shared block is a cached one, full and below every holder's KV end."""
+        allocator = self.cache.allocator
+        allocator.check()
+        holders: dict[int, int] = {b: 1 for b in self.reserved}
         for s in self.seqs.values():
-            assert all(owners[b] == s.seq_id for b in s.block_ids)
+            assert len(s.block_ids) == len(set(s.block_ids)), f"{s.seq_id} lists a block twice"
             assert len(s.block_ids) >= self.cache.blocks_for(s.num_cached + len(s.tree))
-        assert len(owners) + self.cache.num_free_blocks == self.cache.num_blocks
+            for i, b in enumerate(s.block_ids):
+                holders[b] = holders.get(b, 0) + 1
+                if b in allocator.prefix:  # cached KV is never written: the block lies below the KV end
+                    assert (i + 1) * self.cache.block_size <= s.num_cached or allocator.ref(b) == 1
+        assert holders == {b: allocator.ref(b) for b in allocator.owners()}, "reference counts and block tables disagree"
 
     # ------------------------------------------------------------------ forward
 
@@ -213,7 +226,13 @@ class ModelRunner:
                     f"sequence {seq.seq_id!r}: {seq.num_committed} tokens + {total - seq.num_committed} speculative "
                     f"exceed the context window of {self.max_context}"
                 )
+            if w.max_fed is not None:
+                if w.new_nodes or len(seq.tree) or w.max_fed < 1:
+                    raise InvalidRequestError(f"sequence {seq.seq_id!r}: a prefill chunk takes no tree and >= 1 token")
+                total = min(total, seq.num_cached + w.max_fed)
+            first_write = seq.num_committed - 1 if w.want_root and seq.num_cached == seq.num_committed else seq.num_cached
             needed += max(0, self.cache.blocks_for(total) - len(seq.block_ids))
+            needed += prefix_blocks.cow_blocks(self.cache, seq, first_write, max(total, first_write + 1))
         if needed > self.cache.num_free_blocks:
             raise OutOfBlocksError(
                 f"{self.name}: batch needs {needed} more KV blocks, {self.cache.num_free_blocks} of "
@@ -249,7 +268,9 @@ class ModelRunner:
         out_rows: list[int] = []  # packed token rows whose logits we return
         root_rows: list[int | None] = []
         node_rows: list[int | None] = []
-        snapshots = [(w.seq, w.seq.num_cached, len(w.seq.tree)) for w in works]
+        fed_rows: list[int | None] = []
+        snapshots = [(w.seq, w.seq.num_cached, len(w.seq.tree), len(w.seq.block_ids)) for w in works]
+        reuse = not feature_layers  # a step that returns features computes every token it feeds
         candidates: list[_Candidate] = []  # tree nodes early exit may prune
         fed_info: list[tuple[int, int, int]] = []
         node_packed: list[int] = []
@@ -258,21 +279,25 @@ class ModelRunner:
             for w in works:
                 seq = w.seq
                 n = seq.num_committed
+                if reuse and not w.want_fed:  # prompt log-probabilities need every prompt token fed
+                    prefix_blocks.attach(self.cache, seq)  # cached blocks of its prefix: shared, not fed
                 if w.want_root and seq.num_cached == n:
                     seq.num_cached = n - 1  # re-run the last token: its logits were not kept
-                fed = torch.tensor(seq.token_ids[seq.num_cached :], dtype=torch.long)  # [num_fed]
+                end = n if w.max_fed is None else min(n, seq.num_cached + w.max_fed)  # a chunk ends before n
+                prefix_blocks.writable(self.cache, seq, seq.num_cached, end)
+                fed = torch.tensor(seq.token_ids[seq.num_cached : end], dtype=torch.long)  # [num_fed]
                 first_new = len(seq.tree)
                 for token, parent in w.new_nodes:
                     seq.tree.add(token, parent)
-                total = seq.num_logical
+                total = seq.num_logical if end == n else end
                 grow = self.cache.blocks_for(total) - len(seq.block_ids)
                 if grow > 0:
                     seq.block_ids += self.cache.allocator.allocate(grow, seq.seq_id)
 
-                node_ids = torch.arange(first_new, total - n)  # [num_new]
+                node_ids = torch.arange(first_new, max(first_new, total - n))  # [num_new] (none in a chunk)
                 node_tokens = torch.tensor([seq.tree.token_ids[j] for j in node_ids.tolist()], dtype=torch.long)
                 node_depths = torch.tensor([seq.tree.depths[j] for j in node_ids.tolist()], dtype=torch.long)
-                fed_pos = torch.arange(seq.num_cached, n)  # [num_fed]
+                fed_pos = torch.arange(seq.num_cached, end)  # [num_fed]
                 q_len = len(fed_pos) + len(node_ids)
                 fed_info.append((q_start, len(fed_pos), seq.num_cached))
                 node_packed.append(q_start + len(fed_pos))
@@ -294,7 +319,11 @@ class ModelRunner:
 
                 root_rows.append(None)
                 node_rows.append(None)
-                if w.want_root:
+                want_root = w.want_root and end == n  # a chunk that stops short of the prompt's end has no root
+                fed_rows.append(len(out_rows) if w.want_fed and want_root else None)
+                if fed_rows[-1] is not None:
+                    out_rows += range(q_start, q_start + len(fed_pos) - 1)
+                if want_root:
                     root_rows[-1] = len(out_rows)
                     out_rows.append(q_start + len(fed_pos) - 1)
                 if w.want_nodes and len(node_ids):
@@ -328,13 +357,16 @@ class ModelRunner:
             rows = torch.tensor(out_rows, dtype=torch.long, device=self.device)
             logits = self._logits(works, hidden, rows)  # [num_rows, vocab]
         except BaseException:
-            for seq, num_cached, tree_len in snapshots:
+            for seq, num_cached, tree_len, num_blocks in snapshots:
+                if num_blocks * self.cache.block_size == num_cached:  # blocks it may have attached: let go
+                    prefix_blocks.detach(self.cache, seq, num_blocks, num_cached)
                 seq.num_cached = num_cached
                 del seq.tree.token_ids[tree_len:], seq.tree.parent_ids[tree_len:], seq.tree.depths[tree_len:]
                 seq.tree.pruned = {j for j in seq.tree.pruned if j < tree_len}
             raise
-        for w in works:
-            w.seq.num_cached = w.seq.num_committed
+        for w, (_, num_fed, start) in zip(works, fed_info):
+            w.seq.num_cached = start + num_fed  # n, or a chunk's end
+            prefix_blocks.register(self.cache, w.seq)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         cost = ForwardCost(
@@ -347,6 +379,7 @@ class ModelRunner:
             logits=logits,
             root_rows=root_rows,
             node_rows=node_rows,
+            fed_rows=fed_rows,
             cost=cost,
             pruned=pruned,
             flags=flags,
@@ -488,6 +521,7 @@ class ModelRunner:
         seq.tree.clear()
         del seq.token_ids[-num_tokens:]
         seq.num_cached = min(seq.num_cached, seq.num_committed)
+        prefix_blocks.trim_keys(self.cache, seq)
         keep = self.cache.blocks_for(seq.num_cached)
         if keep < len(seq.block_ids):
             self.cache.allocator.free(seq.block_ids[keep:])
@@ -512,11 +546,12 @@ class ModelRunner:
             self.cache.move(src.to(self.device), dst.to(self.device))
         seq.tree.clear()
         seq.token_ids += tokens
-        seq.num_cached = n + len(path)
+        seq.num_cached = n + len(path) if seq.num_cached == n else seq.num_cached  # un-run tokens stay un-run
         keep = self.cache.blocks_for(seq.num_cached)
         if keep < len(seq.block_ids):
             self.cache.allocator.free(seq.block_ids[keep:])
             del seq.block_ids[keep:]
+        prefix_blocks.register(self.cache, seq)
         return len(path)
 
 

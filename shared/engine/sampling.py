@@ -1,6 +1,6 @@
 """Turning logits into the distributions that target and draft sample from.
 
-    logits [rows, vocab] ──/ temperature──softmax──top-p──▶ probs [rows, vocab]   (target, dense)
+    logits [rows, vocab] ──/ temperature──softmax──top-k──top-p──min-p──▶ probs [rows, vocab]   (target, dense)
     logits [vocab]       ──same──top-k──▶ SparseDist [k]                           (draft, on the wire)
 
 Losslessness rests on one rule: the target's acceptance test uses exactly the
@@ -12,39 +12,17 @@ same output every time.
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 
 from shared.engine.errors import InvalidRequestError
+from shared.engine.sampling_checks import MAX_LOGPROBS, validate_sampling  # noqa: F401 - re-exported
 from shared.engine.types import SamplingParams, SparseDist
 
 DRAFT_TOP_K = 64  # tokens a draft distribution keeps; 64 * (8 + 4) bytes per row on the wire
 
 
-def validate_sampling(params: SamplingParams) -> None:
-    """Raise ``InvalidRequestError`` unless the sampling values are usable."""
-    t = params.temperature
-    if isinstance(t, bool) or not isinstance(t, numbers.Real):
-        raise InvalidRequestError(f"temperature must be a number, got {t!r}")
-    if math.isnan(t) or math.isinf(t) or t < 0:
-        raise InvalidRequestError(f"temperature must be finite and >= 0 (0 means greedy), got {t}")
-    top_p = params.top_p
-    if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real):
-        raise InvalidRequestError(f"top_p must be a number, got {top_p!r}")
-    if math.isnan(top_p) or not (0.0 < top_p <= 1.0):
-        raise InvalidRequestError(f"top_p must be in (0, 1], got {top_p}")
-    seed = params.seed
-    if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-            raise InvalidRequestError(f"seed must be an integer or None, got {seed!r}")
-        if not (0 <= seed < 2**64):
-            raise InvalidRequestError(f"seed must be in [0, 2**64), got {seed}")
-
-
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Target probabilities for every row: softmax(logits / T), then top-p; one-hot argmax when greedy.
+    """Target probabilities for every row: softmax(logits / T), then top-k, top-p, min-p; one-hot argmax when greedy.
 
     ``logits`` is ``[num_rows, vocab_size]`` (any leading shape works); the
     result has the same shape, float32, each row summing to 1.
@@ -56,8 +34,16 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
         top = logits.argmax(dim=-1, keepdim=True)  # [num_rows, 1]
         return torch.zeros_like(logits).scatter_(-1, top, 1.0)
     probs = torch.softmax(logits / params.temperature, dim=-1)  # [num_rows, vocab_size]
+    if 0 < params.top_k < probs.shape[-1]:
+        kth = probs.topk(params.top_k, dim=-1).values[..., -1:]  # [num_rows, 1]
+        probs = probs.masked_fill(probs < kth, 0.0)  # ties at the k-th value all stay
+        probs = probs / probs.sum(dim=-1, keepdim=True)
     if params.top_p < 1.0:
         probs = top_p_filter(probs, params.top_p)
+    if params.min_p > 0.0:
+        floor = params.min_p * probs.amax(dim=-1, keepdim=True)  # [num_rows, 1]
+        probs = probs.masked_fill(probs < floor, 0.0)  # the most probable token always stays
+        probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
 
 

@@ -73,6 +73,11 @@ class Sequence:
     num_cached: int = 0
     block_ids: list[int] = field(default_factory=list)
     tree: SpecTree = field(default_factory=SpecTree)
+    # prefix caching (prefix_blocks.py): its tenant's salt, None = never shared; the keys of its full blocks
+    cache_salt: str | None = ""
+    block_keys: list[bytes] = field(default_factory=list)
+    output_start: int = 0  # token_ids[output_start:] are the request's output (penalties, min_tokens)
+    logits_processors: list = field(default_factory=list)  # logits_process.LogitsProcessor, applied in order
 
     @property
     def num_committed(self) -> int:

@@ -25,14 +25,14 @@ import time
 import numpy as np
 import torch
 
-from shared.engine import step_plan
-from shared.engine.acceptance import accept_tree
+from shared.engine import prefix_blocks, step_plan
 from shared.engine.attention.static_batch import StaticBatchAttention
 from shared.engine.device_acceptance import accept_greedy_batch, node_status
 from shared.engine.errors import ContextLengthError, OutOfBlocksError
 from shared.engine.runner import ModelRunner
 from shared.engine.sequence import Sequence
 from shared.engine.types import AcceptResult, ForwardCost, VerifyItem
+from shared.engine.verify_rows import plain, verify_sequence
 from shared.profiling.host_work import graph_body
 
 
@@ -50,6 +50,7 @@ class StaticStep:
         self.graphs = graphs  # cuda_graphs.GraphPool on CUDA, None: the body runs eagerly
         self._host: torch.Tensor | None = None  # [size] int64 staging (pinned on CUDA)
         self._dev: torch.Tensor | None = None  # [size] int64 the staged step on the device
+        self.num_host_accept = 0  # steps whose acceptance ran on the host (sampling, processed logits, logprobs)
 
     @torch.inference_mode()
     def run(self, verifies: list[VerifyItem]) -> tuple[list[AcceptResult], ForwardCost]:
@@ -61,7 +62,7 @@ class StaticStep:
         seqs = [runner.seqs[v.seq_id] for v in verifies]
         cached = [s.num_cached for s in seqs]
         steps = self._plan(seqs, verifies)  # grows block tables; nothing else mutated yet
-        if not all(s.sampling.greedy for s in seqs):
+        if not all(plain(s) for s in seqs):  # sampling, penalties, masks or log-probabilities: host acceptance
             return self._run_sampled(seqs, verifies, steps, cached, start)
         try:
             chains = True
@@ -93,6 +94,7 @@ class StaticStep:
 
     def _run_sampled(self, seqs, verifies, steps, cached, start) -> tuple[list[AcceptResult], ForwardCost]:
         runner = self.runner
+        self.num_host_accept += 1
         try:
             shape = step_plan.shape_of(steps, runner.cache.block_size, False)
             flat = self.stage(step_plan.build(steps, shape, runner.cache.block_size))
@@ -104,7 +106,7 @@ class StaticStep:
             raise
         results = []
         for b, (seq, v) in enumerate(zip(seqs, verifies)):
-            accepted = accept_tree(v.tree, logits[b, : 1 + len(v.tree.token_ids)], seq.sampling, seq.generator)
+            accepted = verify_sequence(seq, v.tree, logits[b, : 1 + len(v.tree.token_ids)])
             self._move_path_host(seq, accepted.accepted_nodes)
             self._commit_tokens(seq, accepted.tokens, len(accepted.accepted_nodes))
             results.append(accepted)
@@ -135,6 +137,7 @@ class StaticStep:
                     f"exceed the context window of {runner.max_context}"
                 )
             needed += max(0, -(-total // bs) - len(seq.block_ids))
+            needed += prefix_blocks.cow_blocks(runner.cache, seq, min(seq.num_cached, len(seq.token_ids) - 1))
         allocator = runner.cache.allocator
         if needed > allocator.num_free:
             raise OutOfBlocksError(
@@ -146,6 +149,7 @@ class StaticStep:
             n = len(seq.token_ids)
             if seq.num_cached == n:
                 seq.num_cached = n - 1  # re-run the last token: its logits were not kept (as the eager forward)
+            prefix_blocks.writable(runner.cache, seq, seq.num_cached)  # a cached block is copied before a write
             grow = -(-(n + len(v.tree.token_ids)) // bs) - len(seq.block_ids)
             if grow > 0:
                 seq.block_ids += allocator.allocate(grow, seq.seq_id)
@@ -226,3 +230,4 @@ class StaticStep:
         if keep < len(seq.block_ids):
             cache.allocator.free(seq.block_ids[keep:])
             del seq.block_ids[keep:]
+        prefix_blocks.register(cache, seq)

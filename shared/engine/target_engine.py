@@ -20,23 +20,24 @@ the caller an error and nothing else.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from shared.engine import cuda_graphs, static_step, tuned_lens
-from shared.engine.acceptance import _validate_child_dists, accept_tree
+from shared.engine import chunks, cuda_graphs, static_step, tuned_lens
+from shared.engine.acceptance import _validate_child_dists
 from shared.engine.early_exit import EarlyExitConfig, EarlyExitController, layer_outcomes, prune_outcome
 from shared.engine.errors import ContextLengthError, DuplicateSequenceError, InvalidRequestError, KVPoolSizeError
 from shared.engine.features import FeatureBlock, FeatureSpec
 from shared.engine.runner import ModelRunner, Work
 from shared.engine.static_step import StaticStep
-from shared.engine.sampling import make_generator, probs_from_logits, sample, validate_sampling
+from shared.engine.sampling import make_generator, validate_sampling
+from shared.engine.token_logprobs import prompt_logprobs
 from shared.engine.tree import children_of, validate_tree
 from shared.engine.tuned_lens import TunedLens
-from shared.engine.types import AcceptResult, ForwardCost, PrefillItem, PrefillResult, VerifyItem
+from shared.engine.types import AcceptResult, ForwardCost, PrefillItem, PrefillResult, TokenLogprobs, VerifyItem
+from shared.engine.verify_rows import first_token, verify_sequence
 
 log = logging.getLogger(__name__)
 LOG_EVERY = 500  # verified requests between two early-exit log lines
@@ -67,6 +68,8 @@ class TargetEngine:
             self.static = StaticStep(runner, graphs=cuda_graphs.pool_for(runner))
         self.early_exit: EarlyExitController | None = None
         self.set_early_exit(early_exit)
+        self.pending: set[str] = set()  # sequences in the middle of a chunked prefill (no verify until it ends)
+        self.step_paths: dict[str, int] = {"static": 0, "eager": 0}  # verify steps by path (services/engine_metrics.py)
 
     def set_early_exit(self, config: EarlyExitConfig | None, source: Path | None = None) -> None:
         """Turn token-wise early exit on (with ``config``) or off (None or disabled).
@@ -121,7 +124,7 @@ class TargetEngine:
         scratch = []
         try:
             for seq_id, prefix in zip(seq_ids, prefixes):
-                scratch.append(self.runner.add(f"\x00features:{seq_id}", prefix))
+                scratch.append(self.runner.add(f"\x00features:{seq_id}", prefix, cache_salt=None))
             out = self.runner.forward([Work(seq) for seq in scratch], feature_layers=spec.layer_ids)
         finally:
             for seq in scratch:
@@ -133,6 +136,7 @@ class TargetEngine:
     def release(self, seq_ids: list[str]) -> None:
         for seq_id in seq_ids:
             self.runner.release(seq_id)
+            self.pending.discard(seq_id)
             if self.early_exit is not None:
                 self.early_exit.forget(seq_id)
 
@@ -158,12 +162,19 @@ class TargetEngine:
             raise InvalidRequestError("a sequence appears twice in one step")
         vocab = self.runner.vocab_size
         for p in prefills:
+            if p.resume:
+                chunks.check_resume(self.runner, self.pending, p)
+                continue
+            chunks.check_chunk(p)
             if p.seq_id in self.runner.seqs:
                 raise DuplicateSequenceError(f"sequence {p.seq_id!r} is already live")
             if not p.prompt_ids:
                 raise InvalidRequestError(f"sequence {p.seq_id!r}: empty prompt")
             self.runner.check_tokens(p.prompt_ids, what=f"sequence {p.seq_id!r}")
             validate_sampling(p.sampling)
+            if p.num_prompt_tokens is not None and not 1 <= p.num_prompt_tokens <= len(p.prompt_ids):
+                raise InvalidRequestError(f"sequence {p.seq_id!r}: num_prompt_tokens {p.num_prompt_tokens} is not "
+                                          f"in [1, {len(p.prompt_ids)}]")  # fmt: skip
             # checked here, not only in add(): a later item failing must not strand the earlier ones
             if len(p.prompt_ids) > self.runner.max_context:
                 raise ContextLengthError(
@@ -172,6 +183,8 @@ class TargetEngine:
                 )
         for v in verifies:
             self.runner.get(v.seq_id)
+            if v.seq_id in self.pending:
+                raise InvalidRequestError(f"sequence {v.seq_id!r}: its chunked prefill has not finished")
             tree = v.tree
             if len(tree) > self.max_tree_nodes:
                 raise InvalidRequestError(
@@ -195,12 +208,21 @@ class TargetEngine:
         self._validate(prefills, verifies)
         if self._static_eligible(prefills, verifies, features):
             accepted, cost = self.static.run(verifies)
+            self.step_paths["static"] += 1
             return TargetStepOutput(verifies=accepted, cost=cost)
-        added = [self.runner.add(p.seq_id, p.prompt_ids, p.sampling) for p in prefills]
-        for seq in added:
+        self.step_paths["eager"] += bool(verifies)
+        fresh = [p for p in prefills if not p.resume]
+        added = [self.runner.add(p.seq_id, p.prompt_ids, p.sampling, p.cache_salt) for p in fresh]
+        for seq, p in zip(added, fresh):
             seq.generator = make_generator(seq.sampling.seed)
+            seq.output_start = len(p.prompt_ids) if p.num_prompt_tokens is None else p.num_prompt_tokens
+        prefill_seqs = [self.runner.get(p.seq_id) for p in prefills]
+        before = [seq.num_cached for seq in prefill_seqs]
         verify_seqs = [self.runner.get(v.seq_id) for v in verifies]
-        works = [Work(seq, want_root=True) for seq in added] + [
+        # prompt log-probabilities need the whole prompt in one forward: such a prefill is never chunked
+        works = [Work(seq, want_root=True, want_fed=seq.sampling.prompt_logprobs is not None,
+                      max_fed=None if seq.sampling.prompt_logprobs is not None else p.max_tokens or None)
+                 for seq, p in zip(prefill_seqs, prefills)] + [  # fmt: skip
             Work(seq, new_nodes=list(zip(v.tree.token_ids, v.tree.parent_ids)), want_root=True, want_nodes=True)
             for seq, v in zip(verify_seqs, verifies)
         ]
@@ -219,16 +241,23 @@ class TargetEngine:
             raise
 
         result = TargetStepOutput(cost=out.cost)
-        for i, seq in enumerate(added):
-            probs = probs_from_logits(out.root(i)[None], seq.sampling)[0]  # [vocab]
-            token = int(probs.argmax()) if seq.sampling.greedy else sample(probs, seq.generator)
-            self.runner.commit(seq, [token])
+        for i, seq in enumerate(prefill_seqs):
+            done = out.root_rows[i] is not None
+            (self.pending.discard if done else self.pending.add)(seq.seq_id)
+            token, logprobs, prompt = -1, None, None
+            if done:
+                token, logprobs = first_token(seq, out.root(i))
+                prompt = _prompt_logprobs(out, i, seq)
+            progress = chunks.progress(seq, before[i], out.fed[i][1])  # (num_prefilled, num_cached)
+            if done:
+                self.runner.commit(seq, [token])
             block = _committed_features(out, i, [], features)
-            result.prefills.append(PrefillResult(seq_id=seq.seq_id, first_token=token, features=block))
+            result.prefills.append(PrefillResult(seq.seq_id, token, block, not done, *progress, logprobs=logprobs,
+                                                 prompt_logprobs=prompt))  # fmt: skip
         for j, (seq, v) in enumerate(zip(verify_seqs, verifies)):
-            i = len(added) + j
+            i = len(prefill_seqs) + j
             rows = out.logits[out.root_rows[i] : out.root_rows[i] + 1 + len(v.tree)]  # [1 + num_nodes, vocab]
-            accepted = accept_tree(v.tree, rows, seq.sampling, seq.generator, pruned=out.pruned[i])
+            accepted = verify_sequence(seq, v.tree, rows, out.pruned[i])
             accepted.features = _committed_features(out, i, accepted.accepted_nodes, features)
             self.runner.commit(seq, accepted.tokens)
             if ee is not None and len(v.tree):
@@ -242,6 +271,16 @@ class TargetEngine:
         if ee is not None and verifies and ee.stats.verifies // LOG_EVERY != (ee.stats.verifies - len(verifies)) // LOG_EVERY:
             log.info(ee.describe())
         return result
+
+
+def _prompt_logprobs(out, i: int, seq) -> list[TokenLogprobs] | None:
+    """Work i's prompt tokens 1 .. output_start - 1 under the model, when its sampling asks for them."""
+    start = out.fed_rows[i] if out.fed_rows else None
+    if start is None:
+        return None
+    num_fed = out.fed[i][1]  # a prefill feeds from position 0
+    rows = out.logits[start : start + num_fed - 1][: seq.output_start - 1]  # [P - 1, vocab]
+    return prompt_logprobs(rows, seq.token_ids[: seq.output_start], seq.sampling.prompt_logprobs)
 
 
 def _committed_features(out, i: int, accepted_nodes: list[int], spec: FeatureSpec | None) -> FeatureBlock | None:

@@ -26,15 +26,49 @@ if TYPE_CHECKING:  # annotations only: the scheduler carries these types without
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How the target picks tokens; temperature 0 means greedy (argmax)."""
+    """How the target picks tokens; temperature 0 means greedy (argmax). Every default is neutral.
+
+    The order the values act in (logits_process.py, then sampling.py): min_tokens mask, repetition penalty,
+    frequency and presence penalties, registered logits processors, then / temperature, softmax, top-k,
+    top-p, min-p. ``logprobs`` / ``prompt_logprobs``: how many alternatives to report per output / prompt
+    token (None: no log-probabilities; 0: the chosen token's only).
+    """
 
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    top_k: int = 0  # keep the k most probable tokens; 0 = all
+    min_p: float = 0.0  # drop tokens with p < min_p * max p
+    repetition_penalty: float = 1.0  # CTRL's: logits of tokens seen in prompt or output / r (x r when < 0)
+    frequency_penalty: float = 0.0  # minus f x (times the token occurs in the output)
+    presence_penalty: float = 0.0  # minus p x (the token occurs in the output)
+    min_tokens: int = 0  # stop_token_ids are impossible before this many output tokens
+    stop_token_ids: tuple[int, ...] = ()  # what min_tokens holds back (the request's stop ids, EOS among them)
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def uses_context(self) -> bool:
+        """Whether a row's distribution depends on the tokens before it (penalties, min_tokens)."""
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+                or (self.min_tokens > 0 and bool(self.stop_token_ids)))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """The target's log-probability of one emitted (or prompt) token, and its ``top`` alternatives.
+
+    ``logprob`` may be -inf (a token the sampling filters removed, reported for a prompt or forced token).
+    """
+
+    token_id: int
+    logprob: float
+    top_ids: tuple[int, ...] = ()
+    top_logprobs: tuple[float, ...] = ()
 
 
 @dataclass
@@ -97,6 +131,7 @@ class AcceptResult:
     # target features of the tokens this step ran and committed (the fed token(s), then the accepted path);
     # only when the step was asked for them (feature-level drafts)
     features: FeatureBlock | None = None
+    logprobs: list[TokenLogprobs] | None = None  # one per token of ``tokens``, when the sampling asks for them
 
     @property
     def num_pruned(self) -> int:
@@ -140,6 +175,13 @@ class PrefillItem:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # feature-level drafts only: target features of the prompt's tokens (row t feeds prompt token t + 1)
     features: FeatureBlock | None = None
+    # chunked prefill: compute at most this many prompt tokens in this call (tokens served by the prefix cache
+    # are free); the rest follows in later calls with ``resume``. 0 = the whole prompt now
+    max_tokens: int = 0
+    resume: bool = False  # continue the chunked prefill of a live sequence (``prompt_ids`` is not read)
+    cache_salt: str = ""  # prefix-cache tenant: sequences of different salts never share KV blocks
+    # how many of prompt_ids are the request's prompt (the rest: output of a request prefilled again); None: all
+    num_prompt_tokens: int | None = None
 
 
 @dataclass
@@ -179,8 +221,14 @@ class SpecItem:
 @dataclass
 class PrefillResult:
     seq_id: str
-    first_token: int
-    features: FeatureBlock | None = None  # the prompt's target features, when asked for
+    first_token: int  # -1 while ``pending``
+    features: FeatureBlock | None = None  # the features of the prompt tokens this call ran, when asked for
+    pending: bool = False  # a chunk of a longer prompt: nothing sampled yet, resume it
+    num_prefilled: int = 0  # prompt tokens in the KV cache after this call
+    num_cached: int = 0  # of them, served by the prefix cache in this call
+    logprobs: TokenLogprobs | None = None  # of first_token, when the sampling asks for them
+    # prompt tokens 1 .. num_prompt_tokens - 1 under the model (temperature 1, no penalties), when asked for
+    prompt_logprobs: list[TokenLogprobs] | None = None
 
 
 @dataclass

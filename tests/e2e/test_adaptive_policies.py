@@ -32,7 +32,7 @@ def test_adaptive_policy_is_lossless_over_grpc(services, reference, policy):  # 
     if not policy.startswith("smartspec-conf"):  # its verify-length choice rightly drops the random draft's guesses
         # AUTO requests did speculate (in either round: what the policy learns from real timings may say k = 0)
         assert sum(r.stats.num_draft_tokens for r in results[:4] + results[6:]) > 0
-    assert "tandem_speculation_length_count" in exposition
+    assert "tandem_speculation_length_tokens_count" in exposition
     with StateStore(StoreConfig(url=services.redis_url)) as store:
         state = store.get_json(f"policy:{policy.split(':')[0]}")
     assert state is not None and state["version"] >= 1  # flushed to Redis when the scheduler stopped

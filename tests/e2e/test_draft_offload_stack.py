@@ -142,7 +142,7 @@ def test_offload_grows_the_target_pool_and_budget_reload_shrinks_them(tiny_pair,
         assert r.token_ids == reference.greedy(req["prompt"], req["max_new_tokens"]), f"request {i}"
     assert _counter(exposition, 'tandem_kv_pool_events_total{event="grow"}') >= 1
     assert _counter(exposition, 'tandem_kv_pool_events_total{event="shrink"}') >= 1
-    assert _counter(exposition, "tandem_kv_token_budget") == 112
+    assert _counter(exposition, "tandem_kv_budget_tokens") == 112
     # the budget grew with the offload and came back; the grown budget ran more requests than the small pool holds
     assert {b for b, _, _ in budgets} == {112, 112 + grow * BLOCK_SIZE}
     assert all(off for b, _, off in budgets if b > 112)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from scheduler.engine_loop import Scheduler
-from services.scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker
+from services.scheduler.stream_workers import worker_classes
 from scheduler.policies.speculation import FixedChain
 from scheduler.request import FinishReason, Request, RequestState, SpecMode, SpeculationSetting
 from scheduler.workers import NullObserver
@@ -41,12 +43,16 @@ class StopDraftAt(NullObserver):
             await self.draft.stop(0)
 
 
-def run(tiny_model_dir, draft_dir, *, stop_draft_at: int | None = None):
+PROTOCOLS = pytest.mark.parametrize("protocol", ["stream", "unary"])
+
+
+def run(tiny_model_dir, draft_dir, *, stop_draft_at: int | None = None, protocol: str = "stream"):
     reqs = mixed_requests()
+    target_cls, draft_cls = worker_classes(protocol)
 
     async def main():
         async with serving(tiny_model_dir, draft_dir) as (t, d):
-            target, draft = GrpcTargetWorker(t.address, timeout_s=10), GrpcDraftWorker(d.address, timeout_s=10)
+            target, draft = target_cls(t.address, timeout_s=10), draft_cls(d.address, timeout_s=10)
             observers = [StopDraftAt(d, stop_draft_at)] if stop_draft_at is not None else []
             sched = Scheduler(target, draft, spec_policy=FixedChain(3), observers=observers)
             try:
@@ -65,19 +71,22 @@ def run(tiny_model_dir, draft_dir, *, stop_draft_at: int | None = None):
     return reqs, sched
 
 
-def test_concurrent_requests_with_fixed_k_equal_target_only_greedy(tiny_model_dir):
-    reqs, sched = run(tiny_model_dir, tiny_model_dir)  # same weights: every drafted token is accepted
+@PROTOCOLS
+def test_concurrent_requests_with_fixed_k_equal_target_only_greedy(tiny_model_dir, protocol):
+    reqs, sched = run(tiny_model_dir, tiny_model_dir, protocol=protocol)  # same weights: every drafted token is accepted
     by_id = {r.id: r for r in reqs}
     assert by_id["auto"].num_accepted_tokens > 0 and by_id["fixed2"].num_accepted_tokens > 0
     assert max(by_id["fixed2"].accepted_lens) == 2 and by_id["off"].num_drafted_tokens == 0
     assert sched.draft_available
 
 
-def test_random_draft_stays_lossless(tiny_model_dir, draft_model_dir):
-    run(tiny_model_dir, draft_model_dir)
+@PROTOCOLS
+def test_random_draft_stays_lossless(tiny_model_dir, draft_model_dir, protocol):
+    run(tiny_model_dir, draft_model_dir, protocol=protocol)
 
 
-def test_draft_dying_mid_run_loses_nothing(tiny_model_dir):
-    reqs, sched = run(tiny_model_dir, tiny_model_dir, stop_draft_at=1)
+@PROTOCOLS
+def test_draft_dying_mid_run_loses_nothing(tiny_model_dir, protocol):
+    reqs, sched = run(tiny_model_dir, tiny_model_dir, stop_draft_at=1, protocol=protocol)
     assert not sched.draft_available  # the rest decoded plainly
     assert any(r.num_accepted_tokens for r in reqs)  # speculation happened before the draft went away

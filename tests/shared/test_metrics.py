@@ -26,15 +26,14 @@ def test_request_and_step_metrics() -> None:
     assert _value(m, "tandem_tpot_seconds_count", {"slo_class": "tight"}) == 2
     assert _value(m, "tandem_requests_total", {"finish_reason": "error"}) == 1
 
-    m.observe_step(num_proposed=4, num_accepted=2, ema_acceptance_rate=0.5, ema_accepted_length=3.0)
+    m.observe_step(num_proposed=4, num_accepted=2)
     m.observe_step(num_proposed=0, num_accepted=0)
     assert _value(m, "tandem_draft_tokens_proposed_total") == 4
     assert _value(m, "tandem_draft_tokens_accepted_total") == 2
-    assert _value(m, "tandem_accepted_length_sum") == 4 and _value(m, "tandem_accepted_length_count") == 2
+    assert _value(m, "tandem_accepted_length_tokens_sum") == 4 and _value(m, "tandem_accepted_length_tokens_count") == 2
     assert _value(m, "tandem_position_proposed_total", {"position": "3"}) == 1
     assert _value(m, "tandem_position_accepted_total", {"position": "1"}) == 1
     assert _value(m, "tandem_position_accepted_total", {"position": "2"}) is None
-    assert _value(m, "tandem_acceptance_rate") == 0.5 and _value(m, "tandem_mean_accepted_length") == 3.0
     m.set_load(waiting=7, running=3)
     assert _value(m, "tandem_queue_depth", {"queue": "all"}) == 7
 

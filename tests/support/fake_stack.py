@@ -24,6 +24,7 @@ from scheduler.workers import RealClock
 from services.scheduler.ledger import StepLedger
 from services.scheduler.queue_gate import QueueGate
 from services.scheduler.observers.metrics import MetricsObserver
+from services.scheduler.observers.vllm_metrics import VllmMetricsObserver
 from services.scheduler.observers.redis_state import RedisRecorder
 from services.scheduler.observers.tracing import RequestTracer, TracedDraft, TracedTarget
 from services.scheduler.servicer import TandemServicer
@@ -51,8 +52,14 @@ class CharTokenizer:
     eos_token_id = EOS
     alphabet = CHARS
 
-    def __call__(self, text: str) -> dict[str, list[int]]:
+    chat_template = "toy: each message's content, then the generation prompt ':'"
+
+    def __call__(self, text: str, **_: object) -> dict[str, list[int]]:
         return {"input_ids": [self.alphabet.index(c) for c in text if c in self.alphabet]}
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True, **variables) -> list[int]:
+        text = "".join(str(m["content"]) for m in messages) + (":" if add_generation_prompt else "")
+        return self(text)["input_ids"]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return "".join(self.alphabet[i] for i in ids)
@@ -71,6 +78,7 @@ class FakeStack:
     loop: LoopThread
     server: grpc.aio.Server | None = None
     task: asyncio.Task | None = None
+    servicer: TandemServicer | None = None
 
 
 async def _serve(
@@ -89,6 +97,7 @@ async def _serve(
         config=config or SchedulerConfig(),
     )
     scheduler.add_observer(MetricsObserver(stack.metrics, scheduler))
+    scheduler.add_observer(VllmMetricsObserver(stack.metrics.registry, scheduler, "toy"))
     scheduler.add_observer(tracer)
     if redis_url is not None:
         store = AsyncStateStore(StoreConfig(url=redis_url, namespace=f"test-{uuid.uuid4().hex[:8]}"))
@@ -107,7 +116,7 @@ async def _serve(
     await add_health(server, [TANDEM_SERVICE])
     stack.address = f"127.0.0.1:{bind(server, '127.0.0.1:0')}"
     await server.start()
-    stack.scheduler, stack.server = scheduler, server
+    stack.scheduler, stack.server, stack.servicer = scheduler, server, servicer
     stack.task = asyncio.get_running_loop().create_task(scheduler.run())
 
 

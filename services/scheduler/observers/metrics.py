@@ -3,8 +3,7 @@
     on_submit   queue depth
     on_step     per request: draft tokens proposed/accepted, accepted length, per-position acceptance,
                 the chosen k (histogram; the step's mean k as a gauge); draft offloads/reloads,
-                KV pool resizes and the KV token budget;
-                moving averages of acceptance rate and accepted length; queue depth, running requests
+                KV pool resizes and the KV token budget; queue depth, running requests
     on_finish   TTFT, TPOT, SLO attainment, goodput tokens, finish reason
 
 Requests are labelled by SLO class (services.scheduler.slo_class), a bucket
@@ -21,36 +20,36 @@ from shared.metrics import TandemMetrics
 
 
 class MetricsObserver:
-    def __init__(self, metrics: TandemMetrics, scheduler: Scheduler, ema_alpha: float = 0.1) -> None:
+    deferrable = True  # runs while the next step's workers compute (scheduler/observer_calls.py)
+
+    def __init__(self, metrics: TandemMetrics, scheduler: Scheduler) -> None:
         self.metrics = metrics
         self.scheduler = scheduler
-        self.ema_alpha = ema_alpha
-        self._ema_rate: float | None = None
-        self._ema_length: float | None = None
-        self._feature_bytes = (0, 0)  # the relay's all-time (in, out) at the last step
+        self._feature_bytes = (0, 0, 0)  # the relay's all-time (in, out, pushed) at the last step
+        self._prefill = (0, 0)  # chunked prefill's all-time (chunks, cached tokens) at the last step
 
     def on_submit(self, request: Request) -> None:
         self._set_load()
 
     def on_step(self, report: StepReport) -> None:
         for o in report.outcomes:
-            if o.num_drafted:
-                self._ema_rate = self._ema(self._ema_rate, o.num_accepted / o.num_drafted)
-            self._ema_length = self._ema(self._ema_length, o.num_accepted + 1)
             self.metrics.observe_step(
                 num_proposed=o.num_drafted,
                 num_accepted=o.num_accepted,
                 depth=o.num_drafted if o.shape.kind == "chain" else o.shape.max_depth,
-                ema_acceptance_rate=self._ema_rate,
-                ema_accepted_length=self._ema_length,
                 num_pruned=o.num_pruned,
             )
         self.metrics.observe_speculation([o.shape.max_depth for o in report.outcomes])
         relay = self.scheduler.features
         if relay is not None:
-            now = (relay.bytes_in, relay.bytes_out)
-            self.metrics.observe_feature_bytes(received=now[0] - self._feature_bytes[0], sent=now[1] - self._feature_bytes[1])
+            now = (relay.bytes_in, relay.bytes_out, relay.bytes_pushed)
+            last = self._feature_bytes
+            self.metrics.observe_feature_bytes(received=now[0] - last[0], sent=now[1] - last[1], pushed=now[2] - last[2])
             self._feature_bytes = now
+        chunks = self.scheduler.chunks
+        self.metrics.observe_prefill(chunks=chunks.num_chunks - self._prefill[0],
+                                     cached_tokens=chunks.num_cached_tokens - self._prefill[1])
+        self._prefill = (chunks.num_chunks, chunks.num_cached_tokens)
         self.metrics.observe_admission(preempted=len(report.preempted_ids), resumed=len(report.resumed_ids),
                                        evicted=len(report.evicted_ids))
         self.metrics.observe_draft_memory(
@@ -72,9 +71,6 @@ class MetricsObserver:
             slo_class=slo_class(request.slo),
         )
         self._set_load()
-
-    def _ema(self, old: float | None, new: float) -> float:
-        return new if old is None else old + self.ema_alpha * (new - old)
 
     def _set_load(self) -> None:
         self.metrics.set_load(waiting=len(self.scheduler.waiting), running=len(self.scheduler.running))

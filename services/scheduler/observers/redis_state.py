@@ -46,6 +46,8 @@ Write = Callable[[], Awaitable[object]]
 
 
 class RedisRecorder:
+    deferrable = True  # runs while the next step's workers compute (scheduler/observer_calls.py)
+
     def __init__(
         self, store: AsyncStateStore, timebase: Timebase, *, policy_name: str, max_pending: int = 100_000,
         owner: str | None = None,

@@ -60,6 +60,7 @@ from opentelemetry.trace import Link, Span, Status, StatusCode
 
 from scheduler.report import StepReport
 from scheduler.request import Request
+from scheduler.prefill_chunks import target_step
 from scheduler.workers import DraftWorker, TargetWorker
 from services.scheduler.slo_class import slo_class
 from services.scheduler.summary import slo_attained
@@ -266,6 +267,17 @@ class TracedTarget:
                         {"tandem.accepted_length": res.num_accepted, "tandem.num_committed": len(res.tokens)}
                     )
             return results
+
+    async def step(self, prefills: list[PrefillItem], verifies: list[VerifyItem]):
+        """Prefill chunks + verifies in one forward: one verify-phase span per request of either kind."""
+        self.tracer.admitted([it.seq_id for it in prefills if not it.resume])
+        ids = [it.seq_id for it in prefills] + [it.seq_id for it in verifies]
+        attrs = [{"tandem.worker": "target", "tandem.prefill_chunk": it.max_tokens} for it in prefills]
+        attrs += [{"tandem.worker": "target", "tandem.tree_size": len(it.tree)} for it in verifies]
+        with self.tracer.batch_phase("verify", ids, attrs):
+            prefilled, results = await target_step(self.target, prefills, verifies)
+            self.tracer.counted_steps([it.seq_id for it in verifies])
+            return prefilled, results
 
     async def release(self, seq_ids: list[str]) -> None:
         with self.tracer.batch_phase("release", seq_ids, [{"tandem.worker": "target"}] * len(seq_ids)):

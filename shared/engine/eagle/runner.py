@@ -85,8 +85,9 @@ class EagleRunner(ModelRunner):
 
     # ------------------------------------------------------------------ sequences
 
-    def add(self, seq_id: str, token_ids: list[int], sampling: SamplingParams | None = None) -> Sequence:
-        seq = super().add(seq_id, token_ids, sampling)
+    def add(self, seq_id: str, token_ids: list[int], sampling: SamplingParams | None = None, cache_salt=None) -> Sequence:
+        # no prefix caching: a position's KV here also depends on features that may still be the head's own guesses
+        seq = super().add(seq_id, token_ids, sampling, cache_salt=None)
         self.state[seq_id] = _FeatureState(self.head.cfg.hidden_size, self.dtype, self.device)
         return seq
 

@@ -75,3 +75,19 @@ def test_chat_without_a_template_or_with_bad_messages_is_the_clients_to_fix(smol
     assert not codec.has_chat_template
     with pytest.raises(NoTokenizerError, match="no chat template"):  # FAILED_PRECONDITION
         codec.encode_chat([{"role": "user", "content": "Hi"}])
+
+
+def test_chat_template_kwargs_reach_the_template(smollm2_dir):
+    import copy
+
+    from services.scheduler.errors import TandemRequestError
+
+    codec = TextCodec.load(smollm2_dir)
+    tokenizer = copy.deepcopy(codec.tokenizer)
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{{ greeting | default('') }}"
+    custom = TextCodec(tokenizer)
+    messages = [{"role": "user", "content": "Hi"}]
+    assert custom.encode_chat(messages) == custom.encode("Hi")
+    assert custom.encode_chat(messages, template_kwargs={"greeting": " there"}) == custom.encode("Hi there")
+    with pytest.raises(TandemRequestError, match="may not set tokenize"):
+        custom.encode_chat(messages, template_kwargs={"tokenize": False})

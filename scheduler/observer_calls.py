@@ -1,0 +1,62 @@
+"""Calling the observers of a step, and running the deferrable ones while the next step's workers compute.
+
+    step N:   ... verify ─▶ commit ─▶ notify: the policies' own hooks and the synchronous observers now;
+                                      the deferrable ones (``deferrable = True``: Redis, metrics) handed on
+    step N+1: admit ─▶ prefill / speculate / verify (awaiting the workers) ── meanwhile: step N's deferred
+              observers run, in step order (each batch after the previous one)
+
+What the policies learn (``observe``, ``on_finish``) still lands before the next plan, and every token
+already went out on its stream at commit, so nothing observable changes but when the observers run.
+A deferred observer sees the same report and requests; gauges it samples from the scheduler read
+its state a moment later. ``drain`` waits for the deferred calls (end of run, tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+Call = tuple[Callable[[Any], Any], Any]
+
+
+async def call_all(calls: Iterable[Call]) -> None:
+    for fn, arg in calls:
+        try:
+            out = fn(arg)
+            if inspect.isawaitable(out):
+                await out
+        except Exception:  # noqa: BLE001 - an observer never stops the loop
+            log.exception("observer %r failed", fn)
+
+
+def is_deferrable(observer: object) -> bool:
+    return bool(getattr(observer, "deferrable", False))
+
+
+class DeferredCalls:
+    """Observer calls run in a task of their own, one batch after the other."""
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task | None = None
+        self.busy_s = 0.0  # time spent in deferred calls, all time (what ran beside the workers)
+
+    def submit(self, calls: list[Call]) -> None:
+        if calls:
+            self._task = asyncio.get_running_loop().create_task(self._after(self._task, calls))
+
+    async def _after(self, previous: asyncio.Task | None, calls: list[Call]) -> None:
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)
+        started = time.perf_counter()
+        await call_all(calls)
+        self.busy_s += time.perf_counter() - started
+
+    async def drain(self) -> None:
+        while self._task is not None and not self._task.done():
+            await asyncio.gather(self._task, return_exceptions=True)

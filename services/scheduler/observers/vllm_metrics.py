@@ -1,0 +1,98 @@
+"""The scheduler's metrics under vLLM's names, for the routers that scrape them (llm-d's endpoint picker,
+KServe, vLLM's production stack), every series labelled ``model_name``.
+
+    vllm:num_requests_running / vllm:num_requests_waiting          gauges: requests holding KV / queued
+    vllm:kv_cache_usage_perc                                       gauge, 0..1: the share of the KV token
+                                                                   budget reserved by running and resident
+                                                                   requests (what admission sees)
+    vllm:spec_decode_num_drafts_total                              verify steps of a request that carried a draft
+    vllm:spec_decode_num_draft_tokens_total / _num_accepted_tokens_total
+    vllm:spec_decode_num_accepted_tokens_per_pos_total{position}   accepted draft tokens at each depth
+    vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds (between the steps that emitted),
+    vllm:e2e_request_latency_seconds                               histograms
+    vllm:prompt_tokens_total, vllm:generation_tokens_total         counters
+    vllm:request_success_total{finished_reason}                    finished requests ("stop", "length", "abort")
+
+Acceptance rate = rate(num_accepted_tokens) / rate(num_draft_tokens); mean acceptance length =
+1 + rate(num_accepted_tokens) / rate(num_drafts): both sum across replicas.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from scheduler.engine_loop import Scheduler
+from scheduler.policies.queue import reserved_tokens
+from scheduler.report import StepReport
+from scheduler.request import FinishReason, Request
+from shared.metrics import TPOT_BUCKETS, TTFT_BUCKETS
+
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+               480.0, 960.0)  # fmt: skip
+MAX_POSITIONS = 16
+_REASONS = {FinishReason.LENGTH: "length", FinishReason.STOP_TOKEN: "stop", FinishReason.STOP_STRING: "stop",
+            FinishReason.ABORTED: "abort", FinishReason.ERROR: "error"}  # fmt: skip
+
+
+class VllmMetricsObserver:
+    def __init__(self, registry: CollectorRegistry, scheduler: Scheduler, model_name: str) -> None:
+        self.scheduler = scheduler
+        self.model = model_name
+        label, reg = ["model_name"], registry
+        self.running = Gauge("vllm:num_requests_running", "Requests holding KV cache.", label, registry=reg)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting for admission.", label, registry=reg)
+        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "Share of the KV token budget reserved, 0..1.", label,
+                              registry=reg)  # fmt: skip
+        self.drafts = Counter("vllm:spec_decode_num_drafts", "Verify steps that carried a draft.", label, registry=reg)
+        self.draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Draft tokens verified.", label, registry=reg)
+        self.accepted_tokens = Counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.", label,
+                                       registry=reg)  # fmt: skip
+        self.accepted_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                        "Accepted draft tokens at each position.", label + ["position"], registry=reg)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", label, registry=reg,
+                              buckets=TTFT_BUCKETS)  # fmt: skip
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between a request's successive steps that "
+                             "emitted tokens.", label, registry=reg, buckets=TPOT_BUCKETS)  # fmt: skip
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Arrival to the last token.", label, registry=reg,
+                             buckets=E2E_BUCKETS)  # fmt: skip
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of finished requests.", label, registry=reg)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", label, registry=reg)
+        self.success = Counter("vllm:request_success", "Finished requests.", label + ["finished_reason"], registry=reg)
+        for reason in ("stop", "length", "abort", "error"):
+            self.success.labels(self.model, reason)
+        self._set_load()
+
+    def on_submit(self, request: Request) -> None:
+        self._set_load()
+
+    def on_step(self, report: StepReport) -> None:
+        m = self.model
+        for o in report.outcomes:
+            if o.num_drafted:
+                self.drafts.labels(m).inc()
+                self.draft_tokens.labels(m).inc(o.num_drafted)
+                self.accepted_tokens.labels(m).inc(o.num_accepted)
+                for position in range(min(o.num_accepted, MAX_POSITIONS)):
+                    self.accepted_per_pos.labels(m, str(position)).inc()
+        self.generation_tokens.labels(m).inc(report.num_emitted)
+        self._set_load()
+
+    def on_finish(self, request: Request) -> None:
+        m = self.model
+        if request.ttft is not None:
+            self.ttft.labels(m).observe(request.ttft)
+        if request.arrival_time is not None and request.token_times:
+            self.e2e.labels(m).observe(max(0.0, request.token_times[-1] - request.arrival_time))
+        steps = sorted(set(request.token_times))  # tokens of one step share its commit time
+        for a, b in zip(steps, steps[1:]):
+            self.itl.labels(m).observe(b - a)
+        self.prompt_tokens.labels(m).inc(len(request.prompt_ids))
+        self.success.labels(m, _REASONS.get(request.finish_reason, "error")).inc()
+        self._set_load()
+
+    def _set_load(self) -> None:
+        s, m = self.scheduler, self.model
+        self.running.labels(m).set(len(s.running))
+        self.waiting.labels(m).set(len(s.waiting))
+        held = sum(reserved_tokens(r) for r in s.running) + sum(reserved_tokens(r) for r in s.waiting if r.resident)
+        self.kv_usage.labels(m).set(min(1.0, held / s.max_tokens_in_flight) if s.max_tokens_in_flight else 0.0)

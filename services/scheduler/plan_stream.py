@@ -1,0 +1,120 @@
+"""One long-lived bidirectional call to a model service: write a plan, read its outcome, in order.
+
+    stream = PlanStream("target", "StepStream", lambda: stub.StepStream(), timeout_s=60)
+    outcome = await stream.exchange(plan)      # plan.step is set here; outcome.step must echo it
+
+The call is opened at the first exchange (and again after a break) outside any trace, so the
+tracing interceptor opens no stream-long span; each plan carries the current trace context itself
+(``trace_context``, services/plan_spans.py). Failures read as the unary calls' did
+(grpc_workers.py), so the loop's recovery is unchanged:
+
+    the call breaks (peer gone, reset)   -> WorkerRpcError with the call's status (UNAVAILABLE, ...)
+    no outcome within timeout_s          -> WorkerRpcError DEADLINE_EXCEEDED; the call is cancelled
+    the stream ends (EOF)                -> WorkerRpcError UNAVAILABLE
+    the outcome carries a StepError      -> WorkerRpcError with that status; the stream stays open
+    the outcome is for another step      -> WorkerProtocolError; the call is dropped
+
+Any break drops the call; the next exchange opens a new one. Exchanges are serialised (one plan in
+flight per worker, as the loop's contract has it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+from opentelemetry import context as otel_context
+
+from services.plan_spans import trace_carrier
+from services.scheduler.grpc_workers import WorkerProtocolError, WorkerRpcError
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+class PlanStream:
+    def __init__(self, role: str, method: str, open_call: Callable[[], Any], timeout_s: float | None) -> None:
+        self.role, self.method = role, method
+        self._open_call = open_call
+        self.timeout_s = timeout_s
+        self._call: Any = None
+        self._lock = asyncio.Lock()
+        self._step = 0
+        self.num_opened = 0  # calls opened so far (1 + reconnects)
+        self.bytes_out = 0  # plan bytes written, all time
+        self.bytes_in = 0  # outcome bytes read, all time
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    async def exchange(self, plan: Any) -> Any:
+        async with self._lock:
+            self._step += 1
+            plan.step = self._step
+            carrier = trace_carrier()
+            if carrier:
+                plan.trace_context.update(carrier)
+            call = self._call if self._call is not None else self._open()
+            try:
+                reply = await asyncio.wait_for(self._roundtrip(call, plan), self.timeout_s)
+            except asyncio.TimeoutError:
+                self.drop()
+                raise WorkerRpcError(self.role, self.method, rpc_error(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, f"no step outcome within {self.timeout_s:g} s")) from None
+            except grpc.aio.AioRpcError as err:
+                self.drop()
+                raise WorkerRpcError(self.role, self.method, err) from None
+            except (grpc.aio.UsageError, asyncio.InvalidStateError, ConnectionError) as err:  # a call already done
+                self.drop()
+                raise WorkerRpcError(self.role, self.method, rpc_error(grpc.StatusCode.UNAVAILABLE, str(err))) from None
+            if reply is grpc.aio.EOF:
+                self.drop()
+                raise WorkerRpcError(self.role, self.method,
+                                     rpc_error(grpc.StatusCode.UNAVAILABLE, "the step stream ended"))  # fmt: skip
+            if reply.step != plan.step:
+                self.drop()
+                raise WorkerProtocolError(f"{self.role} {self.method}: outcome of step {reply.step} for plan {plan.step}")
+            if reply.HasField("error"):
+                code = _CODES.get(reply.error.code, grpc.StatusCode.UNKNOWN)
+                raise WorkerRpcError(self.role, self.method, rpc_error(code, reply.error.message))
+            return reply
+
+    async def _roundtrip(self, call: Any, plan: Any) -> Any:
+        self.bytes_out += plan.ByteSize()
+        await call.write(plan)
+        reply = await call.read()
+        if reply is not grpc.aio.EOF:
+            self.bytes_in += reply.ByteSize()
+        return reply
+
+    def _open(self) -> Any:
+        token = otel_context.attach(otel_context.Context())  # no trace: the stream outlives every request
+        try:
+            self._call = self._open_call()
+        finally:
+            otel_context.detach(token)
+        self.num_opened += 1
+        return self._call
+
+    def drop(self) -> None:
+        """Forget the call (cancelled if still open); the next exchange opens a new one."""
+        call, self._call = self._call, None
+        if call is not None:
+            call.cancel()
+
+    async def close(self) -> None:
+        """Half-close the call and let the service end it."""
+        call, self._call = self._call, None
+        if call is not None:
+            try:
+                await asyncio.wait_for(call.done_writing(), 1.0)
+            except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.TimeoutError, asyncio.InvalidStateError):
+                pass
+            call.cancel()

@@ -1,0 +1,290 @@
+"""The scheduler's workers over step streams (TANDEM_WORKER_PROTOCOL=stream; docs/services.md, "Step streams").
+
+    target = StreamTargetWorker("127.0.0.1:50052")   # the same TargetWorker as GrpcTargetWorker
+    results = await target.verify(items)            # ONE TargetPlan on the long-lived StepStream
+    await target.release(ids)                       # no call: goes with the next plan
+
+Per step each worker gets one message with only what changed: new sequences with their prompt
+(once), the trees to verify or the tokens to append and the shapes to draft, and the releases
+queued since the last plan (applied first). Numbers travel packed (shared/rpc/packing.py).
+Info, Features, ResizeKV, Offload and Reload stay unary (inherited from grpc_workers.py).
+
+Deferred work, and why it keeps the workers' contract (scheduler/workers.py):
+- releases wait for the next plan of that worker (idempotent; applied before its prefills), or
+  go alone after ``IDLE_FLUSH_S`` when no plan follows, so an idle service frees its KV cache;
+- a draft prefill returns at once and travels with the next plan (draft prefills answer nothing);
+  a failure then surfaces in that plan, where the loop already treats the draft's state as
+  unknown and resynchronises. A release of a sequence whose prefill has not left cancels it.
+  Offload and Reload first send what is queued, so they see the state the loop believes in.
+
+A broken stream is a worker failure, with the unary protocol's errors (plan_stream.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from services.scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker, WorkerProtocolError
+from services.scheduler.plan_stream import PlanStream
+from shared.engine.features import FeatureBlock
+from shared.engine.types import AcceptResult, PrefillItem, PrefillResult, SpecItem, TokenTree, VerifyItem
+from shared.rpc.convert import (_dtype_from_pb, feature_block_from_pb, feature_block_to_pb, feature_spec_to_pb,
+                                logprobs_from_pb)
+from shared.rpc.gen.tandem.v1 import draft_pb2, target_pb2
+from shared.rpc.packing import pack_i32, pack_trees, stream_prefill_to_pb, unpack_accepts, unpack_i32, unpack_trees
+
+log = logging.getLogger(__name__)
+IDLE_FLUSH_S = 0.05  # releases wait this long for a plan to ride on before they go alone
+DEFER_PREFILL_BYTES = 1 << 20  # a draft prefill bigger than this (features) goes at once, on its own
+
+
+class _Releases:
+    """Release ids queued for the next plan, with a timer that sends them alone when none comes."""
+
+    def __init__(self, worker) -> None:
+        self.worker = worker
+        self.ids: list[str] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task | None = None
+
+    def add(self, seq_ids: list[str]) -> None:
+        self.ids.extend(seq_ids)
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(IDLE_FLUSH_S, self._due)
+
+    def take(self) -> list[str]:
+        ids, self.ids = self.ids, []
+        return ids
+
+    def _due(self) -> None:
+        self._timer = None
+        if self.ids:
+            self._task = asyncio.get_running_loop().create_task(self._flush_alone())
+
+    async def _flush_alone(self) -> None:
+        if self.worker.stream.busy:  # a plan is on its way: the ids ride on the next one
+            self.add([])
+            return
+        try:
+            await self.worker.flush()
+        except Exception as exc:  # noqa: BLE001 - the ids were put back; the next plan carries them
+            log.debug("%s: releases not sent yet (%s)", self.worker.role, exc)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+def _features_of(blocks, where: str, pushed: bool) -> list[FeatureBlock | None]:
+    """The outcome's blocks; pushed ones are positions only (the rows went to the draft)."""
+    if not pushed:
+        return [feature_block_from_pb(b, where) if b.width else None for b in blocks]
+    return [FeatureBlock(b.start, b.num_rows, b.width, _dtype_from_pb(b.dtype, where), b"", pushed=True) if b.width
+            else None for b in blocks]  # fmt: skip
+
+
+class StreamTargetWorker(GrpcTargetWorker):
+    """``TargetWorker`` over the target's StepStream; ``step`` runs prefills and verifies in one forward."""
+
+    protocol = "stream"
+    push_features_to: str | None = None  # a feature draft's address: the target sends it the rows itself
+    pushed_feature_bytes = 0  # what the target reported pushing, all time
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.stream = PlanStream("target", "StepStream", lambda: self._stub.StepStream(), self.timeout_s)
+        self.releases = _Releases(self)
+
+    async def prefill(self, items: list[PrefillItem]) -> list[PrefillResult]:
+        return (await self.step(items, []))[0]
+
+    async def verify(self, items: list[VerifyItem]) -> list[AcceptResult]:
+        return (await self.step([], items))[1]
+
+    async def step(
+        self, prefills: list[PrefillItem], verifies: list[VerifyItem]
+    ) -> tuple[list[PrefillResult], list[AcceptResult]]:
+        """Prefills and verifies in one target forward (a mixed batch)."""
+        plan = target_pb2.TargetPlan(prefills=[stream_prefill_to_pb(i) for i in prefills],
+                                     verify_ids=[i.seq_id for i in verifies],
+                                     trees=pack_trees([i.tree for i in verifies]))  # fmt: skip
+        if self.feature_spec is not None:
+            plan.features.CopyFrom(feature_spec_to_pb(self.feature_spec))
+            if self.push_features_to:
+                plan.push_features_to = self.push_features_to
+        reply = await self._send(plan)
+        self.pushed_feature_bytes += reply.pushed_feature_bytes
+        first = unpack_i32(reply.first_tokens, "first_tokens")
+        if len(first) != len(prefills):
+            raise WorkerProtocolError(f"target StepStream: {len(first)} first tokens for {len(prefills)} prefills")
+        accepts = unpack_accepts(reply.accepts, [len(i.tree) for i in verifies]) if verifies else []
+        if self.feature_spec is not None:
+            if len(reply.features) != len(prefills) + len(verifies):
+                raise WorkerProtocolError(f"target StepStream: {len(reply.features)} feature blocks for "
+                                          f"{len(prefills) + len(verifies)} sequences")  # fmt: skip
+            blocks = _features_of(reply.features, "target step features", reply.features_pushed)
+            for res, block in zip(accepts, blocks[len(prefills) :]):
+                res.features = block
+        else:
+            blocks = [None] * len(prefills)
+        results = [PrefillResult(i.seq_id, tok, blk) for i, tok, blk in zip(prefills, first, blocks)]
+        if reply.prefill_pending:  # chunked prefill and prefix-cache counts, one each per prefill
+            columns = [unpack_i32(getattr(reply, f), f) for f in ("prefill_pending", "prefill_num_prefilled",
+                                                                    "prefill_num_cached")]  # fmt: skip
+            if any(len(c) != len(prefills) for c in columns):
+                raise WorkerProtocolError(f"target StepStream: prefill counts for {len(prefills)} prefills disagree")
+            for res, pending, done, cached in zip(results, *columns):
+                res.pending, res.num_prefilled, res.num_cached = bool(pending), done, cached
+        _attach_logprobs(reply, results, accepts)
+        return results, accepts
+
+    async def release(self, seq_ids: list[str]) -> None:
+        if seq_ids:
+            self.releases.add(list(seq_ids))
+
+    async def flush(self) -> None:
+        """Send the queued releases now, alone."""
+        if self.releases.ids:
+            await self._send(target_pb2.TargetPlan())
+
+    async def _send(self, plan: target_pb2.TargetPlan) -> target_pb2.TargetOutcome:
+        ids = self.releases.take()
+        plan.releases.extend(ids)
+        try:
+            return await self.stream.exchange(plan)
+        except BaseException:
+            self.releases.ids[:0] = ids  # not known to be applied: they go again (idempotent)
+            raise
+
+    async def info(self, wait_s: float = 2.0):
+        await _flush_quietly(self)  # what Info reports includes the releases queued so far
+        return await super().info(wait_s)
+
+    async def renew_credentials(self, credentials, grace_s: float = 60.0) -> None:
+        await super().renew_credentials(credentials, grace_s)
+        self.stream.drop()  # the next plan opens the stream on the new channel
+
+    async def close(self) -> None:
+        self.releases.cancel()
+        try:
+            await asyncio.wait_for(self.flush(), 1.0)
+        except Exception:  # noqa: BLE001 - best effort: a target that restarts holds nothing anyway
+            pass
+        await self.stream.close()
+        await super().close()
+
+
+class StreamDraftWorker(GrpcDraftWorker):
+    """``DraftWorker`` over the draft's SpeculateStream; prefills and releases ride on the next plan."""
+
+    protocol = "stream"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.stream = PlanStream("draft", "SpeculateStream", lambda: self._stub.SpeculateStream(), self.timeout_s)
+        self.releases = _Releases(self)
+        self._prefills: dict[str, PrefillItem] = {}
+        self.missing_features: set[str] = set()  # of the last plan: the draft dropped them (pushed rows lost)
+
+    async def prefill(self, items: list[PrefillItem]) -> None:
+        for item in items:
+            self._prefills[item.seq_id] = item
+        size = sum(len(i.features.data) for i in self._prefills.values() if i.features is not None)
+        if size > DEFER_PREFILL_BYTES:
+            await self.flush()
+
+    async def speculate(self, items: list[SpecItem]) -> list[TokenTree]:
+        reply = await self._send(draft_pb2.DraftPlan(items=[_spec_item_to_pb(i) for i in items]))
+        self.missing_features = set(reply.missing_features)
+        return unpack_trees(reply.trees, len(items), relay=True)
+
+    async def release(self, seq_ids: list[str]) -> None:
+        if seq_ids:
+            for seq_id in seq_ids:
+                self._prefills.pop(seq_id, None)
+            self.releases.add(list(seq_ids))
+
+    async def flush(self) -> None:
+        """Send the queued releases and prefills now, without speculating."""
+        if self.releases.ids or self._prefills:
+            await self._send(draft_pb2.DraftPlan())
+
+    async def offload(self) -> int:
+        await self.flush()
+        return await super().offload()
+
+    async def reload(self) -> int:
+        await self.flush()
+        return await super().reload()
+
+    async def _send(self, plan: draft_pb2.DraftPlan) -> draft_pb2.DraftOutcome:
+        ids = self.releases.take()
+        plan.releases.extend(ids)
+        prefills, self._prefills = list(self._prefills.values()), {}
+        for p in prefills:
+            msg = plan.prefills.add()
+            msg.CopyFrom(stream_prefill_to_pb(p))
+            msg.features_pushed = p.features is not None and p.features.pushed
+        try:
+            return await self.stream.exchange(plan)
+        except BaseException:  # the draft's state is unknown now: the loop resyncs (release + re-prefill) what
+            self.releases.ids[:0] = ids  # it tracks; the releases of ended sequences go again
+            raise
+
+    async def info(self, wait_s: float = 2.0):
+        await _flush_quietly(self)
+        return await super().info(wait_s)
+
+    async def renew_credentials(self, credentials, grace_s: float = 60.0) -> None:
+        await super().renew_credentials(credentials, grace_s)
+        self.stream.drop()
+
+    async def close(self) -> None:
+        self.releases.cancel()
+        await self.stream.close()
+        await super().close()
+
+
+def _attach_logprobs(reply, prefilled: list[PrefillResult], accepts: list[AcceptResult]) -> None:
+    """The outcome's per-request logprobs (present only when some sampling asked for them)."""
+    for name, results in (("prefill_logprobs", prefilled), ("verify_logprobs", accepts)):
+        extras = getattr(reply, name)
+        if extras and len(extras) != len(results):
+            raise WorkerProtocolError(f"target StepStream: {len(extras)} {name} for {len(results)} sequences")
+    for res, msg in zip(prefilled, reply.prefill_logprobs):
+        res.logprobs = logprobs_from_pb(msg.logprobs) if msg.HasField("logprobs") else None
+        res.prompt_logprobs = [logprobs_from_pb(lp) for lp in msg.prompt_logprobs] or None
+    for res, msg in zip(accepts, reply.verify_logprobs):
+        res.logprobs = [logprobs_from_pb(lp) for lp in msg.logprobs] or None
+
+
+async def _flush_quietly(worker) -> None:
+    try:
+        await worker.flush()
+    except Exception as exc:  # noqa: BLE001 - the queued work goes with the next plan; Info says the rest
+        log.debug("%s: queued work not sent yet (%s)", worker.role, exc)
+
+
+def _spec_item_to_pb(item: SpecItem) -> draft_pb2.StreamSpecItem:
+    msg = draft_pb2.StreamSpecItem(seq_id=item.seq_id, new_tokens=pack_i32(item.new_tokens), rollback=item.rollback)
+    if item.features is not None:
+        msg.features.CopyFrom(feature_block_to_pb(item.features))
+        msg.features_pushed = item.features.pushed
+    if item.chain_len:
+        msg.chain.length = item.chain_len
+        msg.chain.confidence_threshold = item.confidence_threshold
+    elif item.tree_depth or item.tree_width:
+        msg.tree.depth, msg.tree.width = item.tree_depth, item.tree_width
+        msg.tree.expansion.extend(item.tree_expansion)
+    return msg
+
+
+def worker_classes(protocol: str) -> tuple[type[GrpcTargetWorker], type[GrpcDraftWorker]]:
+    """The target and draft worker classes of TANDEM_WORKER_PROTOCOL (stream or unary)."""
+    if protocol == "stream":
+        return StreamTargetWorker, StreamDraftWorker
+    if protocol == "unary":
+        return GrpcTargetWorker, GrpcDraftWorker
+    raise ValueError(f"worker protocol {protocol!r}: use stream or unary")

@@ -1,0 +1,103 @@
+"""The target's feature stream to a feature-level draft: each step's committed rows go straight to the draft.
+
+    scheduler ──TargetPlan(push_features_to=draft)──▶ target ──FeaturePush(seq ids, blocks)──▶ draft
+              ◀──TargetOutcome(positions only)────────┘                                       │
+    scheduler ──DraftPlan(item: rows [a, b) pushed)─────────────────────────────────────────▶ draft (inbox)
+
+The push is written before the step's outcome is answered, so the rows are on their way to the draft
+before the scheduler can ask for them. A push that fails (the draft restarted or is away) drops the
+stream and answers the rows inline in the outcome instead: the scheduler relays those as before, and
+the draft, missing nothing, needs no resync. Rows lost in flight are what the draft reports missing.
+Dialled with the service's own internal secret and, when it has a CA, TLS (shared/rpc/tls.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc.aio
+from opentelemetry import context as otel_context
+
+from shared.engine.features import FeatureBlock
+from shared.rpc.channel import CLIENT_OPTIONS, aio_channel
+from shared.rpc.convert import feature_block_to_pb
+from shared.rpc.gen.tandem.v1 import draft_pb2, draft_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class FeaturePusher:
+    def __init__(self, settings) -> None:
+        self.settings = settings
+        self.address: str | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self._call = None
+        self.bytes_pushed = 0
+        self.disabled = _cannot_dial(settings)  # why this target cannot dial a draft (rows then go inline)
+        if self.disabled:
+            log.info("features go through the scheduler: %s", self.disabled)
+
+    def _open(self, address: str):
+        if address != self.address:
+            self._close_channel()
+            self.address = address
+        if self._channel is None:
+            secret = self.settings.secret() if self.settings is not None else None
+            tls = self.settings.internal_client_tls() if self.settings is not None else None
+            if secret:
+                from shared.rpc.shared_secret import SecretClientInterceptor
+
+                interceptors = [SecretClientInterceptor(secret)]
+            else:
+                interceptors = []
+            options = (*CLIENT_OPTIONS, *(tls.options() if tls is not None else ()))
+            self._channel = aio_channel(address, tracing=False, interceptors=interceptors, options=options,
+                                        credentials=tls.credentials() if tls is not None else None)  # fmt: skip
+        if self._call is None:
+            token = otel_context.attach(otel_context.Context())
+            try:
+                self._call = draft_pb2_grpc.DraftServiceStub(self._channel).PushFeatures()
+            finally:
+                otel_context.detach(token)
+        return self._call
+
+    async def push(self, address: str, seq_ids: list[str], blocks: list[FeatureBlock]) -> bool:
+        """Write one step's rows; False when they could not be sent (then answer them inline)."""
+        if not blocks:
+            return True
+        if self.disabled:
+            return False
+        try:
+            call = self._open(address)
+            await call.write(draft_pb2.FeaturePush(seq_ids=seq_ids, blocks=[feature_block_to_pb(b) for b in blocks]))
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError, ConnectionError, RuntimeError) as exc:
+            log.warning("feature push to %s failed (%s); this step's rows go through the scheduler", address, exc)
+            self._drop()
+            return False
+        self.bytes_pushed += sum(len(b.data) for b in blocks)
+        return True
+
+    def _drop(self) -> None:
+        call, self._call = self._call, None
+        if call is not None:
+            call.cancel()
+
+    def _close_channel(self) -> None:
+        self._drop()
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            asyncio.get_running_loop().create_task(channel.close())
+
+
+def _cannot_dial(settings) -> str | None:
+    """A target serving TLS without a CA to check a draft's certificate cannot dial it: it answers rows inline."""
+    if settings is None:
+        return None
+    try:
+        tls = settings.internal_client_tls()
+    except Exception as exc:  # noqa: BLE001 - e.g. a server certificate without a CA (TlsConfigError)
+        return f"no client TLS to dial the draft ({exc})"
+    if tls is None and settings.internal_tls_cert is not None:
+        return "this target serves TLS but has no TANDEM_INTERNAL_TLS_CA to dial the draft with"
+    return None

@@ -1,0 +1,82 @@
+"""The target's side of the step stream (docs/services.md, "Step streams"): one TargetPlan, one engine step.
+
+    TargetPlan ─▶ releases, then prefills + verifies in ONE forward (TargetEngine.step) ─▶ TargetOutcome
+
+A plan that fails (a malformed message, an unknown sequence, a full KV pool) answers a ``StepError``
+with the status its unary call would have had, and the stream goes on: the engine validates before it
+mutates, so nothing of that step was committed. Features, when the plan asks for them, come back in
+the outcome, one block per prefill then per verify (empty where a sequence has none).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from services.plan_spans import plan_span
+from shared.engine.features import FeatureBlock
+from shared.engine.types import VerifyItem
+from shared.rpc.convert import CallTimer, feature_block_to_pb, feature_spec_from_pb, logprobs_to_pb
+from shared.rpc.gen.tandem.v1 import common_pb2, target_pb2
+from shared.rpc.interceptors import status_for_exception
+from shared.rpc.packing import pack_accepts, pack_i32, stream_prefill_from_pb, unpack_trees
+
+log = logging.getLogger(__name__)
+SERVICE = "tandem.v1.TargetService"
+_EMPTY_BLOCK = common_pb2.FeatureBlock()
+
+
+def plan_name(num_prefills: int, num_verifies: int) -> str:
+    """The unary method a plan stands for, for its span: Prefill, Verify, Step (both) or Release (neither)."""
+    if num_prefills and num_verifies:
+        return "Step"
+    return "Prefill" if num_prefills else "Verify" if num_verifies else "Release"
+
+
+async def run_target_plan(servicer, plan: target_pb2.TargetPlan) -> target_pb2.TargetOutcome:
+    timer = CallTimer()
+    name = plan_name(len(plan.prefills), len(plan.verify_ids))
+    with plan_span(getattr(servicer.host, "tracer_provider", None), SERVICE, name, plan.trace_context):
+        try:
+            prefills = [stream_prefill_from_pb(m) for m in plan.prefills]
+            trees = unpack_trees(plan.trees, len(plan.verify_ids))
+            verifies = [VerifyItem(seq_id, tree) for seq_id, tree in zip(plan.verify_ids, trees)]
+            spec = feature_spec_from_pb(plan.features) if plan.HasField("features") else None
+            out, costs, timing = await servicer._step(prefills, verifies, timer, spec, releases=list(plan.releases))
+        except Exception as exc:  # noqa: BLE001 - the step's status, in band: the stream stays up
+            code, details = status_for_exception(exc)
+            (log.error if code.name == "INTERNAL" else log.info)("step %d -> %s: %s", plan.step, code.name, details)
+            return target_pb2.TargetOutcome(step=plan.step, error=common_pb2.StepError(code=code.value[0],
+                                                                                       message=details))  # fmt: skip
+    reply = target_pb2.TargetOutcome(step=plan.step, costs=costs, timing=timing)
+    if prefills:
+        reply.first_tokens = pack_i32([r.first_token for r in out.prefills])
+        if any(r.pending or r.num_prefilled or r.num_cached for r in out.prefills):  # chunked prefill, prefix cache
+            reply.prefill_pending = pack_i32([int(r.pending) for r in out.prefills])
+            reply.prefill_num_prefilled = pack_i32([r.num_prefilled for r in out.prefills])
+            reply.prefill_num_cached = pack_i32([r.num_cached for r in out.prefills])
+    if verifies:
+        reply.accepts.CopyFrom(pack_accepts(out.verifies))
+    if any(r.logprobs is not None or r.prompt_logprobs for r in out.prefills):
+        reply.prefill_logprobs.extend(_prefill_logprobs_pb(r) for r in out.prefills)
+    if any(r.logprobs for r in out.verifies):
+        reply.verify_logprobs.extend(target_pb2.VerifyOutput(logprobs=[logprobs_to_pb(lp) for lp in r.logprobs or ()])
+                                     for r in out.verifies)  # fmt: skip
+    if spec is not None:
+        blocks = [r.features for r in [*out.prefills, *out.verifies]]
+        if plan.push_features_to:  # straight to the draft; the outcome says which rows went (feature_push.py)
+            ids = [p.seq_id for p in prefills] + list(plan.verify_ids)
+            sent = [(i, b) for i, b in zip(ids, blocks) if b is not None and b.num_rows]
+            if await servicer.pusher.push(plan.push_features_to, [i for i, _ in sent], [b for _, b in sent]):
+                reply.features_pushed = True
+                reply.pushed_feature_bytes = sum(len(b.data) for _, b in sent)
+                blocks = [FeatureBlock(b.start, b.num_rows, b.width, b.dtype, b"", pushed=True) if b is not None
+                          else None for b in blocks]  # fmt: skip
+        reply.features.extend(feature_block_to_pb(b) if b is not None else _EMPTY_BLOCK for b in blocks)
+    return reply
+
+
+def _prefill_logprobs_pb(result) -> target_pb2.PrefillOutput:
+    msg = target_pb2.PrefillOutput(prompt_logprobs=[logprobs_to_pb(lp) for lp in result.prompt_logprobs or ()])
+    if result.logprobs is not None:
+        msg.logprobs.CopyFrom(logprobs_to_pb(result.logprobs))
+    return msg
