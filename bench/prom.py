@@ -95,7 +95,7 @@ def early_exit(delta: Scrape, namespace: str = "tandem") -> dict | None:
 
 def speculation_lengths(delta: Scrape, namespace: str = "tandem") -> dict[int, int]:
     """Request-steps per chosen speculation length k (the scheduler's histogram, one bucket per integer k)."""
-    cumulative = {float(le): v for le, v in delta.by_label(f"{namespace}_speculation_length_bucket", "le").items()
+    cumulative = {float(le): v for le, v in delta.by_label(f"{namespace}_speculation_length_tokens_bucket", "le").items()
                   if le != "+Inf"}  # fmt: skip
     out, below = {}, 0.0
     for le in sorted(cumulative):

@@ -42,7 +42,7 @@ class EngineMetrics:
         reg.register(_EngineCollector(self))
 
     def observe_call(self, fn, args: tuple, queue_ns: int, work_ns: int, result: object) -> None:
-        call = getattr(fn, "__name__", "call").lstrip("_")
+        call = getattr(fn, "__name__", "call").lstrip("_").removeprefix("engine_")  # _engine_step -> step
         self.call_seconds.labels(self.role, call).observe(work_ns / 1e9)
         self.queue_seconds.labels(self.role).observe(queue_ns / 1e9)
         batch = sum(len(a) for a in args if isinstance(a, list))

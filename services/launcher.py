@@ -223,7 +223,7 @@ def start(config: LaunchConfig) -> LaunchedStack:
     redis = start_redis() if config.redis_url is None else None
     host = config.host
     try:
-        free = iter(_free_ports(host, 5))
+        free = iter(_free_ports(host, 8))  # target, draft, scheduler, metrics, http, one metrics port per model service
     except BaseException:
         if redis is not None:
             redis.stop()

@@ -152,7 +152,9 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
         """On the engine thread: a step stream's releases first, then the step (none: nothing to run)."""
         if releases:
             self.host._release_live(releases)
-        return self.engine.step(prefills, verifies, features) if prefills or verifies else TargetStepOutput()
+        if prefills or verifies or releases is None:  # a unary call with nothing in it: the engine says "empty batch"
+            return self.engine.step(prefills, verifies, features)
+        return TargetStepOutput()  # a step stream's release-only plan
 
 
 def _spec(request) -> FeatureSpec | None:

@@ -364,8 +364,8 @@ class ModelRunner:
                 del seq.tree.token_ids[tree_len:], seq.tree.parent_ids[tree_len:], seq.tree.depths[tree_len:]
                 seq.tree.pruned = {j for j in seq.tree.pruned if j < tree_len}
             raise
-        for w, (_, num_fed, start) in zip(works, fed_info):
-            w.seq.num_cached = start + num_fed  # n, or a chunk's end
+        for w, (_, num_fed, first_fed) in zip(works, fed_info):
+            w.seq.num_cached = first_fed + num_fed  # n, or a chunk's end
             prefix_blocks.register(self.cache, w.seq)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

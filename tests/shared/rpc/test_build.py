@@ -45,8 +45,10 @@ def test_services_and_methods() -> None:
         desc = module.DESCRIPTOR.services_by_name[service]
         return {m.name: (m.output_type.name, m.server_streaming) for m in desc.methods}
 
-    assert set(methods(draft_pb2, "DraftService")) == {"Prefill", "Speculate", "Release", "Offload", "Reload", "Info"}
-    assert set(methods(target_pb2, "TargetService")) == {"Prefill", "Verify", "Step", "Release", "ResizeKV", "Info", "Features"}
+    assert set(methods(draft_pb2, "DraftService")) == {"Prefill", "Speculate", "Release", "Offload", "Reload", "Info",
+                                                          "SpeculateStream", "PushFeatures"}
+    assert set(methods(target_pb2, "TargetService")) == {"Prefill", "Verify", "Step", "Release", "ResizeKV", "Info", "Features",
+                                                            "StepStream"}
     tandem = methods(tandem_pb2, "Tandem")
     assert tandem["Generate"] == ("GenerateResponse", True)
     assert tandem["GenerateUnary"] == ("GenerateResult", False)
@@ -79,7 +81,7 @@ _DECL = re.compile(
     r"^\s*(?:"
     r"(?P<block>message|enum|service|oneof)\s+\w+\s*\{"
     r"|rpc\s+\w+\s*\("
-    r"|(?:optional\s+|repeated\s+)?[\w.]+\s+(?P<field>\w+)\s*=\s*\d+\s*;"
+    r"|(?:optional\s+|repeated\s+)?(?:map<[^>]+>|[\w.]+)\s+(?P<field>\w+)\s*=\s*\d+\s*;"
     r"|(?P<value>[A-Z][A-Z0-9_]*)\s*=\s*\d+\s*;"
     r")"
 )
