@@ -89,8 +89,13 @@ def test_json_schema_under_speculation_is_valid_and_greedily_identical(client, s
 
 
 def test_json_object_regex_and_choice(client):
-    obj = _chat(client, 4, response_format={"type": "json_object"}).choices[0].message.content
-    assert isinstance(json.loads(obj), dict)
+    short = [{"role": "user", "content": 'Reply with the JSON object {"ok": true} and nothing else.'}]
+    spec, plain = (client.chat.completions.create(model="tandem", messages=short, max_tokens=96, temperature=0,
+                                                  response_format={"type": "json_object"},
+                                                  extra_body={"speculation": s}) for s in (4, "off"))  # fmt: skip
+    assert spec.choices[0].finish_reason == "stop", spec.choices[0].message.content  # the grammar closed it
+    assert isinstance(json.loads(spec.choices[0].message.content), dict)
+    assert spec.choices[0].message.content == plain.choices[0].message.content
     pattern = r"[0-9]{3}-[0-9]{4}"
     number = client.completions.create(model="tandem", prompt="Call me at", max_tokens=16, temperature=0,
                                        extra_body={"regex": pattern, "speculation": 3})  # fmt: skip
