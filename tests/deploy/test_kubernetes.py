@@ -100,5 +100,14 @@ def test_only_the_scheduler_reaches_the_model_services_and_redis():
     (policy,) = _kind(_docs("tandem.yaml"), "NetworkPolicy").values()
     guarded = policy["spec"]["podSelector"]["matchExpressions"][0]["values"]
     assert set(guarded) == {"target", "draft", "redis"}
-    (rule,) = policy["spec"]["ingress"]
+    rule, scrape = policy["spec"]["ingress"]
     assert rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "scheduler"
+    assert "ports" not in rule  # the scheduler: every port
+    # Prometheus (namespace monitoring): only the named metrics port, which only the model services have
+    assert scrape["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    assert scrape["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    deployments = _kind(_docs("tandem.yaml"), "Deployment")
+    for name in ("target", "draft", "redis"):
+        (container,) = deployments[name]["spec"]["template"]["spec"]["containers"]
+        has_metrics = any(p.get("name") == "metrics" for p in container.get("ports", []))
+        assert has_metrics == (name != "redis"), name
