@@ -15,6 +15,7 @@ import asyncio
 
 from shared.engine.draft_engine import DraftEngine
 from shared.engine.features import FeatureBlock, FeatureSpec
+from shared.engine.model_shape import model_shape
 from shared.engine.target_engine import TargetEngine
 from shared.engine.types import AcceptResult, PrefillItem, PrefillResult, SpecItem, TokenTree, VerifyItem
 
@@ -28,6 +29,7 @@ class LocalTargetWorker:
     def __init__(self, engine: TargetEngine) -> None:
         self.engine = engine
         self.feature_spec: FeatureSpec | None = None  # set by the scheduler when its draft reads features
+        self.model_shape = model_shape(engine.runner)  # what chunked prefill prices chunks by (prefill_split.py)
 
     async def prefill(self, items: list[PrefillItem]) -> list[PrefillResult]:
         return await asyncio.to_thread(self.engine.prefill, items, self.feature_spec)

@@ -69,3 +69,11 @@ class SchedulerConfig(BaseModel):
         "under one token budget (policies/prefill_split.py). 0 = one-piece prefills. Off while frontier "
         "pipelining is on. Default from TANDEM_PREFILL_CHUNK, else 512.",
     )
+    prefill_pair_cost: float | None = Field(
+        None,
+        ge=0,
+        description="Chunked prefill's r = alpha / gamma: what one attended (query, key) pair costs per token's pass "
+        "through the layers; chunks shrink with their offset so that each costs what C tokens cost at offset 0 "
+        "(policies/prefill_split.py). None: from the target's shape (its Info, or an in-process engine; else 0). "
+        "0: chunks of C tokens at any offset.",
+    )

@@ -21,7 +21,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from scheduler.policies.prefill_split import Decoding, PrefillNeed, Split, split_budget
+from scheduler.policies.prefill_split import Decoding, PrefillNeed, Split, pair_cost, split_budget
 from scheduler.policies.speculation import wants_draft
 from scheduler.prefix_estimate import PrefixEstimate
 from scheduler.request import Request, RequestState
@@ -38,6 +38,12 @@ class _Progress:
     started: bool = False  # the target holds the sequence (a later chunk resumes it)
     on_draft: bool = False  # the draft got chunks of it
     draft_done: bool = False  # ... and the whole prompt
+    cached: int = 0  # the prefix the target's cache likely serves (prefix_estimate.py): the first chunk's offset
+
+    @property
+    def offset(self) -> int:
+        """Tokens the next chunk attends besides its own (the chunk cost's o, policies/prefill_split.py)."""
+        return self.done if self.started else self.cached
 
 
 class ChunkedPrefill:
@@ -62,7 +68,7 @@ class ChunkedPrefill:
             old = self.active.pop(req.id, None)
             if old is not None and old.on_draft:
                 loop.link.stale.add(req.id)  # released on the draft before its next sync
-            self.active[req.id] = _Progress(req, req.tokens())
+            self.active[req.id] = _Progress(req, req.tokens(), cached=self.estimate.estimate(req))
         return rest
 
     def ready(self, running) -> list[Request]:
@@ -82,16 +88,27 @@ class ChunkedPrefill:
                 if p.on_draft:
                     loop.link.pending_release.append(rid)
         needs = [
-            PrefillNeed(p.req.id, len(p.tokens) - p.done, now - (p.req.arrival_time or now), _s(p.req.slo.ttft_ms))
+            PrefillNeed(p.req.id, len(p.tokens) - p.done, now - (p.req.arrival_time or now), _s(p.req.slo.ttft_ms),
+                        offset=p.offset)
             for p in self.active.values() if p.req.state is RequestState.RUNNING
         ]  # fmt: skip
         decoding = [Decoding(r.tpot, _s(r.slo.tpot_ms)) for r in batch]
         cost = config.cost_model
         per_token = cost.predict(self.chunk, self.chunk) / self.chunk if cost is not None else None
         self.split = split_budget(
-            needs, decoding, chunk=self.chunk, budget=config.token_budget, prefill_token_s=per_token
-        )
+            needs, decoding, chunk=self.chunk, budget=config.token_budget, prefill_token_s=per_token,
+            pair_cost=self.pair_cost(config, loop.target),
+        )  # fmt: skip
         return self.split.spec_budget if needs else config.token_budget
+
+    @staticmethod
+    def pair_cost(config, target) -> float:
+        """r of the chunk cost (policies/prefill_split.py): the configured one, else the target's shape where the
+        worker knows it (an in-process engine; the scheduler service sets the config from the target's Info)."""
+        if config.prefill_pair_cost is not None:
+            return config.prefill_pair_cost
+        shape = getattr(target, "model_shape", None)
+        return pair_cost(shape.attention_width, shape.num_layers, shape.layer_params) if shape is not None else 0.0
 
     # ------------------------------------------------------------------ the step's forward
     async def verify(self, loop, items: list[VerifyItem], report) -> list[AcceptResult]:

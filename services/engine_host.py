@@ -44,6 +44,7 @@ from shared.engine.factory import (
     build_target_engine,
 )
 from shared.engine.loading import LoadedModel
+from shared.engine.model_shape import model_shape
 from shared.engine.ngram_drafter import NgramDraftEngine
 from shared.engine.suffix_drafter import SuffixDraftEngine
 from shared.engine.target_engine import TargetEngine
@@ -276,6 +277,8 @@ class EngineHost:
             cfg = runner.model.config
             info.hidden_size = cfg.hidden_size
             info.num_layers = cfg.num_hidden_layers
+            shape = model_shape(runner)
+            info.attention_width, info.layer_params = shape.attention_width, shape.layer_params
         return info
 
     def close(self) -> None:

@@ -47,6 +47,7 @@ from scheduler.target_link import TargetRecoveryConfig
 from services.scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker
 from services.scheduler.stream_workers import worker_classes
 from scheduler.policies.elastic_memory import ElasticDraftMemory, ElasticMemoryConfig, PoolGrowth
+from scheduler.policies.prefill_split import pair_cost
 from scheduler.workers import RealClock
 from services.version import service_version
 from services.runtime import serve_until_stopped
@@ -202,6 +203,7 @@ async def _start(
             pool_growth=pool_growth(target_info) if draft_memory is not None else None,
             frontier=_frontier(settings, draft is not None, budget.cost_model, draft_cost),
             target_recovery=TargetRecoveryConfig(recovery_s=settings.target_recovery_s),
+            prefill_pair_cost=pair_cost(target_info.attention_width, target_info.num_layers, target_info.layer_params),
         ),
         clock=clock,
         spec_policy=spec_policy,
