@@ -65,11 +65,17 @@ def main() -> None:
             times.setdefault(f"one-piece {n}", []).append(time.perf_counter() - t0)
         target.release([f"o{rep}"])
     print(f"r = alpha / gamma from the shape: {r:.3g}")
-    base = statistics.median(times[f"tokens {c}@0"])
-    for name, xs in times.items():
-        med = statistics.median(xs)
-        print(f"{name:>22}: median {med * 1e3:7.1f} ms  (min {min(xs) * 1e3:.1f}, max {max(xs) * 1e3:.1f})"
-              f"  x{med / base:.2f} of the first")  # fmt: skip
+    base = times[f"tokens {c}@0"]
+    for name, xs in times.items():  # x: the median over repeats of its time / the same repeat's first chunk
+        x = statistics.median(t / b for t, b in zip(xs, base))
+        print(f"{name:>22}: median {statistics.median(xs) * 1e3:7.1f} ms  (min {min(xs) * 1e3:.1f}, "
+              f"max {max(xs) * 1e3:.1f})  x{x:.2f} of tokens {c}@0")  # fmt: skip
+    whole = times[f"one-piece {n}"]
+    for plan in plans:  # what the p99 of a decoding request's gap compares: the dearest chunk against the whole
+        dearest = [max(ts) for ts in zip(*(xs for k, xs in times.items() if k.startswith(plan + " ")))]
+        ratios = [w / d for w, d in zip(whole, dearest)]
+        print(f"one-piece / dearest {plan} chunk per repeat: {', '.join(f'{q:.2f}' for q in ratios)}"
+              f" (median {statistics.median(ratios):.2f})")  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"chunk": c, "pair_cost": r, "repeats": args.repeats, "seconds": times}, f, indent=1)

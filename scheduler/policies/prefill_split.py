@@ -33,7 +33,7 @@ too) pass the layers, gamma each, and attend t o + t^2 / 2 (query, key) pairs, a
 The chunk granted at o is the largest t with cost(t, o) <= K, K = cost(C, 0) = C + r C^2 / 2 (rule 1), the
 positive root of (r / 2) t^2 + (1 + r o) t - K = 0 (``tokens_within``; r = 0: t = K = C, chunks of C tokens).
 The p99 of a decoding request's inter-token gap is set by the dearest chunk; with chunks of C tokens that was
-the prompt's last (the demo target's 512-token chunk at offset 1536 cost 1.4x the one at 0,
+the prompt's last (the demo target's 512-token chunk at offset 1536 cost 1.4-1.8x the one at 0,
 docs/policies/prefill-split.md). r comes from the target's shape (``pair_cost``), not from the profiled
 alpha: that one is fitted per KV entry per sequence on decodes and verifies of a few rows, the reading of
 the KV, not the compute a prefill row spends on a key.

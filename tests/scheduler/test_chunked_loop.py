@@ -11,12 +11,14 @@ import pytest
 
 from scheduler.engine_loop import Scheduler, SchedulerConfig
 from scheduler.local_workers import LocalDraftWorker, LocalTargetWorker
+from scheduler.policies.prefill_split import chunk_cost, pair_cost, tokens_within
 from scheduler.policies.speculation import FixedChain, NoSpeculation
 from scheduler.request import Request
 from scheduler.target_link import TargetRecoveryConfig
 from scheduler.workers import NullObserver
 from shared.engine.config import EngineConfig
 from shared.engine.factory import build_draft_engine, build_target_engine
+from shared.engine.model_shape import model_shape
 
 from test_local_workers import draft_dir, greedy  # noqa: F401 - draft_dir is a fixture
 
@@ -162,3 +164,64 @@ def test_running_requests_keep_decoding_while_a_long_prompt_prefills(tiny_model_
     first_long = long.first_token_time
     during = [t for t in short.token_times if t < first_long]
     assert len(during) >= 80 // 8  # one token per chunk step at least
+
+
+class ChunkRecorder(LocalTargetWorker):
+    """Records every prefill chunk of a step call: (sequence, tokens granted, tokens in its KV afterwards)."""
+
+    def __init__(self, engine) -> None:
+        super().__init__(engine)
+        self.chunks: dict[str, list[tuple[int, int]]] = {}
+
+    async def step(self, prefills, verifies):
+        prefilled, verified = await super().step(prefills, verifies)
+        for item, res in zip(prefills, prefilled):
+            self.chunks.setdefault(item.seq_id, []).append((item.max_tokens, res.num_prefilled))
+        return prefilled, verified
+
+
+def test_chunks_beside_decoding_cost_alike_at_every_offset(tiny_model_dir, draft_dir):
+    """Rule 1's cost cap through the loop: each chunk is the most tokens that cost(C, 0) pays for at the offset
+    the target's KV (a cached prefix included) has reached; the output is the one-piece greedy one."""
+    target, draft = engines(tiny_model_dir, draft_dir, cache=True)
+    worker, r, c = ChunkRecorder(target), 0.02, 32
+    sched = Scheduler(worker, LocalDraftWorker(draft), spec_policy=NoSpeculation(),
+                      config=SchedulerConfig(prefill_chunk=c, prefill_pair_cost=r))  # fmt: skip
+    short = Request("short", [1, 2, 3], max_new_tokens=40)
+    a = Request("a", [RNG.randrange(200) for _ in range(64)], max_new_tokens=2)
+    b = Request("b", a.prompt_ids + [RNG.randrange(200) for _ in range(40)], max_new_tokens=2)
+
+    async def main():
+        streams = [sched.submit(short)]
+        await sched.step()  # short decodes from here on: every chunk runs beside it
+        streams.append(sched.submit(a))
+        while not a.state.done:
+            await sched.step()
+        streams.append(sched.submit(b))  # its first 64 tokens are in the target's prefix cache
+        _, *outs = await asyncio.gather(sched.run_until_idle(), *(s.collect() for s in streams))
+        return outs
+
+    outs = asyncio.run(main())
+    assert outs == [greedy(tiny_model_dir, q.prompt_ids, q.max_new_tokens) for q in (short, a, b)]
+    for req, offset in ((a, 0), (b, 64)):
+        grants = worker.chunks[req.id]
+        assert len(grants) >= 3 and grants[0][1] == offset + grants[0][0]
+        for granted, done in grants:
+            fits = max(16, tokens_within(chunk_cost(c, 0, r), offset, r))  # at least min_chunk (rule 4)
+            assert granted == min(len(req.prompt_ids) - offset, fits)
+            offset = done
+        assert [g for g, _ in grants[:-1]] == sorted((g for g, _ in grants[:-1]), reverse=True)
+    assert worker.chunks["a"][0][0] == c > worker.chunks["b"][0][0]  # b's first chunk attends the cached 64
+
+
+def test_the_pair_cost_comes_from_the_targets_shape_by_default(tiny_model_dir, draft_dir):
+    target, draft = engines(tiny_model_dir, draft_dir, cache=False)
+    sched = Scheduler(LocalTargetWorker(target), LocalDraftWorker(draft), config=SchedulerConfig(prefill_chunk=8))
+    shape = model_shape(target.runner)
+    cfg = target.runner.model.config
+    assert shape.num_layers == cfg.num_hidden_layers and shape.attention_width == cfg.num_attention_heads * (
+        getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)  # fmt: skip
+    r = sched.chunks.pair_cost(sched.config, sched.target)
+    assert r == pair_cost(shape.attention_width, shape.num_layers, shape.layer_params) > 0
+    assert sched.chunks.pair_cost(SchedulerConfig(prefill_pair_cost=0.0), sched.target) == 0.0
+    assert sched.chunks.pair_cost(sched.config, object()) == 0.0  # a worker that does not tell its shape

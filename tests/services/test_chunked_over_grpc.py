@@ -8,9 +8,12 @@ import asyncio
 import pytest
 
 from scheduler.engine_loop import Scheduler, SchedulerConfig
+from scheduler.policies.prefill_split import pair_cost
 from scheduler.policies.speculation import FixedChain
 from scheduler.request import FinishReason, Request
 from services.scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker
+from shared.engine.factory import build_target_engine
+from shared.engine.model_shape import model_shape
 from tests.services.test_scheduler_over_grpc import StopDraftAt, run_requests
 from tests.support.model_services import NUM_BLOCKS, greedy_reference, serving
 
@@ -46,3 +49,7 @@ def test_chunked_prefill_and_prefix_cache_over_grpc(tiny_model_dir, stop_draft_a
     assert info.prefix_cache_hit_tokens > 0 and info.prefix_cache_query_tokens >= info.prefix_cache_hit_tokens
     assert info.prefix_cache_blocks > 0 and sched.chunks.num_cached_tokens > 0
     assert (info.kv_blocks_free, info.num_live_seqs) == (NUM_BLOCKS, 0)  # cached blocks count as free
+    shape = model_shape(build_target_engine(tiny_model_dir, device="cpu", with_tokenizer=False)[0].runner)
+    assert (info.num_layers, info.attention_width, info.layer_params) == (
+        shape.num_layers, shape.attention_width, shape.layer_params)  # what the scheduler sizes chunks by
+    assert pair_cost(info.attention_width, info.num_layers, info.layer_params) > 0
