@@ -14,6 +14,11 @@
                 print(event.text, end="", flush=True)
         print(stream.result.ttft_ms)
 
+        r = client.generate("The sky is", temperature=0.8, top_k=40, min_p=0.05, repetition_penalty=1.1, logprobs=3)
+        print([(lp.token_id, lp.logprob, [a.token_id for a in lp.top]) for lp in r.logprobs])
+        for sample in client.samples("Once upon a time", n=4, temperature=1.0, seed=7):   # the HTTP API's n
+            print(sample.text)
+
     async with AsyncClient("127.0.0.1:50051") as client:
         async for event in client.stream("Hello", max_new_tokens=16):
             ...
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,7 +45,7 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sdk.errors import GenerationError, ServerError, TandemError, from_rpc_error
-from sdk.request import Prompt, build_request
+from sdk.request import Prompt, build_request, sample_requests
 from sdk.types import (
     AcceptanceStats,
     ChatMessage,
@@ -278,6 +284,10 @@ class _Endpoint:
         parse = lambda msg: _check(result_from_pb(msg))  # noqa: E731
         return self._stub.GenerateUnary, build_request(prompt, **kwargs), self._deadline(timeout), parse
 
+    def _samples_plan(self, prompt: Prompt, n: int, timeout: float | None, kwargs: dict) -> tuple:
+        parse = lambda msg: _check(result_from_pb(msg))  # noqa: E731
+        return self._stub.GenerateUnary, sample_requests(prompt, n, **kwargs), self._deadline(timeout), parse
+
     def _abort_plan(self, request_id: str, timeout: float | None) -> tuple:
         request = tandem_pb2.AbortRequest(request_id=request_id)
         return self._stub.Abort, request, self._deadline(timeout, control=True), lambda reply: reply.aborted
@@ -364,6 +374,26 @@ class Client(_Endpoint):
     def stream(self, prompt: Prompt, *, timeout: float | None = _UNSET, **kwargs: Any) -> TokenStream:
         """Start a streaming generation; iterate the returned TokenStream for TokenEvents."""
         return TokenStream(self._open_stream(prompt, timeout, kwargs), self.target, self._tls)
+
+    def samples(self, prompt: Prompt, n: int, *, timeout: float | None = _UNSET, **kwargs: Any) -> list[GenerateResult]:
+        """``n`` samples of ``prompt``, generated concurrently (the HTTP API's ``n``; ``sample_requests``), in order.
+        The first failure cancels the other calls (the server aborts them) and raises."""
+        method, requests, deadline, parse = self._samples_plan(prompt, n, timeout, kwargs)
+        calls = [method.future(r, timeout=deadline, metadata=self._metadata, wait_for_ready=self._wait) for r in requests]
+        finished: queue.SimpleQueue = queue.SimpleQueue()
+        for call in calls:
+            call.add_done_callback(finished.put)
+        results: dict[int, GenerateResult] = {}
+        try:
+            while len(results) < len(calls):  # in the order they finish, so a failure is seen when it happens
+                call = finished.get()
+                results[next(i for i, c in enumerate(calls) if c is call)] = parse(call.result())
+            return [results[i] for i in range(len(calls))]
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, self.target, tls_hint=tls_hint(exc, self.target, self._tls)) from None
+        finally:
+            for call in calls:
+                call.cancel()  # no-op on finished calls
 
     def abort(self, request_id: str, *, timeout: float | None = _UNSET) -> bool:
         """Stop a request; False when it had already finished. Unknown ids raise NotFoundError."""
@@ -473,6 +503,21 @@ class AsyncClient(_Endpoint):
 
     def stream(self, prompt: Prompt, *, timeout: float | None = _UNSET, **kwargs: Any) -> AsyncTokenStream:
         return AsyncTokenStream(self._open_stream(prompt, timeout, kwargs), self.target, self._tls)
+
+    async def samples(self, prompt: Prompt, n: int, *, timeout: float | None = _UNSET,
+                      **kwargs: Any) -> list[GenerateResult]:  # fmt: skip
+        """As ``Client.samples``: n concurrent requests, the first failure cancels the rest and raises."""
+        method, requests, deadline, parse = self._samples_plan(prompt, n, timeout, kwargs)
+        tasks = [asyncio.ensure_future(self._run(method, r, deadline, parse)) for r in requests]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            failed = next((t for t in tasks if t.done() and t.exception() is not None), None)
+            if failed is not None:
+                raise failed.exception()
+            return [task.result() for task in tasks]
+        finally:
+            for task in tasks:
+                task.cancel()
 
     async def abort(self, request_id: str, *, timeout: float | None = _UNSET) -> bool:
         return await self._run(*self._abort_plan(request_id, timeout))

@@ -4,8 +4,9 @@ The checks are the server's own ranges (``sdk.types.Sampling`` mirrors shared/en
 services/scheduler/translate.py), so a bad value raises ``InvalidRequestError`` naming the field without a
 round trip; what only the server can know (vocabulary, context window, tokenizer) it checks itself.
 
-``n`` parallel samples are not a field of the request: ``Client.samples`` sends n requests, as the HTTP API
-does (sdk/samples.py).
+``n`` parallel samples are not a field of the request: ``sample_requests`` makes n requests of one prompt
+(``Client.samples`` sends them at once), exactly as the HTTP API's ``n`` does: sample i draws with seed
+``sample_seed(seed, i)`` and carries request id ``<id>-i``, so one seed gives the same n samples on both.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from sdk.errors import InvalidRequestError
 from sdk.types import ChatMessage, Sampling, Speculation
 from shared.rpc.gen.tandem.v1 import common_pb2, tandem_pb2
 from shared.rpc.grammar_fields import GrammarFieldError, grammar_of
+from shared.rpc.sample_seed import sample_seed
 
 Prompt = str | Sequence[int] | Sequence[ChatMessage | dict]  # text, token ids, or a conversation
 SpeculationArg = Speculation | Literal["auto", "off"] | int | dict | None
@@ -117,6 +119,23 @@ def build_request(
     if grammar is not None:
         request.grammar.CopyFrom(grammar)
     return request
+
+
+def sample_requests(prompt: Prompt, n: int, **kwargs) -> list[tandem_pb2.GenerateRequest]:
+    """The n requests of n samples of ``prompt`` (keywords: see ``build_request``); sample 0 is the request itself."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise InvalidRequestError(f"n must be an integer >= 1, got {n!r}")
+    request = build_request(prompt, **kwargs)
+    out = []
+    for i in range(n):
+        one = tandem_pb2.GenerateRequest()
+        one.CopyFrom(request)
+        if request.request_id and n > 1:
+            one.request_id = f"{request.request_id}-{i}"
+        if request.sampling.HasField("seed"):
+            one.sampling.seed = sample_seed(request.sampling.seed, i)
+        out.append(one)
+    return out
 
 
 def sampling_pb(params: Sampling) -> common_pb2.SamplingParams:
