@@ -418,18 +418,20 @@ def test_every_sampling_knob_reaches_the_wire(server) -> None:
     address, fake = server
     knobs = dict(top_k=40, min_p=0.05, repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=-0.25,
                  min_tokens=2, logprobs=3, prompt_logprobs=0)  # fmt: skip
+
+    def sent(request_id: str) -> tandem_pb2.GenerateRequest:
+        return next(r for r in fake.requests if r.request_id == request_id)
+
     with Client(address) as client:
-        client.generate("x", max_new_tokens=4, temperature=0.9, ignore_eos=True, **knobs)
-        sent = fake.requests[-1]
-        assert {k: getattr(sent.sampling, k) for k in knobs} == pytest.approx(knobs) and sent.ignore_eos
-        assert sent.sampling.temperature == 0.9
-        client.generate("x", max_new_tokens=4, sampling={"top_k": 5, "logprobs": 1}, top_k=7)  # keyword wins
-        sent = fake.requests[-1]
-        assert sent.sampling.top_k == 7 and sent.sampling.logprobs == 1
-        client.generate("x", max_new_tokens=4)  # neutral values: the optional fields stay unset
-        sent = fake.requests[-1].sampling
-        assert not any(sent.HasField(f) for f in ("repetition_penalty", "logprobs", "prompt_logprobs", "seed"))
-        assert (sent.top_k, sent.min_p, sent.min_tokens, sent.frequency_penalty) == (0, 0.0, 0, 0.0)
+        client.generate("x", max_new_tokens=4, temperature=0.9, ignore_eos=True, request_id="knobs", **knobs)
+        assert {k: getattr(sent("knobs").sampling, k) for k in knobs} == pytest.approx(knobs)
+        assert sent("knobs").ignore_eos and sent("knobs").sampling.temperature == 0.9
+        client.generate("x", max_new_tokens=4, sampling={"top_k": 5, "logprobs": 1}, top_k=7, request_id="mixed")
+        assert sent("mixed").sampling.top_k == 7 and sent("mixed").sampling.logprobs == 1  # the keyword wins
+        client.generate("x", max_new_tokens=4, request_id="neutral")  # neutral values: optional fields stay unset
+        neutral = sent("neutral").sampling
+        assert not any(neutral.HasField(f) for f in ("repetition_penalty", "logprobs", "prompt_logprobs", "seed"))
+        assert (neutral.top_k, neutral.min_p, neutral.min_tokens, neutral.frequency_penalty) == (0, 0.0, 0, 0.0)
 
 
 @pytest.mark.parametrize("bad, field", [
