@@ -18,7 +18,8 @@ TopPOption = Annotated[float, typer.Option(help="Nucleus sampling mass.")]
 SeedOption = Annotated[int | None, typer.Option(help="Sampling seed.")]
 TopKOption = Annotated[int, typer.Option(help="Keep the k most probable tokens; 0 = all.")]
 MinPOption = Annotated[float, typer.Option(help="Drop tokens below min-p x the top token's probability.")]
-RepetitionPenaltyOption = Annotated[float, typer.Option(help="> 1 makes tokens already in the prompt or output less likely; 1 = none.")]
+RepetitionPenaltyOption = Annotated[float, typer.Option(help="> 1 makes tokens already in the prompt or output "
+                                                         "less likely; 1 = none.")]
 
 
 def sampling_args(temperature: float, top_p: float, seed: int | None, top_k: int, min_p: float,

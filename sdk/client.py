@@ -379,7 +379,8 @@ class Client(_Endpoint):
         """``n`` samples of ``prompt``, generated concurrently (the HTTP API's ``n``; ``sample_requests``), in order.
         The first failure cancels the other calls (the server aborts them) and raises."""
         method, requests, deadline, parse = self._samples_plan(prompt, n, timeout, kwargs)
-        calls = [method.future(r, timeout=deadline, metadata=self._metadata, wait_for_ready=self._wait) for r in requests]
+        calls = [method.future(r, timeout=deadline, metadata=self._metadata, wait_for_ready=self._wait)
+                 for r in requests]  # fmt: skip
         finished: queue.SimpleQueue = queue.SimpleQueue()
         for call in calls:
             call.add_done_callback(finished.put)

@@ -79,7 +79,8 @@ def build_request(
     if max_new_tokens < 1:
         raise InvalidRequestError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if params.min_tokens > max_new_tokens:
-        raise InvalidRequestError(f"sampling.min_tokens ({params.min_tokens}) exceeds max_new_tokens ({max_new_tokens})")
+        raise InvalidRequestError(f"sampling.min_tokens ({params.min_tokens}) exceeds max_new_tokens "
+                                  f"({max_new_tokens})")  # fmt: skip
     if slo_tpot_ms is not None and slo_tpot_ms <= 0 or slo_ttft_ms is not None and slo_ttft_ms <= 0:
         raise InvalidRequestError("SLO targets must be positive milliseconds")
 
