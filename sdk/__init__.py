@@ -18,6 +18,8 @@ _EXPORTS = {
     "AsyncTokenStream": "sdk.client",
     "GenerateResult": "sdk.client",
     "TokenEvent": "sdk.client",
+    "TokenLogprob": "sdk.client",
+    "TopLogprob": "sdk.client",
     "FinishReason": "sdk.client",
     "Sampling": "sdk.client",
     "Speculation": "sdk.client",

@@ -24,9 +24,10 @@ import typer
 from rich.console import Console
 
 from sdk.cli_options import (
-    DEFAULT_ADDR, AddrOption, CaOption, SeedOption, TlsOption, client_tls, SloTpotOption, SloTtftOption, SpecOption, SystemOption, TemperatureOption,
-    TopPOption, speculation_arg,
-)
+    DEFAULT_ADDR, AddrOption, CaOption, MinPOption, RepetitionPenaltyOption, SeedOption, TlsOption, TopKOption,
+    client_tls, SloTpotOption, SloTtftOption, SpecOption, SystemOption, TemperatureOption, TopPOption,
+    sampling_args, speculation_arg,
+)  # fmt: skip
 from sdk.stats_line import stats_line
 
 COMMANDS = {"/exit": "leave (Ctrl-D too)", "/quit": "leave", "/reset": "forget the conversation", "/help": "this list"}
@@ -61,6 +62,9 @@ def chat(
     temperature: TemperatureOption = 0.0,
     top_p: TopPOption = 1.0,
     seed: SeedOption = None,
+    top_k: TopKOption = 0,
+    min_p: MinPOption = 0.0,
+    repetition_penalty: RepetitionPenaltyOption = 1.0,
     tls: TlsOption = False,
     ca: CaOption = None,
 ) -> None:
@@ -70,7 +74,7 @@ def chat(
 
     console = Console(highlight=False)
     options = dict(max_new_tokens=max_new_tokens, speculation=speculation_arg(spec), slo_tpot_ms=slo_tpot_ms,
-                   slo_ttft_ms=slo_ttft_ms, temperature=temperature, top_p=top_p, seed=seed)  # fmt: skip
+                   slo_ttft_ms=slo_ttft_ms, **sampling_args(temperature, top_p, seed, top_k, min_p, repetition_penalty))
     has_slo = slo_tpot_ms is not None or slo_ttft_ms is not None
     try:
         import readline  # noqa: F401 - line editing and history for input()

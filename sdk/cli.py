@@ -6,7 +6,9 @@
     tandem up --target-model DIR --draft-model DIR   your own pair (docs/models.md#your-own-pair)
     tandem serve target|draft|scheduler   one service, configured by TANDEM_* variables (what compose runs)
     tandem generate "What is the capital of France?" --max-new-tokens 32 --spec 4 --slo-tpot-ms 50
-                                          (in the model's chat template when it has one; --raw: as it is)
+                                          (in the model's chat template when it has one; --raw: as it is;
+                                          --temperature --top-p --top-k --min-p --repetition-penalty --seed,
+                                          --logprobs N: each token's log-probability and N alternatives)
     tandem chat [--system "..."]          an interactive conversation, streamed, stats after each answer
     tandem status                         the scheduler's Info and health
     tandem --version
@@ -37,9 +39,9 @@ from rich.table import Table
 
 from sdk.chat_cli import chat
 from sdk.cli_options import (
-    DEFAULT_ADDR, AddrOption, CaOption, SeedOption, TlsOption, client_tls, SloTpotOption, SloTtftOption, SpecOption, SystemOption, TemperatureOption,
-    TopPOption,
-)
+    DEFAULT_ADDR, AddrOption, CaOption, MinPOption, RepetitionPenaltyOption, SeedOption, TlsOption, TopKOption,
+    client_tls, SloTpotOption, SloTtftOption, SpecOption, SystemOption, TemperatureOption, TopPOption, sampling_args,
+)  # fmt: skip
 from shared.models.cli import app as models_app
 from shared.profiling.cli import profile
 
@@ -273,6 +275,11 @@ def generate(
     temperature: TemperatureOption = 0.0,
     top_p: TopPOption = 1.0,
     seed: SeedOption = None,
+    top_k: TopKOption = 0,
+    min_p: MinPOption = 0.0,
+    repetition_penalty: RepetitionPenaltyOption = 1.0,
+    logprobs: Annotated[int | None, typer.Option(help="Print each token's log-probability and this many "
+                                                 "alternatives (0-20) to stderr after the text.")] = None,
     stop: Annotated[list[str] | None, typer.Option(help="Stop string (repeatable).")] = None,
     priority: Annotated[int, typer.Option(help="Higher runs earlier.")] = 0,
     tls: TlsOption = False,
@@ -283,7 +290,7 @@ def generate(
     from sdk.chat_cli import prompt_for
     from sdk.client import Client
     from sdk.errors import TandemError
-    from sdk.stats_line import stats_line
+    from sdk.stats_line import logprobs_table, stats_line
 
     err = Console(stderr=True)
     try:
@@ -297,8 +304,8 @@ def generate(
                 prompt_arg = prompt_for(client, prompt, raw=raw, system=system)
             stream = client.stream(
                 prompt_arg, max_new_tokens=max_new_tokens, speculation=speculation, slo_tpot_ms=slo_tpot_ms,
-                slo_ttft_ms=slo_ttft_ms, temperature=temperature, top_p=top_p, seed=seed, stop=stop or (),
-                priority=priority,
+                slo_ttft_ms=slo_ttft_ms, stop=stop or (), priority=priority, logprobs=logprobs,
+                **sampling_args(temperature, top_p, seed, top_k, min_p, repetition_penalty),
             )  # fmt: skip
             with stream:
                 for event in stream:
@@ -310,6 +317,8 @@ def generate(
         err.print(f"[red]{exc}[/]", soft_wrap=True)  # one line, however long
         raise typer.Exit(1) from None
     sys.stdout.write("\n")
+    if logprobs is not None:
+        err.print(logprobs_table(r.logprobs), markup=False, highlight=False, soft_wrap=True)
     err.print(f"[dim]{stats_line(r, slo=slo_tpot_ms is not None or slo_ttft_ms is not None)}[/]")
 
 

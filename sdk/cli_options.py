@@ -16,6 +16,17 @@ SloTtftOption = Annotated[float | None, typer.Option(help="TTFT target in ms.")]
 TemperatureOption = Annotated[float, typer.Option(help="0 = greedy.")]
 TopPOption = Annotated[float, typer.Option(help="Nucleus sampling mass.")]
 SeedOption = Annotated[int | None, typer.Option(help="Sampling seed.")]
+TopKOption = Annotated[int, typer.Option(help="Keep the k most probable tokens; 0 = all.")]
+MinPOption = Annotated[float, typer.Option(help="Drop tokens below min-p x the top token's probability.")]
+RepetitionPenaltyOption = Annotated[float, typer.Option(help="> 1 makes tokens already in the prompt or output "
+                                                         "less likely; 1 = none.")]
+
+
+def sampling_args(temperature: float, top_p: float, seed: int | None, top_k: int, min_p: float,
+                  repetition_penalty: float) -> dict:  # fmt: skip
+    """The sampling keywords of `tandem generate` / `tandem chat` for ``Client.stream``."""
+    return dict(temperature=temperature, top_p=top_p, seed=seed, top_k=top_k, min_p=min_p,
+                repetition_penalty=repetition_penalty)  # fmt: skip
 
 
 def speculation_arg(spec: str) -> str | int:

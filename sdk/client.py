@@ -14,6 +14,11 @@
                 print(event.text, end="", flush=True)
         print(stream.result.ttft_ms)
 
+        r = client.generate("The sky is", temperature=0.8, top_k=40, min_p=0.05, repetition_penalty=1.1, logprobs=3)
+        print([(lp.token_id, lp.logprob, [a.token_id for a in lp.top]) for lp in r.logprobs])
+        for sample in client.samples("Once upon a time", n=4, temperature=1.0, seed=7):   # the HTTP API's n
+            print(sample.text)
+
     async with AsyncClient("127.0.0.1:50051") as client:
         async for event in client.stream("Hello", max_new_tokens=16):
             ...
@@ -30,16 +35,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from pydantic import ValidationError
 
-from sdk.errors import GenerationError, InvalidRequestError, ServerError, TandemError, from_rpc_error
+from sdk.errors import GenerationError, ServerError, TandemError, from_rpc_error
+from sdk.request import Prompt, build_request, sample_requests
 from sdk.types import (
     AcceptanceStats,
     ChatMessage,
@@ -51,9 +57,10 @@ from sdk.types import (
     Speculation,
     Timing,
     TokenEvent,
+    TokenLogprob,
+    TopLogprob,
 )
 from shared.rpc.channel import aio_channel, sync_channel
-from shared.rpc.grammar_fields import GrammarFieldError, grammar_of
 from shared.rpc.tls_mismatch import tls_problem
 from shared.rpc.gen.tandem.v1 import common_pb2, tandem_pb2, tandem_pb2_grpc
 
@@ -71,113 +78,13 @@ _FINISH_FROM_PB = {
     tandem_pb2.FINISH_REASON_ERROR: FinishReason.ERROR,
 }
 
-Prompt = str | Sequence[int] | Sequence[ChatMessage | dict]  # text, token ids, or a conversation
-SpeculationArg = Speculation | Literal["auto", "off"] | int | dict | None
-
-
-def _speculation(arg: SpeculationArg) -> Speculation | None:
-    if arg is None or isinstance(arg, Speculation):
-        return arg
-    if isinstance(arg, bool):
-        raise InvalidRequestError("speculation must be 'auto', 'off', k (int) or a Speculation")
-    if isinstance(arg, int):
-        return Speculation(mode="off") if arg == 0 else Speculation(mode="fixed", k=arg)
-    if isinstance(arg, str):
-        return Speculation(mode=arg)
-    return Speculation.model_validate(arg)
-
-
-_SPEC_MODE = {
-    "auto": tandem_pb2.SPECULATION_MODE_AUTO,
-    "off": tandem_pb2.SPECULATION_MODE_OFF,
-    "fixed": tandem_pb2.SPECULATION_MODE_FIXED,
-}
-
-
-def build_request(
-    prompt: Prompt,
-    *,
-    max_new_tokens: int = 128,
-    stop: Sequence[str] = (),
-    stop_token_ids: Sequence[int] = (),
-    sampling: Sampling | dict | None = None,
-    temperature: float | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    slo_tpot_ms: float | None = None,
-    slo_ttft_ms: float | None = None,
-    priority: int = 0,
-    speculation: SpeculationArg = None,
-    request_id: str | None = None,
-    cache_salt: str = "",
-    response_format: dict | None = None,
-    json_schema: dict | None = None,
-    regex: str | None = None,
-    choice: Sequence[str] | None = None,
-) -> tandem_pb2.GenerateRequest:
-    """The GenerateRequest for these arguments; bad values raise InvalidRequestError before any call.
-    Structured output, at most one of: ``response_format`` (OpenAI's), ``json_schema``, ``regex``, ``choice``."""
-    try:
-        base = Sampling.model_validate(sampling) if isinstance(sampling, dict) else (sampling or Sampling())
-        overrides = {k: v for k, v in (("temperature", temperature), ("top_p", top_p), ("seed", seed)) if v is not None}
-        params = Sampling.model_validate({**base.model_dump(), **overrides})
-        spec = _speculation(speculation)
-    except ValidationError as exc:
-        raise InvalidRequestError(str(exc.errors(include_url=False)[0]["msg"])) from exc
-    if max_new_tokens < 1:
-        raise InvalidRequestError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if slo_tpot_ms is not None and slo_tpot_ms <= 0 or slo_ttft_ms is not None and slo_ttft_ms <= 0:
-        raise InvalidRequestError("SLO targets must be positive milliseconds")
-
-    request = tandem_pb2.GenerateRequest(
-        request_id=request_id or "",
-        max_new_tokens=max_new_tokens,
-        stop=list(stop),
-        stop_token_ids=list(stop_token_ids),
-        priority=priority,
-        cache_salt=cache_salt,  # prefix-cache tenant: requests of different salts never share KV blocks
-    )
-    if isinstance(prompt, str):
-        if not prompt:
-            raise InvalidRequestError("prompt is empty")
-        request.text = prompt
-    elif _is_chat(prompt):
-        request.chat.CopyFrom(_chat_pb(prompt))
-    else:
-        ids = list(prompt)
-        if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
-            raise InvalidRequestError("token_ids prompt must be a non-empty list of non-negative ints")
-        request.token_ids.ids.extend(ids)
-    request.sampling.CopyFrom(common_pb2.SamplingParams(temperature=params.temperature, top_p=params.top_p))
-    if params.seed is not None:
-        request.sampling.seed = params.seed
-    if slo_tpot_ms is not None:
-        request.slo.tpot_ms = slo_tpot_ms
-    if slo_ttft_ms is not None:
-        request.slo.ttft_ms = slo_ttft_ms
-    if spec is not None:
-        request.speculation.mode = _SPEC_MODE[spec.mode]
-        request.speculation.k = spec.k
-    try:
-        grammar = grammar_of({"response_format": response_format, "guided_json": json_schema, "regex": regex,
-                              "choice": list(choice) if choice is not None else None})  # fmt: skip
-    except GrammarFieldError as exc:
-        raise InvalidRequestError(str(exc).replace("guided_json", "json_schema")) from None
-    if grammar is not None:
-        request.grammar.CopyFrom(grammar)
-    return request
-
-
-def _is_chat(prompt: Prompt) -> bool:
-    return bool(prompt) and isinstance(prompt[0], (ChatMessage, dict))
-
-
-def _chat_pb(messages: Sequence[ChatMessage | dict]) -> tandem_pb2.ChatMessages:
-    try:
-        parsed = [m if isinstance(m, ChatMessage) else ChatMessage.model_validate(m) for m in messages]
-    except ValidationError as exc:
-        raise InvalidRequestError(f"chat message: {exc.errors(include_url=False)[0]['msg']}") from exc
-    return tandem_pb2.ChatMessages(messages=[tandem_pb2.ChatMessage(role=m.role, content=m.content) for m in parsed])
+def logprobs_from_pb(msgs: Sequence[common_pb2.TokenLogprobs]) -> list[TokenLogprob]:
+    """The wire's TokenLogprobs as SDK models (float32 on the wire; -inf stays -inf)."""
+    return [
+        TokenLogprob(token_id=lp.token_id, logprob=lp.logprob,
+                     top=[TopLogprob(token_id=t, logprob=v) for t, v in zip(lp.top_ids, lp.top_logprobs)])
+        for lp in msgs
+    ]  # fmt: skip
 
 
 def _timing(msg: common_pb2.Timing) -> Timing:
@@ -209,6 +116,8 @@ def result_from_pb(msg: tandem_pb2.GenerateResult) -> GenerateResult:
         token_ids=list(msg.token_ids),
         text=msg.text,
         token_timestamps_unix_ns=list(msg.token_timestamps_unix_ns),
+        logprobs=logprobs_from_pb(msg.logprobs),
+        prompt_logprobs=logprobs_from_pb(msg.prompt_logprobs),
     )
     return _apply_summary(result, msg.summary)
 
@@ -259,13 +168,18 @@ class _Assembler:
             self._partial.token_ids.extend(chunk.token_ids)
             self._partial.text += chunk.text
             self._partial.token_timestamps_unix_ns.extend(chunk.timestamps_unix_ns)
-            return TokenEvent(
+            event = TokenEvent(
                 request_id=self._partial.request_id,
                 token_ids=list(chunk.token_ids),
                 text=chunk.text,
                 timestamps_unix_ns=list(chunk.timestamps_unix_ns),
                 num_accepted=chunk.num_accepted,
+                logprobs=logprobs_from_pb(chunk.logprobs),
+                prompt_logprobs=logprobs_from_pb(chunk.prompt_logprobs),
             )
+            self._partial.logprobs.extend(event.logprobs)
+            self._partial.prompt_logprobs.extend(event.prompt_logprobs)
+            return event
         elif kind == "final":
             self.result = _apply_summary(self._partial, msg.final)
             self.finished = True
@@ -370,6 +284,10 @@ class _Endpoint:
         parse = lambda msg: _check(result_from_pb(msg))  # noqa: E731
         return self._stub.GenerateUnary, build_request(prompt, **kwargs), self._deadline(timeout), parse
 
+    def _samples_plan(self, prompt: Prompt, n: int, timeout: float | None, kwargs: dict) -> tuple:
+        parse = lambda msg: _check(result_from_pb(msg))  # noqa: E731
+        return self._stub.GenerateUnary, sample_requests(prompt, n, **kwargs), self._deadline(timeout), parse
+
     def _abort_plan(self, request_id: str, timeout: float | None) -> tuple:
         request = tandem_pb2.AbortRequest(request_id=request_id)
         return self._stub.Abort, request, self._deadline(timeout, control=True), lambda reply: reply.aborted
@@ -456,6 +374,27 @@ class Client(_Endpoint):
     def stream(self, prompt: Prompt, *, timeout: float | None = _UNSET, **kwargs: Any) -> TokenStream:
         """Start a streaming generation; iterate the returned TokenStream for TokenEvents."""
         return TokenStream(self._open_stream(prompt, timeout, kwargs), self.target, self._tls)
+
+    def samples(self, prompt: Prompt, n: int, *, timeout: float | None = _UNSET, **kwargs: Any) -> list[GenerateResult]:
+        """``n`` samples of ``prompt``, generated concurrently (the HTTP API's ``n``; ``sample_requests``), in order.
+        The first failure cancels the other calls (the server aborts them) and raises."""
+        method, requests, deadline, parse = self._samples_plan(prompt, n, timeout, kwargs)
+        calls = [method.future(r, timeout=deadline, metadata=self._metadata, wait_for_ready=self._wait)
+                 for r in requests]  # fmt: skip
+        finished: queue.SimpleQueue = queue.SimpleQueue()
+        for call in calls:
+            call.add_done_callback(finished.put)
+        results: dict[int, GenerateResult] = {}
+        try:
+            while len(results) < len(calls):  # in the order they finish, so a failure is seen when it happens
+                call = finished.get()
+                results[next(i for i, c in enumerate(calls) if c is call)] = parse(call.result())
+            return [results[i] for i in range(len(calls))]
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, self.target, tls_hint=tls_hint(exc, self.target, self._tls)) from None
+        finally:
+            for call in calls:
+                call.cancel()  # no-op on finished calls
 
     def abort(self, request_id: str, *, timeout: float | None = _UNSET) -> bool:
         """Stop a request; False when it had already finished. Unknown ids raise NotFoundError."""
@@ -566,6 +505,21 @@ class AsyncClient(_Endpoint):
     def stream(self, prompt: Prompt, *, timeout: float | None = _UNSET, **kwargs: Any) -> AsyncTokenStream:
         return AsyncTokenStream(self._open_stream(prompt, timeout, kwargs), self.target, self._tls)
 
+    async def samples(self, prompt: Prompt, n: int, *, timeout: float | None = _UNSET,
+                      **kwargs: Any) -> list[GenerateResult]:  # fmt: skip
+        """As ``Client.samples``: n concurrent requests, the first failure cancels the rest and raises."""
+        method, requests, deadline, parse = self._samples_plan(prompt, n, timeout, kwargs)
+        tasks = [asyncio.ensure_future(self._run(method, r, deadline, parse)) for r in requests]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            failed = next((t for t in tasks if t.done() and t.exception() is not None), None)
+            if failed is not None:
+                raise failed.exception()
+            return [task.result() for task in tasks]
+        finally:
+            for task in tasks:
+                task.cancel()
+
     async def abort(self, request_id: str, *, timeout: float | None = _UNSET) -> bool:
         return await self._run(*self._abort_plan(request_id, timeout))
 
@@ -591,6 +545,8 @@ __all__ = [
     "TandemError",
     "Timing",
     "TokenEvent",
+    "TokenLogprob",
     "TokenStream",
+    "TopLogprob",
     "build_request",
 ]

@@ -1,6 +1,6 @@
 """An OpenAI body -> the ``GenerateRequest``s it stands for: one per sample (``n``), each fully specified.
 
-Sample i of a request with ``seed`` s draws with seed ``sample_seed(s, i)``, so
+Sample i of a request with ``seed`` s draws with seed ``sample_seed(s, i)`` (shared/rpc/sample_seed.py), so
 ``seed`` makes all n samples reproducible and no two alike; without a seed
 each sample gets its own entropy. The n requests carry the same prompt ids,
 so the target's prefix cache (where it has one) shares the prompt's KV blocks
@@ -9,22 +9,13 @@ between them; until then each sample runs its own prefill.
 
 from __future__ import annotations
 
-import hashlib
-
 from services.scheduler.http_bodies import UNSUPPORTED, _Common
 from services.scheduler.http_errors import ApiError
 from shared.rpc.gen.tandem.v1 import common_pb2, tandem_pb2
 from shared.rpc.grammar_fields import GrammarFieldError, grammar_of
+from shared.rpc.sample_seed import sample_seed
 
 DEFAULT_MAX_TOKENS = 256
-
-
-def sample_seed(seed: int, index: int) -> int:
-    """Sample ``index``'s seed; sample 0 keeps ``seed`` itself (n = 1 reads as before)."""
-    if index == 0:
-        return seed
-    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
 def check_unsupported(body: _Common) -> None:

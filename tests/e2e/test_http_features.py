@@ -2,18 +2,29 @@
 target in float32, the SmolLM2 draft, scheduler with its HTTP port): log-probabilities equal to the target's
 own (transformers, separately) with and without speculation, echo for prompt log-probabilities, n samples
 reproducible by seed, every sampling parameter changing the output as defined, and the HTTP hygiene
-(X-Request-Id, model names, roles, out-of-range values, /tokenize, /detokenize, /version, /metrics)."""
+(X-Request-Id, model names, roles, out-of-range values, /tokenize, /detokenize, /version, /metrics).
+
+The gRPC SDK (sdk.Client, AsyncClient, `tandem generate`) against the same stack: its log-probabilities equal
+the HTTP API's and the target's, streamed and unary alike; its sampling knobs act as defined; its n samples
+are the HTTP API's n."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from functools import cache
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 import torch
 
+from sdk import AsyncClient, Client, FinishReason
 from services.settings import ServiceSettings
 from shared.engine.sampling import probs_from_logits
 from shared.engine.types import SamplingParams
@@ -22,6 +33,7 @@ from tests.support.loop_thread import LoopThread
 from tests.support.model_services import serving
 
 MODEL = "smollm2-135m-instruct"
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(900)  # the module's stack loads two models first (minutes on a busy 2-core CPU)
 PROMPT = "The capital of France is Paris. The capital of Germany is"
 SPECULATION = [{"speculation": "off"}, {"speculation": 3}]
@@ -42,7 +54,8 @@ def stack(smollm2_dir, tmp_path_factory) -> Iterator[dict]:
                                    metrics_port=None, home=home, max_batch_size=8)
         running = loop.run(start(settings), timeout=600)
         try:
-            yield {"http": f"http://127.0.0.1:{running.http_port}", "running": running, "dir": smollm2_dir,
+            yield {"http": f"http://127.0.0.1:{running.http_port}", "grpc": running.address, "running": running,
+                   "dir": smollm2_dir,
                    "service_metrics": [f"http://127.0.0.1:{s.metrics_port}/metrics" for s in (target, draft)]}
         finally:
             loop.run(running.stop(0))
@@ -238,3 +251,118 @@ def test_hygiene(stack):
     assert 'tandem_engine_call_seconds_count{call="step",role="target"}' in target_metrics
     assert 'tandem_target_steps_total{path="static_host_accept"}' in target_metrics
     assert 'tandem_kv_blocks{role="draft",state="used"}' in draft_metrics
+
+
+# --- the gRPC SDK against the same stack ---------------------------------------------------------------
+
+
+def _close(a: float, b: float, tol: float) -> bool:
+    return a == b or abs(a - b) < tol  # -inf == -inf
+
+
+@pytest.mark.parametrize("spec", SPECULATION, ids=["plain", "speculative"])
+def test_sdk_logprobs_equal_the_http_apis_and_the_targets_streamed_or_not(stack, spec):
+    prompt = prompt_ids(stack)
+    http = client(stack).completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0, logprobs=5,
+                                            extra_body=spec | {"return_tokens_as_token_ids": True})
+    lp = http.choices[0].logprobs
+    kw = dict(max_new_tokens=10, logprobs=5, prompt_logprobs=2, speculation=spec["speculation"])
+    with Client(stack["grpc"], timeout=300) as c:
+        unary = c.generate(prompt, **kw)
+        with c.stream(prompt, **kw) as stream:
+            events = list(stream)
+    assert unary.token_ids == ids_of(lp.tokens) and [x.token_id for x in unary.logprobs] == unary.token_ids
+    for mine, value, top in zip(unary.logprobs, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert _close(mine.logprob, value, 1e-5)
+        assert [a.token_id for a in mine.top] == ids_of(list(top))
+        assert all(_close(a.logprob, b, 1e-5) for a, b in zip(mine.top, top.values(), strict=True))
+    ref = log_softmax(stack, prompt + unary.token_ids)  # [len(prompt) + 10, vocab]
+    for i, mine in enumerate(unary.logprobs):
+        assert abs(mine.logprob - float(ref[len(prompt) - 1 + i, mine.token_id])) < 1e-4
+    assert [x.token_id for x in unary.prompt_logprobs] == prompt[1:]
+    for t, mine in enumerate(unary.prompt_logprobs, start=1):
+        assert abs(mine.logprob - float(ref[t - 1, prompt[t]])) < 1e-4
+        assert [a.token_id for a in mine.top] == ref[t - 1].topk(2).indices.tolist()
+    assert all(len(e.logprobs) == len(e.token_ids) for e in events)
+    assert not any(e.prompt_logprobs for e in events[1:])
+    streamed = [x for e in events for x in e.logprobs]
+    assert streamed == stream.result.logprobs and events[0].prompt_logprobs == stream.result.prompt_logprobs
+    assert [x.token_id for x in streamed] == unary.token_ids
+    assert all(_close(a.logprob, b.logprob, 1e-5) for a, b in zip(streamed, unary.logprobs, strict=True))
+    assert all(_close(a.logprob, b.logprob, 1e-5) for a, b in zip(events[0].prompt_logprobs, unary.prompt_logprobs,
+                                                                   strict=True))  # fmt: skip
+    if spec["speculation"] == 3:
+        assert unary.stats.num_draft_tokens > 0
+
+
+def test_async_sdk_sampled_logprobs_equal_the_http_apis(stack):
+    body = dict(max_tokens=10, temperature=0.7, top_p=0.9, seed=4)
+    http = client(stack).completions.create(model=MODEL, prompt=PROMPT, logprobs=1, **body,
+                                            extra_body={"return_tokens_as_token_ids": True, "speculation": "off"})
+    lp = http.choices[0].logprobs
+
+    async def main():
+        async with AsyncClient(stack["grpc"], timeout=300) as c:
+            kw = dict(max_new_tokens=10, temperature=0.7, top_p=0.9, seed=4, logprobs=1, speculation="off")
+            stream = c.stream(PROMPT, **kw)
+            events = [e async for e in stream]
+            return await c.generate(PROMPT, **kw), events, stream.result
+
+    unary, events, streamed = asyncio.run(main())
+    assert unary.token_ids == ids_of(lp.tokens) == streamed.token_ids
+    assert all(_close(a.logprob, b, 1e-5) for a, b in zip(unary.logprobs, lp.token_logprobs, strict=True))
+    assert [len(x.top) for x in unary.logprobs] == [1] * 10
+    assert [x for e in events for x in e.logprobs] == streamed.logprobs
+    assert all(_close(a.logprob, b.logprob, 1e-5) for a, b in zip(streamed.logprobs, unary.logprobs, strict=True))
+
+
+def test_sdk_sampling_knobs_act_as_defined(stack):
+    cat = prompt_ids(stack, "The cat sat on the mat. The cat sat on the")
+    short = [{"role": "user", "content": "Answer with one word: is the sky blue?"}]
+    with Client(stack["grpc"], timeout=300) as c:
+        greedy = c.generate(PROMPT, max_new_tokens=8)
+        assert c.generate(PROMPT, max_new_tokens=8, temperature=1.0, seed=3).token_ids != greedy.token_ids
+        for knob in ({"top_k": 1}, {"min_p": 1.0}):  # one token left: sampling at temperature 1 is greedy
+            assert c.generate(PROMPT, max_new_tokens=8, temperature=1.0, seed=3, **knob).token_ids == greedy.token_ids
+        plain = c.generate(cat, max_new_tokens=12).token_ids
+        for knob, ref in (("repetition_penalty", "rep"), ("frequency_penalty", "freq"), ("presence_penalty", "pres")):
+            got = c.generate(cat, max_new_tokens=12, **{knob: 1.5}).token_ids
+            assert got == reference_greedy(stack, cat, 12, **{ref: 1.5}) and got != plain, knob
+        base = c.generate(short, max_new_tokens=40)
+        n = base.num_generated
+        assert base.finish_reason == FinishReason.EOS and n < 30
+        longer = c.generate(short, max_new_tokens=40, min_tokens=n + 5)
+        assert longer.num_generated >= n + 5 and longer.token_ids[: n - 1] == base.token_ids[: n - 1]
+        endless = c.generate(short, max_new_tokens=40, ignore_eos=True)
+        assert endless.num_generated == 40 and endless.finish_reason == FinishReason.LENGTH
+
+
+def test_sdk_samples_are_the_http_apis_n(stack):
+    http = client(stack).completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=1.0,
+                                            n=4, seed=21)  # fmt: skip
+    with Client(stack["grpc"], timeout=300) as c:
+        mine = c.samples("Once upon a time", 4, max_new_tokens=8, temperature=1.0, seed=21)
+    assert [r.text for r in mine] == [ch.text for ch in sorted(http.choices, key=lambda ch: ch.index)]
+    assert len({r.text for r in mine}) > 1
+
+
+def test_tandem_generate_takes_the_sampling_knobs_and_prints_logprobs(stack):
+    prompt = prompt_ids(stack)
+    with Client(stack["grpc"], timeout=300) as c:
+        greedy = c.generate(prompt, max_new_tokens=6, logprobs=0)
+    ids = ",".join(map(str, prompt))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+
+    def tandem(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "sdk.cli", "generate", ids, "--ids", "--addr", stack["grpc"],
+                               "--max-new-tokens", "6", *args], capture_output=True, text=True, env=env, timeout=300)
+
+    done = tandem("--temperature", "1", "--seed", "3", "--top-k", "1", "--min-p", "0.5", "--repetition-penalty", "1",
+                  "--logprobs", "2")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == greedy.text.strip()
+    rows = [line.split() for line in done.stderr.splitlines() if re.match(r"\d+\s+\d+\s", line)]  # the table's
+    assert [int(r[1]) for r in rows] == greedy.token_ids and all(len(r) == 5 for r in rows)  # 2 alternatives
+    assert all(float(r[2]) == 0.0 for r in rows)  # top-k 1: the only token left has probability 1
+    bad = tandem("--logprobs", "21")
+    assert bad.returncode == 1 and "sampling.logprobs" in bad.stderr

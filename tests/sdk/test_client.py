@@ -56,6 +56,8 @@ class FakeTandem(tandem_pb2_grpc.TandemServicer):
             raise Busy("KV cache full, retry later")
         if request.max_new_tokens > 1000:
             raise ValueError(f"max_new_tokens {request.max_new_tokens} > 1000")
+        if prompt == "flaky" and request.request_id.endswith("-1"):  # n samples: sample 1 fails, the rest are slow
+            raise Busy("KV cache full, retry later")
 
     async def Generate(self, request, context):
         self.requests.append(request)
@@ -95,7 +97,7 @@ class FakeTandem(tandem_pb2_grpc.TandemServicer):
                 if prompt == "explode":
                     reason, error = tandem_pb2.FINISH_REASON_ERROR, "draft service crashed"
                     break
-                if prompt == "slow":
+                if prompt in ("slow", "flaky"):
                     try:
                         await asyncio.wait_for(aborted.wait(), 0.05)
                     except TimeoutError:
@@ -407,3 +409,98 @@ def test_a_conversation_travels_as_chat_messages() -> None:
     assert request.WhichOneof("prompt") == "chat"
     assert [(m.role, m.content) for m in request.chat.messages] == [("system", "Be brief."), ("user", "Hi")]
     assert build_request([1, 2], max_new_tokens=8).WhichOneof("prompt") == "token_ids"
+
+
+# --- sampling knobs, logprobs, n samples --------------------------------------------------------
+
+
+def test_every_sampling_knob_reaches_the_wire(server) -> None:
+    address, fake = server
+    knobs = dict(top_k=40, min_p=0.05, repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=-0.25,
+                 min_tokens=2, logprobs=3, prompt_logprobs=0)  # fmt: skip
+
+    def sent(request_id: str) -> tandem_pb2.GenerateRequest:
+        return next(r for r in fake.requests if r.request_id == request_id)
+
+    with Client(address) as client:
+        client.generate("x", max_new_tokens=4, temperature=0.9, ignore_eos=True, request_id="knobs", **knobs)
+        assert {k: getattr(sent("knobs").sampling, k) for k in knobs} == pytest.approx(knobs)
+        assert sent("knobs").ignore_eos and sent("knobs").sampling.temperature == 0.9
+        client.generate("x", max_new_tokens=4, sampling={"top_k": 5, "logprobs": 1}, top_k=7, request_id="mixed")
+        assert sent("mixed").sampling.top_k == 7 and sent("mixed").sampling.logprobs == 1  # the keyword wins
+        client.generate("x", max_new_tokens=4, request_id="neutral")  # neutral values: optional fields stay unset
+        neutral = sent("neutral").sampling
+        assert not any(neutral.HasField(f) for f in ("repetition_penalty", "logprobs", "prompt_logprobs", "seed"))
+        assert (neutral.top_k, neutral.min_p, neutral.min_tokens, neutral.frequency_penalty) == (0, 0.0, 0, 0.0)
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"top_k": -1}, "top_k"), ({"top_k": 1 << 32}, "top_k"), ({"min_p": 1.5}, "min_p"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty"), ({"repetition_penalty": float("inf")}, "repetition_penalty"),
+    ({"frequency_penalty": 2.5}, "frequency_penalty"), ({"presence_penalty": -3}, "presence_penalty"),
+    ({"min_tokens": -1}, "min_tokens"), ({"min_tokens": 9}, "min_tokens"), ({"logprobs": 21}, "logprobs"),
+    ({"prompt_logprobs": -1}, "prompt_logprobs"), ({"temperature": float("nan")}, "temperature"),
+    ({"seed": 1 << 64}, "seed"), ({"sampling": {"top_kk": 3}}, "top_kk"),
+])  # fmt: skip
+def test_bad_sampling_values_raise_naming_the_field_without_a_call(server, bad, field) -> None:
+    address, fake = server
+    before = len(fake.requests)
+    with Client(address) as client:
+        with pytest.raises(InvalidRequestError, match=rf"sampling\.{field}\b"):
+            client.generate("x", max_new_tokens=8, **bad)
+        with pytest.raises(InvalidRequestError, match=rf"sampling\.{field}\b"):
+            client.stream("x", max_new_tokens=8, **bad)
+        with pytest.raises(InvalidRequestError, match=rf"sampling\.{field}\b"):
+            client.samples("x", 2, max_new_tokens=8, **bad)
+    assert len(fake.requests) == before
+
+
+def test_samples_are_n_requests_as_the_http_api_sends_them(server) -> None:
+    from shared.rpc.sample_seed import sample_seed
+
+    address, fake = server
+    with Client(address) as client:
+        results = client.samples("a b", 3, max_new_tokens=2, temperature=1.0, seed=21, request_id="many")
+        assert [r.request_id for r in results] == ["many-0", "many-1", "many-2"]
+        assert all(r.token_ids == [100, 101] for r in results)
+        sent = {r.request_id: r.sampling.seed for r in fake.requests[-3:]}
+        assert sent == {f"many-{i}": sample_seed(21, i) for i in range(3)} and sent["many-0"] == 21
+        assert client.samples("a", 1, max_new_tokens=1, request_id="one")[0].request_id == "one"
+        with pytest.raises(InvalidRequestError, match="n must be"):
+            client.samples("a", 0, max_new_tokens=1)
+        with pytest.raises(GenerationError, match="draft service crashed"):
+            client.samples("explode", 2, max_new_tokens=4)
+
+    async def main() -> None:
+        async with AsyncClient(address) as client:
+            results = await client.samples("c d", 2, max_new_tokens=3, seed=5)
+            assert [r.token_ids for r in results] == [[100, 101, 102]] * 2
+            assert sorted(r.sampling.seed for r in fake.requests[-2:]) == sorted([5, sample_seed(5, 1)])
+            with pytest.raises(InvalidRequestError, match="max_new_tokens 2000"):
+                await client.samples("x", 3, max_new_tokens=2000)
+
+    asyncio.run(main())
+
+
+def test_the_first_failed_sample_cancels_the_others(server) -> None:
+    address, fake = server
+    with Client(address) as client:
+        with pytest.raises(OverloadedError, match="KV cache full"):
+            client.samples("flaky", 2, max_new_tokens=1000, request_id="sync")
+
+    async def main() -> None:
+        async with AsyncClient(address) as client:
+            with pytest.raises(OverloadedError, match="KV cache full"):
+                await client.samples("flaky", 3, max_new_tokens=1000, request_id="async")
+
+    asyncio.run(main())
+    siblings = {"sync-0", "async-0", "async-2"}
+
+    def stopped() -> bool:  # cancelled mid-run, or cancelled before the server started it
+        started = {r.request_id for r in fake.requests}
+        return all(rid in fake.cancelled or rid not in started for rid in siblings)
+
+    deadline = time.monotonic() + 5
+    while not stopped() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stopped() and not any(rid in fake.done and rid not in fake.cancelled for rid in siblings)
