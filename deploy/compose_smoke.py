@@ -66,6 +66,7 @@ MAX_NEW_TOKENS = 40
 SERVICES = ("redis", "traces", "target", "draft", "scheduler")  # long-running; `models` is one-shot
 PROJECT = "tandem"  # the Phoenix project Tandem's spans name (shared/telemetry.py)
 TRACED = {"scheduler", "target", "draft"}  # one request's trace holds spans of all three
+ROOT_SPAN = "tandem.v1.Tandem/GenerateUnary"  # the request's root: the scheduler's server span
 
 
 class Smoke:
@@ -379,7 +380,10 @@ class Smoke:
         ui = f"http://127.0.0.1:{self.ports['TRACE_UI']}"
         spans: list = []
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 120 and not TRACED <= {_service_of(s) for s in spans}:
+        def complete() -> bool:  # every service's spans and the root, which ends (and is exported) last
+            return TRACED <= {_service_of(s) for s in spans} and ROOT_SPAN in {s.get("name") for s in spans}
+
+        while time.monotonic() - t0 < 120 and not complete():
             time.sleep(3)  # the services' batch exporters send every few seconds
             r = httpx.get(f"{ui}/v1/projects/{PROJECT}/spans", params={"trace_id": trace_id, "limit": 1000}, timeout=30)
             if r.status_code == 200:
@@ -388,7 +392,7 @@ class Smoke:
         if not TRACED <= set(services):
             raise AssertionError(f"trace {trace_id}: spans of {services} in 120 s, expected {sorted(TRACED)}")
         names = sorted({s.get("name") for s in spans})
-        if "tandem.v1.Tandem/GenerateUnary" not in names:
+        if ROOT_SPAN not in names:
             raise AssertionError(f"trace {trace_id} has no root GenerateUnary span: {names}")
         return {"trace_id": trace_id, "spans": len(spans), "services": services, "names": names[:16],
                 **self._screenshot(ui, trace_id)}
@@ -506,7 +510,7 @@ def _write_results(smoke: Smoke, ok: bool, argv: list[str]) -> None:
         f"What each step does: deploy/compose_smoke.py. Full log: smoke.log; data: results.json"
         f"{'; the trace in Phoenix: trace.png' if shot.exists() else ''}.\n\n"
         f"| step | result | seconds | detail |\n|---|---|---|---|\n{rows}\n"
-        + (f"\n![the trace in Phoenix](trace.png)\n" if shot.exists() else ""))
+        + ("\n![the trace in Phoenix](trace.png)\n" if shot.exists() else ""))
 
 
 def main() -> int:
