@@ -1,7 +1,9 @@
 """The loop's side of chunked prefill: which requests are mid-prefill, and the chunks each step runs.
 
     admit ──▶ take(new): prompts longer than one chunk start a chunked prefill here (shorter ones: the loop's
-              one-piece prefill, as before); they stay in the loop's running set, but out of its verify batch
+              one-piece prefill, as before); they stay in the loop's running set, but out of its verify batch.
+              A prompt identical to one already prefilling (n samples) waits for it and then takes its
+              blocks from the target's prefix cache (``_waits``): one prefill for all the samples
     plan  ──▶ split the step's budget (policies/prefill_split.py): a chunk per prefilling request,
               B - P to speculation
     verify ─▶ ONE target.step(prefill chunks, verify trees): the chunks join the running requests' forward;
@@ -39,6 +41,7 @@ class _Progress:
     on_draft: bool = False  # the draft got chunks of it
     draft_done: bool = False  # ... and the whole prompt
     cached: int = 0  # the prefix the target's cache likely serves (prefix_estimate.py): the first chunk's offset
+    after: str | None = None  # an identical prompt's request (n samples): this one's first chunk waits for it
 
     @property
     def offset(self) -> int:
@@ -61,14 +64,19 @@ class ChunkedPrefill:
         if self.chunk <= 0:
             return new
         rest = []
+        firsts = {_prompt_key(p.req): rid for rid, p in self.active.items() if p.after is None}
         for req in new:
-            if req.num_tokens <= self.chunk:
+            key = _prompt_key(req)
+            sibling = firsts.get(key)
+            if req.num_tokens <= self.chunk and sibling is None:
                 rest.append(req)
+                firsts[key] = req.id
                 continue
             old = self.active.pop(req.id, None)
             if old is not None and old.on_draft:
                 loop.link.stale.add(req.id)  # released on the draft before its next sync
-            self.active[req.id] = _Progress(req, req.tokens(), cached=self.estimate.estimate(req))
+            self.active[req.id] = _Progress(req, req.tokens(), cached=self.estimate.estimate(req), after=sibling)
+            firsts.setdefault(key, req.id)
         return rest
 
     def ready(self, running) -> list[Request]:
@@ -90,7 +98,7 @@ class ChunkedPrefill:
         needs = [
             PrefillNeed(p.req.id, len(p.tokens) - p.done, now - (p.req.arrival_time or now), _s(p.req.slo.ttft_ms),
                         offset=p.offset)
-            for p in self.active.values() if p.req.state is RequestState.RUNNING
+            for p in self.active.values() if p.req.state is RequestState.RUNNING and not self._waits(p)
         ]  # fmt: skip
         decoding = [Decoding(r.tpot, _s(r.slo.tpot_ms)) for r in batch]
         cost = config.cost_model
@@ -100,6 +108,14 @@ class ChunkedPrefill:
             pair_cost=self.pair_cost(config, loop.target),
         )  # fmt: skip
         return self.split.spec_budget if needs else config.token_budget
+
+    def _waits(self, p: _Progress) -> bool:
+        """Samples of one prompt (HTTP ``n``, ``Client.samples``) share its prefill: a copy's first chunk waits
+        until the first sibling's prefill is done, then the target's prefix cache serves every full block of it
+        by reference (copy-on-write past them) and the copy computes only its last partial block."""
+        if p.after is not None and p.after not in self.active:
+            p.after = None  # the sibling is prefilled (a short one already in this step's prefill call), or gone
+        return p.after is not None
 
     @staticmethod
     def pair_cost(config, target) -> float:
@@ -174,6 +190,11 @@ class ChunkedPrefill:
                 loop.link.stale.add(req.id)  # part of it: released, then re-prefilled (from its cache) at sync
             report.prefilled_ids.append(req.id)
             report.num_prefill_tokens += len(loop._commit_tokens(req, [res.first_token], now))
+
+
+def _prompt_key(req: Request) -> tuple:
+    """Requests with this key feed the target identical KV (the same tokens under the same cache salt)."""
+    return req.cache_salt, tuple(req.tokens())
 
 
 async def _release_stale(loop, ids: list[str]) -> None:

@@ -72,6 +72,35 @@ def test_chunked_prefill_through_the_loop_is_greedy_exact(tiny_model_dir, draft_
         assert not engine.runner.seqs
 
 
+@pytest.mark.parametrize("chunk", [64, 8], ids=["short-prompt", "long-prompt"])
+def test_samples_of_one_prompt_share_its_prefill(tiny_model_dir, draft_dir, expected, chunk):
+    """n samples (four requests of one prompt, admitted together): the first prefills, the others wait for it
+    and take every full block from the target's prefix cache, so the prompt's full blocks are computed once;
+    the output is each sample's own greedy answer."""
+    target, draft = engines(tiny_model_dir, draft_dir, cache=True)
+    sched = Scheduler(LocalTargetWorker(target), LocalDraftWorker(draft), spec_policy=FixedChain(3),
+                      config=SchedulerConfig(prefill_chunk=chunk))  # fmt: skip
+    prompt, n = PROMPTS[0], NEW_TOKENS[0]  # 30 tokens: 7 full blocks of 4
+    samples = [Request(f"s{i}", list(prompt), max_new_tokens=n) for i in range(4)]
+    assert run(sched, samples) == [expected[0]] * 4
+    full_blocks = (len(prompt) - 1) // 4 * 4  # a lookup never takes the block of the last prompt token
+    assert target.runner.cache.allocator.prefix.hits >= 3 * full_blocks  # the three copies: all from the cache
+    assert not sched.chunks.active
+    for engine in (target, draft):
+        engine.runner.check_accounting()
+        assert not engine.runner.seqs
+
+
+def test_different_salts_do_not_share_a_prefill(tiny_model_dir, draft_dir, expected):
+    target, draft = engines(tiny_model_dir, draft_dir, cache=True)
+    sched = Scheduler(LocalTargetWorker(target), LocalDraftWorker(draft), spec_policy=NoSpeculation(),
+                      config=SchedulerConfig(prefill_chunk=64))  # fmt: skip
+    samples = [Request(f"t{i}", list(PROMPTS[0]), max_new_tokens=NEW_TOKENS[0], cache_salt=f"tenant{i}")
+               for i in range(2)]  # fmt: skip
+    assert run(sched, samples) == [expected[0]] * 2
+    assert target.runner.cache.allocator.prefix.hits == 0
+
+
 class RestartingTarget(LocalTargetWorker):
     """Loses every sequence (a restart: fresh engine state) on its ``crash_at``-th step call, answering UNAVAILABLE."""
 
