@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -33,13 +34,20 @@ def test_scheduler_metrics_carry_vllm_names_and_pass_promtool(token_stack):
     with Client(token_stack.address) as client:
         for k in (0, 3):
             client.generate([1, 2, 3, 4], max_new_tokens=9, speculation=k or "off")
-    text = token_stack.metrics.render()
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            values[name] = float(value)
     label = '{model_name="toy"}'
+    deadline = time.monotonic() + 30
+    while True:  # the tandem_* observer is deferrable: the last step's counts land while the loop idles
+        text = token_stack.metrics.render()
+        values = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                values[name] = float(value)
+        caught_up = values.get("tandem_draft_tokens_proposed_total") == values.get(
+            f"vllm:spec_decode_num_draft_tokens_total{label}")
+        if caught_up or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert values[f"vllm:generation_tokens_total{label}"] == 18
     assert values[f"vllm:prompt_tokens_total{label}"] == 8
     assert values[f"vllm:num_requests_running{label}"] == 0 and values[f"vllm:num_requests_waiting{label}"] == 0
