@@ -1,4 +1,5 @@
-"""`tandem up`'s launcher as subprocesses: start Redis + three services, health, one generation, clean stop."""
+"""`tandem up`'s launcher as subprocesses: start Redis + three services, health, one generation over gRPC and
+one over HTTP, clean stop. Each launch costs two torch imports and model loads: one launch per distinct setup."""
 
 from __future__ import annotations
 
@@ -11,12 +12,16 @@ from services.launcher import LaunchConfig, LaunchError, launch
 
 
 def test_launch_generate_stop(tiny_pair, reference, tmp_path):
+    """Also `tandem up --http-port 0`: the scheduler serves the OpenAI-compatible API too (token-id prompts here)."""
+    import httpx
+
     target_dir, draft_dir = tiny_pair
     config = LaunchConfig(
         target_model=str(target_dir),
         draft_model=str(draft_dir),
         port=0,
         metrics_port=None,
+        http_port=0,
         device="cpu",
         log_dir=tmp_path / "logs",
         startup_timeout_s=120,
@@ -32,6 +37,12 @@ def test_launch_generate_stop(tiny_pair, reference, tmp_path):
             sampled = client.generate([3, 1, 4, 1, 5], max_new_tokens=12, speculation=2, temperature=0.8, seed=1)
         assert result.token_ids == reference.greedy([3, 1, 4, 1, 5], 12)
         assert result.stats.num_draft_tokens > 0 and sampled.stats.num_draft_tokens > 0
+        url = stack.endpoints.http_url
+        assert httpx.get(url + "/health").json() == {"status": "SERVING"}
+        r = httpx.post(url + "/v1/completions", json={"prompt": [3, 1, 4, 1, 5], "max_tokens": 12, "temperature": 0,
+                                                      "speculation": 2}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 12 and r.json()["usage"]["tandem"]["num_draft_tokens"] > 0
         maps = Path(f"/proc/{processes['scheduler'].pid}/maps")
         if maps.exists():  # Linux: the scheduler relays the draft's distributions without loading torch
             assert "libtorch" not in maps.read_text()
@@ -97,19 +108,3 @@ def test_launch_with_draft_share_auto_reads_the_share_profiles(tiny_pair, tmp_pa
     assert json.loads((tmp_path / "logs" / "share.json").read_text()) == share
     threads = int(share["env"]["draft"]["TANDEM_THREADS"])
     assert f"torch uses {threads} threads" in (tmp_path / "logs" / "draft.log").read_text()
-
-
-def test_launch_with_the_http_api(tiny_pair, reference, tmp_path):
-    """`tandem up --http-port 0`: the scheduler also serves the OpenAI-compatible API (token-id prompts here)."""
-    import httpx
-
-    target_dir, draft_dir = tiny_pair
-    config = LaunchConfig(target_model=str(target_dir), draft_model=str(draft_dir), port=0, metrics_port=None,
-                          http_port=0, device="cpu", log_dir=tmp_path / "logs", startup_timeout_s=120)
-    with launch(config) as stack:
-        url = stack.endpoints.http_url
-        assert httpx.get(url + "/health").json() == {"status": "SERVING"}
-        r = httpx.post(url + "/v1/completions", json={"prompt": [3, 1, 4, 1, 5], "max_tokens": 12, "temperature": 0,
-                                                      "speculation": 2}, timeout=60)
-        assert r.status_code == 200, r.text
-        assert r.json()["usage"]["completion_tokens"] == 12 and r.json()["usage"]["tandem"]["num_draft_tokens"] > 0
