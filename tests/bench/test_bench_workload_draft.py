@@ -1,5 +1,6 @@
 """Policy benches on another prompt set and draft: `--workload grounded --draft-model suffix:...`
-makes every stack of a bench draft with the suffix tree on grounded prompts, the configurations unchanged."""
+makes every stack of a bench draft with the suffix tree on grounded prompts, the configurations unchanged.
+A real run of it: tests/bench/test_bench_adaptive.py (the adaptive preset, run in that form)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from bench import harness, harness_cli
-from bench.harness import Harness, adaptive_options, run_bench
-from bench.options import GROUNDED_MAX_PROMPT_TOKENS, WORKLOADS, BenchOptions
+from bench.harness import Harness
+from bench.options import GROUNDED_MAX_PROMPT_TOKENS, BenchOptions
 from bench.prompts import GROUNDED
-from bench.stack import Models
-from tests.support.tiny_stack import save_tiny_pair
 
 SUFFIX = "suffix:global_tokens=0"  # per-request trees only: configurations sharing a stack cannot feed each other
 
@@ -47,21 +46,3 @@ def test_stack_draft_applies_to_every_tandem_stack_but_own_drafts(tmp_path):
     drafts = {c.name: c.stack.draft_model for c in sw}
     assert drafts == {"tandem-k3": SUFFIX, "policy:smartspec": SUFFIX, "draft:ngram:k4": "ngram"}
     assert sw[1].stack.speculation_policy == "smartspec"
-
-
-@pytest.mark.timeout(240)
-def test_tiny_adaptive_bench_on_grounded_prompts_with_the_suffix_draft(tmp_path):
-    target, draft = save_tiny_pair(tmp_path / "models")
-    configs = ["target-only", "tandem-k3", "policy:smartspec"]
-    opts = adaptive_options(
-        models=Models(target=target, draft=draft, home=tmp_path), sweep=configs, sweep_requests=3,
-        sweep_max_new_tokens=6, rates=[40.0], max_prompt_tokens=96, prompt_mix=dict(WORKLOADS["grounded"]),
-        stack_draft=SUFFIX, bursty=False,
-    )  # fmt: skip
-    res = run_bench(opts, tmp_path / "out")
-    assert res["models"]["draft"] == SUFFIX
-    assert set(res["workload"]["sweep"]["prompt_mix"]) == set(GROUNDED)
-    (load,) = res["sweep"]
-    for name, row in res["sweep"][load].items():
-        s = row["summary"]
-        assert s["num_ok"] == s["num_requests"] == 3, (name, s["errors"])

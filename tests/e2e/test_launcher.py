@@ -1,4 +1,5 @@
-"""`tandem up`'s launcher as subprocesses: start Redis + three services, health, one generation, clean stop."""
+"""`tandem up`'s launcher as subprocesses: start Redis + three services, health, generations over gRPC and HTTP,
+the draft's share of the cores, clean stop; the n-gram draft; a malformed draft refused before anything starts."""
 
 from __future__ import annotations
 
@@ -10,13 +11,48 @@ from sdk import Client
 from services.launcher import LaunchConfig, LaunchError, launch
 
 
-def test_launch_generate_stop(tiny_pair, reference, tmp_path):
+def _save_share_profiles(home: Path, tiny_pair: tuple[Path, Path], cores: int) -> None:
+    """Stored share profiles of both tiny models, what `tandem profile --shares` writes."""
+    from shared.profiling.sm_share import (
+        DraftLatency,
+        ShareProfile,
+        TargetLatency,
+        save_share_profile,
+        share_hardware,
+    )
+
     target_dir, draft_dir = tiny_pair
+    fits = {"draft": DraftLatency(beta=1e-3), "target": TargetLatency(lam=1e-3)}
+    for path, role in ((draft_dir, "draft"), (target_dir, "target")):
+        profile = ShareProfile(model=path.name, role=role, hardware=share_hardware(cores=cores), device="cpu",
+                               dtype="float32", unit="threads", total=cores, **{role: fits[role]})  # fmt: skip
+        save_share_profile(profile, home)
+
+
+def test_launch_generate_stop(tiny_pair, reference, tmp_path):
+    """One launch for three setups (each launch costs two torch imports and model loads): a generation over gRPC;
+    `tandem up --http-port 0`, the OpenAI-compatible API too (token-id prompts here); `tandem up --draft-share
+    auto`, r from both models' stored share profiles, threads set, share.json written (with two cores or more)."""
+    import json
+
+    import httpx
+
+    from shared.profiling.sm_share import available_cores
+
+    target_dir, draft_dir = tiny_pair
+    cores = available_cores()
+    split = cores >= 2  # one core: nothing to split
+    home = tmp_path / "home"
+    if split:
+        _save_share_profiles(home, tiny_pair, cores)
     config = LaunchConfig(
         target_model=str(target_dir),
         draft_model=str(draft_dir),
+        home=home,
+        draft_share="auto" if split else None,
         port=0,
         metrics_port=None,
+        http_port=0,
         device="cpu",
         log_dir=tmp_path / "logs",
         startup_timeout_s=120,
@@ -24,6 +60,7 @@ def test_launch_generate_stop(tiny_pair, reference, tmp_path):
     with launch(config) as stack:
         processes = dict(stack.processes)
         redis = stack.redis
+        share = stack.share
         with Client(stack.endpoints.scheduler, timeout=60) as client:
             assert client.health() == "SERVING"
             info = client.info()
@@ -32,13 +69,25 @@ def test_launch_generate_stop(tiny_pair, reference, tmp_path):
             sampled = client.generate([3, 1, 4, 1, 5], max_new_tokens=12, speculation=2, temperature=0.8, seed=1)
         assert result.token_ids == reference.greedy([3, 1, 4, 1, 5], 12)
         assert result.stats.num_draft_tokens > 0 and sampled.stats.num_draft_tokens > 0
+        url = stack.endpoints.http_url
+        assert httpx.get(url + "/health").json() == {"status": "SERVING"}
+        r = httpx.post(url + "/v1/completions", json={"prompt": [3, 1, 4, 1, 5], "max_tokens": 12, "temperature": 0,
+                                                      "speculation": 2}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 12 and r.json()["usage"]["tandem"]["num_draft_tokens"] > 0
         maps = Path(f"/proc/{processes['scheduler'].pid}/maps")
         if maps.exists():  # Linux: the scheduler relays the draft's distributions without loading torch
             assert "libtorch" not in maps.read_text()
             assert "libtorch" in Path(f"/proc/{processes['target'].pid}/maps").read_text()
     assert all(p.returncode is not None for p in processes.values())
     assert not redis.running
-    assert {p.name for p in (tmp_path / "logs").iterdir()} == {"target.log", "draft.log", "scheduler.log"}
+    logs = tmp_path / "logs"
+    assert {p.name for p in logs.iterdir()} - {"share.json"} == {"target.log", "draft.log", "scheduler.log"}
+    if split:
+        assert share is not None and share["source"] == "auto" and 0 < share["draft_share"] < 1
+        assert json.loads((logs / "share.json").read_text()) == share
+        threads = int(share["env"]["draft"]["TANDEM_THREADS"])
+        assert f"torch uses {threads} threads" in (logs / "draft.log").read_text()
 
 
 def test_launch_with_ngram_draft(tiny_pair, reference, tmp_path):
@@ -69,47 +118,3 @@ def test_malformed_ngram_draft_fails_the_launch_before_anything_starts(tiny_pair
         with launch(config):
             pass
     assert not list((tmp_path / "logs").glob("*.log"))
-
-
-def test_launch_with_draft_share_auto_reads_the_share_profiles(tiny_pair, tmp_path):
-    """`tandem up --draft-share auto`: r from both models' stored share profiles, threads set, share.json written."""
-    import json
-
-    from shared.profiling.sm_share import DraftLatency, available_cores, ShareProfile, TargetLatency, save_share_profile, share_hardware
-
-    cores = available_cores()
-    if cores < 2:
-        pytest.skip("one core: nothing to split")
-    target_dir, draft_dir = tiny_pair
-    home = tmp_path / "home"
-    fits = {"draft": DraftLatency(beta=1e-3), "target": TargetLatency(lam=1e-3)}
-    for path, role in ((draft_dir, "draft"), (target_dir, "target")):
-        profile = ShareProfile(model=path.name, role=role, hardware=share_hardware(cores=cores), device="cpu",
-                               dtype="float32", unit="threads", total=cores, **{role: fits[role]})  # fmt: skip
-        save_share_profile(profile, home)
-    config = LaunchConfig(
-        target_model=str(target_dir), draft_model=str(draft_dir), home=home, draft_share="auto", port=0,
-        metrics_port=None, device="cpu", log_dir=tmp_path / "logs", startup_timeout_s=120,
-    )  # fmt: skip
-    with launch(config) as stack:
-        share = stack.share
-    assert share is not None and share["source"] == "auto" and 0 < share["draft_share"] < 1
-    assert json.loads((tmp_path / "logs" / "share.json").read_text()) == share
-    threads = int(share["env"]["draft"]["TANDEM_THREADS"])
-    assert f"torch uses {threads} threads" in (tmp_path / "logs" / "draft.log").read_text()
-
-
-def test_launch_with_the_http_api(tiny_pair, reference, tmp_path):
-    """`tandem up --http-port 0`: the scheduler also serves the OpenAI-compatible API (token-id prompts here)."""
-    import httpx
-
-    target_dir, draft_dir = tiny_pair
-    config = LaunchConfig(target_model=str(target_dir), draft_model=str(draft_dir), port=0, metrics_port=None,
-                          http_port=0, device="cpu", log_dir=tmp_path / "logs", startup_timeout_s=120)
-    with launch(config) as stack:
-        url = stack.endpoints.http_url
-        assert httpx.get(url + "/health").json() == {"status": "SERVING"}
-        r = httpx.post(url + "/v1/completions", json={"prompt": [3, 1, 4, 1, 5], "max_tokens": 12, "temperature": 0,
-                                                      "speculation": 2}, timeout=60)
-        assert r.status_code == 200, r.text
-        assert r.json()["usage"]["completion_tokens"] == 12 and r.json()["usage"]["tandem"]["num_draft_tokens"] > 0
