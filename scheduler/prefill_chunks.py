@@ -68,13 +68,15 @@ class ChunkedPrefill:
         for req in new:
             key = _prompt_key(req)
             sibling = firsts.get(key)
+            if sibling == req.id:  # re-admitted (a target restart, an eviction): it starts over as the first
+                sibling = None
+            old = self.active.pop(req.id, None)
+            if old is not None and old.on_draft:
+                loop.link.stale.add(req.id)  # released on the draft before its next sync
             if req.num_tokens <= self.chunk and sibling is None:
                 rest.append(req)
                 firsts[key] = req.id
                 continue
-            old = self.active.pop(req.id, None)
-            if old is not None and old.on_draft:
-                loop.link.stale.add(req.id)  # released on the draft before its next sync
             self.active[req.id] = _Progress(req, req.tokens(), cached=self.estimate.estimate(req), after=sibling)
             firsts.setdefault(key, req.id)
         return rest

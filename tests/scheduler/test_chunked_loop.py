@@ -137,6 +137,22 @@ def test_a_target_restart_during_a_chunked_prefill_changes_no_token(tiny_model_d
         assert not engine.runner.seqs
 
 
+@pytest.mark.parametrize("crash_at", [1, 2])
+def test_samples_sharing_a_prefill_survive_a_target_restart(tiny_model_dir, draft_dir, expected, crash_at):
+    """Re-admitted after the restart, the first sample starts over as the first (never waits on itself), and
+    the copies wait for it again."""
+    target, draft = engines(tiny_model_dir, draft_dir, cache=True)
+    worker = RestartingTarget(target, crash_at)
+    config = SchedulerConfig(prefill_chunk=8, target_recovery=TargetRecoveryConfig(recovery_s=30, backoff_s=0.01))
+    sched = Scheduler(worker, LocalDraftWorker(draft), spec_policy=FixedChain(2), config=config)
+    samples = [Request(f"s{i}", list(PROMPTS[0]), max_new_tokens=NEW_TOKENS[0]) for i in range(3)]
+    assert run(sched, samples) == [expected[0]] * 3
+    assert worker.crashes == 1 and not sched.chunks.active
+    for engine in (target, draft):
+        engine.runner.check_accounting()
+        assert not engine.runner.seqs
+
+
 class FailingDraft(LocalDraftWorker):
     """Its ``fail_at``-th prefill call fails and loses every sequence (a draft restart)."""
 
