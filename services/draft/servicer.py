@@ -86,10 +86,11 @@ class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
 
     async def PushFeatures(self, request_iterator, context: grpc.aio.ServicerContext) -> draft_pb2.FeaturePushAck:
         num = 0
-        async for push in request_iterator:  # the target's rows, by sequence and position (feature_inbox.py)
-            for seq_id, block in zip(push.seq_ids, push.blocks):
-                self.inbox.put(seq_id, feature_block_from_pb(block, f"pushed features of {seq_id!r}"))
-                num += 1
+        with self.inbox.feed():  # open: a plan waits for rows in flight (feature_inbox.py)
+            async for push in request_iterator:  # the target's rows, by sequence and position
+                for seq_id, block in zip(push.seq_ids, push.blocks):
+                    self.inbox.put(seq_id, feature_block_from_pb(block, f"pushed features of {seq_id!r}"))
+                    num += 1
         return draft_pb2.FeaturePushAck(num_blocks=num)
 
     async def Release(

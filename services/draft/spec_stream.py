@@ -28,12 +28,13 @@ SERVICE = "tandem.v1.DraftService"
 async def fill_pushed(inbox, items) -> set[str]:
     """Replace pushed blocks by the rows the target sent (feature_inbox.py); the ids whose rows never came."""
     missing = set()
+    deadline = inbox.deadline() if items else None  # the whole plan waits at most wait_s, not each item
     for item in items:
         block = item.features
         if block is None or not block.pushed:
             continue
         k = block.inline_rows
-        rest = await inbox.take(item.seq_id, block.start + k, block.end) if k < block.num_rows else None
+        rest = await inbox.take(item.seq_id, block.start + k, block.end, deadline) if k < block.num_rows else None
         if k < block.num_rows and rest is None:
             missing.add(item.seq_id)
             continue

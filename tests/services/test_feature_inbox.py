@@ -47,3 +47,46 @@ def test_released_sequences_and_the_oldest_past_the_cap_are_dropped():
         assert await inbox.take("b", 0, 1) is None
 
     asyncio.run(main())
+
+
+def test_with_no_push_stream_open_a_take_waits_only_the_grace():
+    """A restarted draft (the target's rows went into the old connection) misses at once, not after wait_s."""
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        inbox = FeatureInbox(wait_s=30.0, grace_s=0.05)
+        t0 = loop.time()
+        assert await inbox.take("s", 0, 1) is None
+        assert loop.time() - t0 < 5.0  # the grace, not the 30 s wait
+        with inbox.feed():  # a stream is open: rows in flight are waited for past the grace
+            loop.call_later(0.2, inbox.put, "s", rows(0, 1))
+            assert (await inbox.take("s", 0, 1)).num_rows == 1
+
+    asyncio.run(main())
+
+
+def test_a_stream_that_closes_ends_the_wait_for_its_rows():
+    async def main():
+        loop = asyncio.get_running_loop()
+        inbox = FeatureInbox(wait_s=30.0, grace_s=0.05)
+        feed = inbox.feed()
+        feed.__enter__()
+        loop.call_later(0.05, feed.__exit__, None, None, None)  # the target's stream breaks
+        t0 = loop.time()
+        assert await inbox.take("s", 0, 1) is None
+        assert loop.time() - t0 < 5.0 and inbox.feeds == 0
+
+    asyncio.run(main())
+
+
+def test_one_deadline_bounds_a_whole_plan():
+    async def main():
+        loop = asyncio.get_running_loop()
+        inbox = FeatureInbox(wait_s=1.0)
+        with inbox.feed():
+            deadline, t0 = inbox.deadline(), loop.time()
+            for seq in "abcde":  # five sequences whose rows never come: 1 s in all, not 5 s
+                assert await inbox.take(seq, 0, 1, deadline) is None
+            assert loop.time() - t0 < 4.0
+
+    asyncio.run(main())
