@@ -221,6 +221,8 @@ def test_metrics_follow_the_requests(token_stack):
     with Client(token_stack.address, timeout=30) as client:
         client.generate([1, 2, 3], max_new_tokens=12, speculation=3, slo_tpot_ms=5000)
         client.generate([3, 2, 1], max_new_tokens=12, speculation="off")
+    # the finishing counters come from a deferrable observer, which may run just after the reply
+    _wait(lambda: 'tandem_requests_total{finish_reason="length"} 2.0' in token_stack.metrics.render(), timeout=10)
     text = token_stack.metrics.render()
     assert 'tandem_requests_total{finish_reason="length"} 2.0' in text
     assert 'tandem_slo_requests_total{outcome="attained",slo_class="tpot>1000ms"} 1.0' in text
