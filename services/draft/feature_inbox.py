@@ -84,7 +84,7 @@ class FeatureInbox:
                 no_feed_until = None
             elif no_feed_until is None:
                 no_feed_until = now + self.grace_s
-            left = min(deadline, no_feed_until if no_feed_until is not None else deadline) - now
+            left = (deadline if no_feed_until is None else min(deadline, no_feed_until)) - now
             if left <= 0:
                 return None
             waiter = loop.create_future()
