@@ -60,9 +60,14 @@ def _runs(row: dict, key: str) -> list[float]:
 
 
 def _commit(folder: Path) -> str:
+    """The commit that holds this run's results.json; "this commit" while the file is new or changed (a run
+    being written up, whose commit is the one the table lands in, not the previous run's)."""
+    path = str(folder / "results.json")
     try:
-        out = subprocess.run(["git", "log", "-1", "--format=%h", "--", str(folder / "results.json")], cwd=folder,
-                             capture_output=True, text=True, timeout=10).stdout.strip()  # fmt: skip
+        changed = subprocess.run(["git", "status", "--porcelain", "--", path], cwd=folder,
+                                 capture_output=True, text=True, timeout=10).stdout.strip()  # fmt: skip
+        out = "" if changed else subprocess.run(["git", "log", "-1", "--format=%h", "--", path], cwd=folder,
+                                                capture_output=True, text=True, timeout=10).stdout.strip()  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         out = ""
     return out or "this commit"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.goals_table import _met, results_of
+from bench.goals_table import _commit, _met, results_of
 
 
 def test_results_of_reads_only_the_current_folder_of_each_bench_and_regime(tmp_path):
@@ -19,6 +19,25 @@ def test_results_of_reads_only_the_current_folder_of_each_bench_and_regime(tmp_p
     results, folder = results_of(tmp_path, "order", "g")
     assert folder.name == "order-g" and results["command"] == "order"
     assert results_of(tmp_path, "slo", "g") is None
+
+
+def test_a_rewritten_run_is_credited_to_the_commit_it_lands_in_not_the_previous_runs(tmp_path):
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)  # fmt: skip
+
+    run = tmp_path / "adaptive-g"
+    run.mkdir()
+    (run / "results.json").write_text("{}")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "first run")
+    first = subprocess.run(["git", "log", "-1", "--format=%h"], cwd=tmp_path, capture_output=True, text=True)
+    assert _commit(run) == first.stdout.strip()
+    (run / "results.json").write_text('{"rerun": true}')  # the table is regenerated before the rerun is committed
+    assert _commit(run) == "this commit"
 
 
 def test_a_goal_needs_the_pooled_value_and_most_repeats():
