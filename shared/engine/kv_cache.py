@@ -32,6 +32,7 @@ import heapq
 
 import torch
 
+from shared.engine.block_features import BlockFeatures
 from shared.engine.errors import KVBlocksInUseError, OutOfBlocksError
 from shared.engine.prefix_cache import PrefixIndex
 
@@ -179,6 +180,15 @@ class PagedKVCache:
         self.kv = self._zeros(num_blocks)
         self.allocator = BlockAllocator(num_blocks)
         self.released = False  # True between release_memory() and reallocate()
+        self.features: BlockFeatures | None = None  # target feature rows beside the KV (block_features.py)
+
+    def feature_store(self, layer_ids: tuple[int, ...], width: int) -> tuple[BlockFeatures, bool]:
+        """The feature rows for ``layer_ids`` (made on first use); True when it (re)started empty."""
+        store = self.features
+        if store is not None and store.fits(layer_ids, width):
+            return store, False
+        self.features = BlockFeatures(tuple(layer_ids), width, self.num_blocks, self.block_size, self.dtype, self.device)
+        return self.features, True
 
     def _zeros(self, num_blocks: int) -> torch.Tensor:
         # [num_layers, 2, num_slots, num_kv_heads, head_dim]
@@ -198,6 +208,7 @@ class PagedKVCache:
         freed = self.kv.numel() * self.kv.element_size()
         self.kv = torch.empty(0, dtype=self.dtype, device=self.device)
         self.allocator = BlockAllocator(0)
+        self.features = None
         self.released = True
         return freed
 
@@ -206,6 +217,7 @@ class PagedKVCache:
         if self.released:
             self.kv = self._zeros(self.num_blocks)
             self.allocator = BlockAllocator(self.num_blocks)
+            self.features = None
             self.released = False
 
     def resize(self, num_blocks: int) -> int:
@@ -220,6 +232,8 @@ class PagedKVCache:
             kv = self._zeros(num_blocks)  # [num_layers, 2, num_blocks * block_size, num_kv_heads, head_dim]
             kv[:, :, :keep] = self.kv[:, :, :keep]  # block b keeps slots b*block_size.. in both tensors
             self.allocator.resize(num_blocks)
+            if self.features is not None:
+                self.features.resize(num_blocks)
             self.kv, self.num_blocks = kv, num_blocks
         return self.kv.numel() * self.kv.element_size()
 

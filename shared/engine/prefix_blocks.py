@@ -10,6 +10,10 @@
 ``Sequence.block_keys[i]`` is the key of block i for every full block below
 ``num_cached`` (the chain a later lookup continues); a sequence whose
 ``cache_salt`` is None neither looks up nor registers anything.
+
+With target features kept beside the KV (block_features.py), a step that asks for features attaches only
+featured blocks (up to the first one without rows), ``register`` marks each block it indexes featured when
+all of its rows are stored (prefix_features.py), and a copy-on-write copies the rows too.
 """
 
 from __future__ import annotations
@@ -21,11 +25,16 @@ from shared.engine.prefix_cache import ROOT, block_key
 from shared.engine.sequence import Sequence
 
 
-def attach(cache: PagedKVCache, seq: Sequence) -> int:
-    """Share the cached blocks that continue the sequence's KV; returns the tokens now served from the cache."""
+def attach(cache: PagedKVCache, seq: Sequence, featured: bool = False) -> int:
+    """Share the cached blocks that continue the sequence's KV; returns the tokens now served from the cache.
+
+    ``featured``: the step returns features, so only blocks whose feature rows are stored are shared."""
     bs = cache.block_size
     first = seq.num_cached // bs
     if seq.cache_salt is None or seq.tree or seq.num_cached % bs or len(seq.block_ids) != first:
+        return 0
+    store = cache.features if featured else None
+    if featured and store is None:
         return 0
     if len(seq.block_keys) != first or seq.num_committed - seq.num_cached <= 1:
         return 0
@@ -36,7 +45,7 @@ def attach(cache: PagedKVCache, seq: Sequence) -> int:
     while i < last:
         key = block_key(parent, seq.token_ids[i * bs : (i + 1) * bs], seq.cache_salt)
         block_id = index.lookup(key)
-        if block_id is None:
+        if block_id is None or (store is not None and not store.has(block_id)):
             break
         cache.allocator.share(block_id, seq.seq_id)
         seq.block_ids.append(block_id)
@@ -48,6 +57,21 @@ def attach(cache: PagedKVCache, seq: Sequence) -> int:
     return (i - first) * bs
 
 
+def cached_tokens(cache: PagedKVCache, token_ids: list[int], salt: str | None) -> int:
+    """Tokens of a new sequence's prompt the cache would serve now (a pure lookup: what ``attach`` would share)."""
+    if salt is None:
+        return 0
+    bs = cache.block_size
+    index = cache.allocator.prefix
+    parent = ROOT
+    last = (len(token_ids) - 1) // bs  # never the block holding the last token
+    for i in range(last):
+        parent = block_key(parent, token_ids[i * bs : (i + 1) * bs], salt)
+        if index.lookup(parent) is None:
+            return i * bs
+    return last * bs
+
+
 def detach(cache: PagedKVCache, seq: Sequence, num_blocks: int, num_cached: int) -> None:
     """Undo a failed forward's attach and growth: back to ``num_blocks`` blocks and ``num_cached`` tokens."""
     if len(seq.block_ids) > num_blocks:
@@ -57,17 +81,28 @@ def detach(cache: PagedKVCache, seq: Sequence, num_blocks: int, num_cached: int)
     seq.num_cached = num_cached
 
 
-def register(cache: PagedKVCache, seq: Sequence) -> None:
-    """Index every block that is now full of the sequence's committed, computed KV."""
+def register(cache: PagedKVCache, seq: Sequence, limit: int | None = None) -> None:
+    """Index every block that is now full of the sequence's committed, computed KV (below ``limit`` when
+    given: positions past it hold KV no other sequence may reuse)."""
     if seq.cache_salt is None:
         return
     bs = cache.block_size
-    full = min(seq.num_cached, seq.num_committed) // bs
+    end = min(seq.num_cached, seq.num_committed)
+    full = (end if limit is None else min(end, limit)) // bs
     index = cache.allocator.prefix
+    store = cache.features
     parent = seq.block_keys[-1] if seq.block_keys else ROOT
     for i in range(len(seq.block_keys), full):
         parent = block_key(parent, seq.token_ids[i * bs : (i + 1) * bs], seq.cache_salt)
-        index.register(seq.block_ids[i], parent)  # False: an equal block is cached already; this one stays private
+        block_id = seq.block_ids[i]
+        has_rows = (i + 1) * bs <= seq.feature_rows
+        if index.register(block_id, parent):
+            if store is not None:
+                store.mark(block_id, has_rows)
+        elif store is not None and has_rows and index.lookup(parent) not in (None, block_id):
+            store.adopt(block_id, index.lookup(parent))  # an equal block is cached already: give it the rows
+        # not registered: an equal block is cached already (this one stays private), or this one is, under a
+        # key of KV it held before a rollback (a write makes it private first)
         seq.block_keys.append(parent)
 
 
@@ -108,5 +143,7 @@ def writable(cache: PagedKVCache, seq: Sequence, first_write: int, end: int | No
         new_id = allocator.allocate(1, seq.seq_id)[0]
         offsets = torch.arange(bs)
         cache.move((block_id * bs + offsets).to(cache.device), (new_id * bs + offsets).to(cache.device))
+        if cache.features is not None:
+            cache.features.copy_block(block_id, new_id)
         allocator.free([block_id])
         seq.block_ids[i] = new_id

@@ -37,7 +37,7 @@ from shared.engine.errors import (
     OutOfBlocksError,
     UnknownSequenceError,
 )
-from shared.engine import prefix_blocks
+from shared.engine import prefix_blocks, prefix_features
 from shared.engine.kv_cache import PagedKVCache
 from shared.engine.sequence import Sequence
 from shared.engine.types import ForwardCost, SamplingParams
@@ -70,6 +70,9 @@ class ForwardOutput:
     fed: list[tuple[int, int, int]] = field(default_factory=list)
     node_packed: list[int] = field(default_factory=list)  # per work: packed row of its first new node
     features: torch.Tensor | None = None  # [T, width] hidden states at the asked layers (feature_layers)
+    # per work: the stored feature rows [num_served, width] of the positions the prefix cache served in this
+    # forward (they come right before its fed rows); None when it served none or no features were asked
+    feature_prefix: list[torch.Tensor | None] = field(default_factory=list)
     # the token id of each logits column when the model scores a reduced vocabulary (an EAGLE-3 head's draft
     # vocabulary); None: column j is token j
     vocab_ids: torch.Tensor | None = None
@@ -270,7 +273,8 @@ class ModelRunner:
         node_rows: list[int | None] = []
         fed_rows: list[int | None] = []
         snapshots = [(w.seq, w.seq.num_cached, len(w.seq.tree), len(w.seq.block_ids)) for w in works]
-        reuse = not feature_layers  # a step that returns features computes every token it feeds
+        store = self._feature_store(works, feature_layers)  # feature rows kept with the blocks, or None
+        served: list[torch.Tensor | None] = []  # per work: KV slots [num_served] of the blocks attached
         candidates: list[_Candidate] = []  # tree nodes early exit may prune
         fed_info: list[tuple[int, int, int]] = []
         node_packed: list[int] = []
@@ -279,8 +283,11 @@ class ModelRunner:
             for w in works:
                 seq = w.seq
                 n = seq.num_committed
-                if reuse and not w.want_fed:  # prompt log-probabilities need every prompt token fed
-                    prefix_blocks.attach(self.cache, seq)  # cached blocks of its prefix: shared, not fed
+                attached_from = seq.num_cached
+                if not w.want_fed:  # prompt log-probabilities need every prompt token fed
+                    # cached blocks of its prefix: shared, not fed (a feature step: only blocks with their rows)
+                    prefix_blocks.attach(self.cache, seq, featured=bool(feature_layers))
+                attached_to = seq.num_cached
                 if w.want_root and seq.num_cached == n:
                     seq.num_cached = n - 1  # re-run the last token: its logits were not kept
                 end = n if w.max_fed is None else min(n, seq.num_cached + w.max_fed)  # a chunk ends before n
@@ -308,6 +315,7 @@ class ModelRunner:
                 logical_new = torch.cat([fed_pos, n + node_ids])
                 kv_slots = self._slots(seq, torch.arange(total))  # [kv_len]
                 new_slots.append(kv_slots[logical_new])
+                served.append(kv_slots[attached_from:attached_to] if feature_layers and attached_to > attached_from else None)
 
                 cols = torch.arange(total)
                 mask = torch.zeros(q_len, total, dtype=torch.bool)  # [q_len, kv_len]
@@ -356,6 +364,9 @@ class ModelRunner:
                     features = self.capture.features()  # [T, width]
             rows = torch.tensor(out_rows, dtype=torch.long, device=self.device)
             logits = self._logits(works, hidden, rows)  # [num_rows, vocab]
+            if store is not None:
+                store.write(layout.new_slots, features)  # every fed and node row, beside its KV
+            feature_prefix = [None if s is None else store.read(s.to(self.device)) for s in served]  # [served, width]
         except BaseException:
             for seq, num_cached, tree_len, num_blocks in snapshots:
                 if num_blocks * self.cache.block_size == num_cached:  # blocks it may have attached: let go
@@ -364,9 +375,11 @@ class ModelRunner:
                 del seq.tree.token_ids[tree_len:], seq.tree.parent_ids[tree_len:], seq.tree.depths[tree_len:]
                 seq.tree.pruned = {j for j in seq.tree.pruned if j < tree_len}
             raise
-        for w, (_, num_fed, first_fed) in zip(works, fed_info):
-            w.seq.num_cached = first_fed + num_fed  # n, or a chunk's end
-            prefix_blocks.register(self.cache, w.seq)
+        for (seq, attached_from, first_node, _), (_, num_fed, first_fed) in zip(snapshots, fed_info):
+            seq.num_cached = first_fed + num_fed  # n, or a chunk's end
+            prefix_features.after_forward(seq, attached_from, first_fed, first_node, store is not None)
+            self._ran(seq, attached_from, first_fed)
+            prefix_blocks.register(self.cache, seq, self._registrable(seq))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         cost = ForwardCost(
@@ -386,13 +399,33 @@ class ModelRunner:
             fed=fed_info,
             node_packed=node_packed,
             features=features,
+            feature_prefix=feature_prefix,
             vocab_ids=self.logit_ids,
         )
+
+    def _feature_store(self, works: list[Work], feature_layers: tuple[int, ...] | None):
+        """The store a feature step keeps its rows in, when one of its sequences may share blocks; else None."""
+        if not feature_layers or all(w.seq.cache_salt is None for w in works):
+            return None
+        width = len(feature_layers) * self.decoder.embed_tokens.embedding_dim
+        store, fresh = self.cache.feature_store(tuple(feature_layers), width)
+        if fresh:  # another layer set (or the first): no sequence has rows stored
+            for seq in self.seqs.values():
+                prefix_features.reset(seq)
+        return store
 
     # ------------------------------------------------------------------ what a subclass may change (eagle/runner.py)
 
     def _work_inputs(self, seq: Sequence, fed_pos: torch.Tensor, node_ids: torch.Tensor) -> None:
         """Called per work while the batch is packed, in row order: inputs beyond token ids go here."""
+
+    def _ran(self, seq: Sequence, attached_from: int, first_fed: int) -> None:
+        """After a forward that succeeded: the prefix cache served positions ``attached_from .. first_fed-1``
+        (when first_fed is past it) and the forward fed ``first_fed .. num_cached-1``."""
+
+    def _registrable(self, seq: Sequence) -> int | None:
+        """The KV positions below which the sequence's full blocks may enter the prefix index (None: all)."""
+        return None
 
     def _decode(self, ids: torch.Tensor, pos: torch.Tensor, layout: BatchLayout) -> torch.Tensor:
         """ids, pos [1, T] → final hidden states [T, hidden]."""
@@ -521,6 +554,7 @@ class ModelRunner:
         seq.tree.clear()
         del seq.token_ids[-num_tokens:]
         seq.num_cached = min(seq.num_cached, seq.num_committed)
+        prefix_features.after_truncate(seq)
         prefix_blocks.trim_keys(self.cache, seq)
         keep = self.cache.blocks_for(seq.num_cached)
         if keep < len(seq.block_ids):
@@ -541,17 +575,20 @@ class ModelRunner:
                 path.append(child)
                 node = child
         if path and path != list(range(len(path))):
-            src = self._slots(seq, n + torch.tensor(path))
-            dst = self._slots(seq, n + torch.arange(len(path)))
-            self.cache.move(src.to(self.device), dst.to(self.device))
+            src = self._slots(seq, n + torch.tensor(path)).to(self.device)  # [len(path)]
+            dst = self._slots(seq, n + torch.arange(len(path))).to(self.device)  # [len(path)]
+            self.cache.move(src, dst)
+            if self.cache.features is not None and seq.tree_feature_rows:
+                self.cache.features.move(src, dst)  # the path's feature rows go with its KV
         seq.tree.clear()
         seq.token_ids += tokens
         seq.num_cached = n + len(path) if seq.num_cached == n else seq.num_cached  # un-run tokens stay un-run
+        prefix_features.after_commit(seq, n, path)
         keep = self.cache.blocks_for(seq.num_cached)
         if keep < len(seq.block_ids):
             self.cache.allocator.free(seq.block_ids[keep:])
             del seq.block_ids[keep:]
-        prefix_blocks.register(self.cache, seq)
+        prefix_blocks.register(self.cache, seq, self._registrable(seq))
         return len(path)
 
 

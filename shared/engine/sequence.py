@@ -76,6 +76,10 @@ class Sequence:
     # prefix caching (prefix_blocks.py): its tenant's salt, None = never shared; the keys of its full blocks
     cache_salt: str | None = ""
     block_keys: list[bytes] = field(default_factory=list)
+    # target feature rows stored beside the KV (block_features.py, prefix_features.py): committed positions
+    # 0 .. feature_rows-1 and tree nodes 0 .. tree_feature_rows-1 have theirs
+    feature_rows: int = 0
+    tree_feature_rows: int = 0
     output_start: int = 0  # token_ids[output_start:] are the request's output (penalties, min_tokens)
     logits_processors: list = field(default_factory=list)  # logits_process.LogitsProcessor, applied in order
     grammar: object | None = None  # grammar.GrammarState: structured output follows the committed tokens

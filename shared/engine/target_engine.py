@@ -289,10 +289,15 @@ def _prompt_logprobs(out, i: int, seq) -> list[TokenLogprobs] | None:
 
 
 def _committed_features(out, i: int, accepted_nodes: list[int], spec: FeatureSpec | None) -> FeatureBlock | None:
-    """Work i's feature rows for what it committed: the fed tokens, then the accepted path (consecutive positions)."""
+    """Work i's feature rows for what it committed: the positions the prefix cache served (their stored rows),
+    the fed tokens, then the accepted path (consecutive positions), as a full recompute would give them."""
     if spec is None or out.features is None:
         return None
     row, num_fed, start = out.fed[i]
     packed = list(range(row, row + num_fed)) + [out.node_packed[i] + j for j in accepted_nodes]
     index = torch.tensor(packed, dtype=torch.long, device=out.features.device)
-    return FeatureBlock.from_tensor(out.features[index], start, spec.dtype)
+    rows = out.features[index]  # [num_fed + num_accepted, width]
+    served = out.feature_prefix[i] if out.feature_prefix else None  # [num_served, width]
+    if served is not None:
+        rows, start = torch.cat([served.to(rows.dtype), rows]), start - served.shape[0]
+    return FeatureBlock.from_tensor(rows, start, spec.dtype)
