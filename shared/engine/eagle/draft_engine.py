@@ -6,6 +6,10 @@ tokens it brings (``PrefillItem.features``, ``SpecItem.features``)::
     prefill   prompt x_0..x_{P-1}             features f_0..f_{P-2} (or ..f_{P-1})   (row t feeds token t+1)
     speculate new tokens (accepted + bonus)   features of the tokens the target ran since the last call
 
+A prefill whose first P prompt positions the draft's prefix cache holds needs
+rows from f_{P-1} on only: its block may start there (or at 0, the rows before
+are then just kept).
+
 Every check (dtype, width, position range, an unknown sequence) runs before
 anything changes, so bad features cost the caller an INVALID_ARGUMENT and
 nothing else. Chain and beam drafting are the token draft's own drafters,
@@ -14,6 +18,7 @@ unchanged: the runner feeds each new node the head's output at its parent.
 
 from __future__ import annotations
 
+from shared.engine import prefix_blocks
 from shared.engine.draft_engine import DraftEngine
 from shared.engine.eagle.runner import EagleRunner
 from shared.engine.errors import InvalidRequestError
@@ -37,10 +42,11 @@ class FeatureDraftEngine(DraftEngine):
                     f"({need} rows, positions 0..{need - 1})"
                 )
             return
-        if block.start != 0 or block.num_rows < need:
+        first = max(0, self._served(item) - 1) if block.start else 0  # rows before f_{P-1} feed cached positions
+        if block.start > first or block.end < need:
             raise InvalidRequestError(
-                f"sequence {item.seq_id!r}: prompt of {len(item.prompt_ids)} tokens needs feature rows 0..{need - 1}, "
-                f"got rows {block.start}..{block.end - 1}"
+                f"sequence {item.seq_id!r}: prompt of {len(item.prompt_ids)} tokens needs feature rows "
+                f"{first}..{need - 1}, got rows {block.start}..{block.end - 1}"
             )
         if block.end > len(item.prompt_ids):
             raise InvalidRequestError(
@@ -52,8 +58,15 @@ class FeatureDraftEngine(DraftEngine):
                 f"width {self.runner.feature_width} in {self.spec.dtype}"
             )
 
+    def _served(self, item: PrefillItem) -> int:
+        """Prompt positions the draft's prefix cache holds for this item now."""
+        salt = item.cache_salt if self.runner.config.prefix_caching else None
+        return prefix_blocks.cached_tokens(self.runner.cache, item.prompt_ids, salt)
+
     def _prefilled(self, seq, item: PrefillItem) -> None:
         if item.features is not None:
+            if item.features.start:
+                self.runner.start_features_at(seq, item.features.start)
             self.runner.add_features(seq, item.features, ahead=True)
 
     def _check_item(self, item: SpecItem) -> None:

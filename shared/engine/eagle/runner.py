@@ -13,6 +13,13 @@ and is re-run once the target's row arrives. Committing accepted tokens never
 keeps the tree's KV for positions the target has now described: EAGLE
 re-runs them with the true features (the "draft-extend" step), which is what
 keeps acceptance up after the first drafted token.
+
+Prefix caching: position p's KV is a function of token x_p and row p, and row p of tokens 0..p-1 once it
+is the target's exact row, so a block whose every position ran on an exact row depends on its tokens'
+prefix only. ``_FeatureState.exact_kv`` counts the leading KV positions that did; only blocks below it
+enter the prefix index (``_registrable``), so KV computed from a provisional row, a tree node's or an
+optimistic commit's, is never shared; a rollback or a re-run only lowers it. A prefill the cache serves
+P positions of needs rows from position P on: its block may start at f_{P-1} (``start_features_at``).
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ class _FeatureState:
         self.fused = torch.zeros(64, hidden, dtype=dtype, device=device)  # [cap, H] row p feeds position p
         self.num_rows = 1  # rows 0 .. num_rows-1 are set (row 0: zeros, the first token has no predecessor)
         self.num_exact = 0  # target rows received: f_0 .. f_{num_exact-1} (rows 1 .. num_exact)
+        self.exact_kv = 0  # KV positions 0 .. exact_kv-1 ran on exact rows (what the prefix index may take)
+        self.first_row = 1  # rows 1 .. first_row-1 are not here: their positions came from the prefix cache
         self.out = torch.zeros(8, hidden, dtype=dtype, device=device)  # [cap, H] row 0 root, row j+1 node j
         self.num_out = 0  # output rows valid for the current tree
 
@@ -86,8 +95,9 @@ class EagleRunner(ModelRunner):
     # ------------------------------------------------------------------ sequences
 
     def add(self, seq_id: str, token_ids: list[int], sampling: SamplingParams | None = None, cache_salt=None) -> Sequence:
-        # no prefix caching: a position's KV here also depends on features that may still be the head's own guesses
-        seq = super().add(seq_id, token_ids, sampling, cache_salt=None)
+        # prefix caching as on the target, but a block enters the index only once every position in it ran
+        # on the target's exact row (_registrable): KV from the head's provisional guesses is never shared
+        seq = super().add(seq_id, token_ids, sampling, cache_salt=cache_salt)
         self.state[seq_id] = _FeatureState(self.head.cfg.hidden_size, self.dtype, self.device)
         return seq
 
@@ -99,7 +109,15 @@ class EagleRunner(ModelRunner):
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         super().truncate(seq, num_tokens)
         if num_tokens:  # nothing rolled back keeps the head's outputs: a lookahead commit needs them (FASER §4.3)
-            self.state[seq.seq_id].truncate(seq.num_committed)
+            st = self.state[seq.seq_id]
+            st.truncate(seq.num_committed)
+            st.exact_kv = min(st.exact_kv, seq.num_cached)
+
+    def start_features_at(self, seq: Sequence, start: int) -> None:
+        """A fresh sequence whose prefix cache serves positions 0..start: its rows start at f_start."""
+        st = self.state[seq.seq_id]
+        st.num_exact = st.num_rows = start  # as if f_0 .. f_{start-1} had come (their positions are cached)
+        st.first_row = start + 1
 
     def check_features(
         self, seq: Sequence, block: FeatureBlock, *, num_committed: int, rollback: int = 0, ahead: bool = False
@@ -142,6 +160,7 @@ class EagleRunner(ModelRunner):
         st.num_exact = max(st.num_exact, block.end)
         if first_new <= block.end and first_new < seq.num_cached:
             seq.num_cached = first_new  # those positions ran on the head's own guesses: run them again
+            st.exact_kv = min(st.exact_kv, first_new)
             seq.tree.clear()
             st.num_out = 0
 
@@ -191,7 +210,25 @@ class EagleRunner(ModelRunner):
                 f"sequence {seq.seq_id!r}: no target features for position {st.num_rows} onward; a feature draft "
                 f"needs the target's features of every committed token it runs"
             )
+        if len(fed_pos) and max(int(fed_pos[0]), 1) < st.first_row:
+            raise InvalidRequestError(
+                f"sequence {seq.seq_id!r}: no target features for positions {max(int(fed_pos[0]), 1)}.."
+                f"{st.first_row - 1}: they start at f_{st.first_row - 1}, and the prefix cache no longer holds "
+                f"the positions before it; send the features from position 0"
+            )
         self._batch.append((seq, fed_pos, node_ids))
+
+    def _ran(self, seq: Sequence, attached_from: int, first_fed: int) -> None:
+        st = self.state[seq.seq_id]
+        exact = min(st.exact_kv, attached_from)
+        if first_fed > attached_from and exact == attached_from:
+            exact = first_fed  # served by the prefix cache: indexed blocks hold exact KV only
+        if exact >= first_fed:  # fed positions p ran on exact rows while p <= num_exact
+            exact = max(first_fed, min(seq.num_cached, st.num_exact + 1))
+        st.exact_kv = exact
+
+    def _registrable(self, seq: Sequence) -> int:
+        return self.state[seq.seq_id].exact_kv
 
     def _decode(self, ids: torch.Tensor, pos: torch.Tensor, layout) -> torch.Tensor:
         feats: list[torch.Tensor] = []
