@@ -22,12 +22,14 @@ TORCH := torch==2.13.0
 PAIR ?= demo
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist; 0 = serial, in this process), whole files to a worker (--dist loadfile: a
-# module-scoped stack starts once). Two workers overlap one file's waits on the processes it starts with
-# another's work (pytest 12.8 min against 16.3 serial, 2-core AMD EPYC), but in one of three fresh-clone
-# runs a worker died of a segfault in a native thread (likely grpc.aio's poller restarting; tests/conftest.py
-# now holds it for the run, docs/development.md), and two workers gained little on a faster day (8.6 against
-# 8.9 min), so CI runs serially; `make test TEST_WORKERS=2` for the fast way.
-TEST_WORKERS ?= 0
+# module-scoped stack starts once). Two workers, each torch process on one thread (OMP_NUM_THREADS=1, which the
+# services started by tests inherit): with two threads per process, two workers and the stacks they start
+# oversubscribe the cores and every parallel region waits for a descheduled thread (an early-exit test took
+# 12.9 s beside another worker against 1.4 s alone). pytest 525 s on one thread against 837 s on torch's default,
+# 2-core AMD EPYC (docs/development.md). tests/conftest.py holds grpc.aio's poller for the run (a worker once
+# died in a native thread when it restarted).
+TEST_WORKERS ?= 2
+TEST_THREADS ?= 1
 # OpenMP waits (libgomp): sleep rather than spin for long (the services share the cores), but
 # spin ~0.1 ms first, which keeps a forward's thousands of short parallel regions from paying a
 # wake-up each (SmolLM2-135M decode 34 ms against 59 ms fully passive, 2 cores; docs/engine.md).
@@ -73,7 +75,7 @@ promtool:
 		|| echo "note: promtool not installed; the promtool check is skipped"
 
 test: setup models promtool
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(TEST_THREADS)} OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 # `docker compose up` for real on this machine (deploy/compose_smoke.py): a Docker daemon (started here if none
 # answers: vfs, its own data root), a base image from Debian packages, the CPU image from a wheelhouse, the stack
