@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from shared.engine.errors import DuplicateSequenceError, UnknownSequenceError
+from shared.engine.kv_cache import BlockAllocator
 from shared.engine.features import ITEMSIZE, FeatureBlock, FeatureSpec
 from shared.engine.target_engine import TargetStepOutput
 from shared.engine.types import AcceptResult, ForwardCost, PrefillResult, TokenTree
@@ -28,6 +29,7 @@ TOKEN = 7  # every drafted and sampled token
 class _Cache:
     num_blocks: int = 1 << 14
     block_size: int = 16
+    allocator: BlockAllocator = field(default_factory=lambda: BlockAllocator(0))  # what Info reads: an empty prefix cache
 
     @property
     def num_free_blocks(self) -> int:
@@ -38,6 +40,16 @@ class _Cache:
 class _Config:
     hidden_size: int
     num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+
+
+class _Decoder:
+    """No layers and no weights: the shape Info reports for chunk pricing (shared/engine/model_shape.py)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.layers = torch.nn.ModuleList()
 
 
 @dataclass
@@ -66,6 +78,7 @@ class _Runner:
     def __post_init__(self) -> None:
         self.base_blocks = self.max_blocks = self.cache.num_blocks
         self.model = _Model(_Config(self.hidden_size))
+        self.decoder = _Decoder()
 
 
 class _Timed:
