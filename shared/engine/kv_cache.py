@@ -29,12 +29,26 @@ the copy, so growing from N to N + G blocks briefly needs 2N + G blocks' worth.
 from __future__ import annotations
 
 import heapq
+import logging
 
 import torch
 
 from shared.engine.block_features import BlockFeatures
 from shared.engine.errors import KVBlocksInUseError, OutOfBlocksError
 from shared.engine.prefix_cache import PrefixIndex
+
+log = logging.getLogger(__name__)
+FEATURE_HEADROOM = 0.05  # of the device's memory kept free after the feature rows are allocated
+
+
+def feature_store_fits(device: torch.device, num_bytes: int, free_total: tuple[int, int] | None = None) -> bool:
+    """Whether ``num_bytes`` of feature rows fit on ``device`` and leave FEATURE_HEADROOM of it free.
+
+    CUDA reads the device's free memory (``free_total`` overrides it, for tests); host memory is not checked."""
+    if device.type != "cuda" and free_total is None:
+        return True
+    free, total = free_total if free_total is not None else torch.cuda.mem_get_info(device)
+    return num_bytes <= free - FEATURE_HEADROOM * total
 
 
 class BlockAllocator:
@@ -181,12 +195,24 @@ class PagedKVCache:
         self.allocator = BlockAllocator(num_blocks)
         self.released = False  # True between release_memory() and reallocate()
         self.features: BlockFeatures | None = None  # target feature rows beside the KV (block_features.py)
+        self._warned_features = False
 
-    def feature_store(self, layer_ids: tuple[int, ...], width: int) -> tuple[BlockFeatures, bool]:
-        """The feature rows for ``layer_ids`` (made on first use); True when it (re)started empty."""
+    def feature_store(self, layer_ids: tuple[int, ...], width: int) -> tuple[BlockFeatures | None, bool]:
+        """The feature rows for ``layer_ids`` (made on first use); True when it (re)started empty.
+
+        None when the device cannot hold them beside the pool (the pool was sized before any step asked for
+        features): feature steps then compute every token they feed, as without the store."""
         store = self.features
         if store is not None and store.fits(layer_ids, width):
             return store, False
+        dropped, self.features = store is not None, None
+        need = self.num_blocks * self.block_size * width * torch.finfo(self.dtype).bits // 8
+        if not feature_store_fits(self.device, need):
+            if not self._warned_features:
+                log.warning("prefix cache: no room for %.0f MiB of feature rows beside the KV pool on %s; "
+                            "feature steps recompute cached prefixes", need / 2**20, self.device)
+                self._warned_features = True
+            return None, dropped
         self.features = BlockFeatures(tuple(layer_ids), width, self.num_blocks, self.block_size, self.dtype, self.device)
         return self.features, True
 

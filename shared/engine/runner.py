@@ -410,7 +410,7 @@ class ModelRunner:
             return None
         width = len(feature_layers) * self.decoder.embed_tokens.embedding_dim
         store, fresh = self.cache.feature_store(tuple(feature_layers), width)
-        if fresh:  # another layer set (or the first): no sequence has rows stored
+        if fresh:  # another layer set, the first, or none (no room): no sequence has rows stored
             for seq in self.seqs.values():
                 prefix_features.reset(seq)
         return store

@@ -181,3 +181,32 @@ def test_accounting_and_features_hold_under_eviction(target_model, reference):
     assert target.runner.cache.allocator.prefix.evictions > 0
     assert target.runner.cache.allocator.prefix.hits > 0
     assert torch.is_tensor(target.runner.cache.features.rows)
+
+
+def test_no_room_for_feature_rows_falls_back_to_recomputing(target_model, reference, monkeypatch):
+    """A device without room for the rows beside the pool keeps no store: feature steps share nothing and
+    compute every token, with the same features as a cold engine; plain steps still share."""
+    from shared.engine import kv_cache
+
+    assert kv_cache.feature_store_fits(torch.device("cpu"), 1 << 40)  # host memory is not checked
+    gib = 1 << 30
+    assert kv_cache.feature_store_fits(torch.device("cuda"), 6 * gib, free_total=(10 * gib, 80 * gib))
+    assert not kv_cache.feature_store_fits(torch.device("cuda"), 7 * gib, free_total=(10 * gib, 80 * gib))  # 5 % of 80 GiB stays free
+    monkeypatch.setattr(kv_cache, "feature_store_fits", lambda device, num_bytes: False)
+    rng = random.Random(5)
+    prompt = [rng.randrange(VOCAB) for _ in range(14)]
+    warm = engine(target_model)
+    answer = decode(warm, "turn1", prompt, reference, steps=3)
+    warm.release(["turn1"])
+    assert warm.runner.cache.features is None
+    index = warm.runner.cache.allocator.prefix
+    turn2 = prompt + answer + [rng.randrange(VOCAB) for _ in range(5)]
+    hits = index.hits
+    first, block = prefill(warm, "turn2", turn2)
+    assert index.hits == hits  # nothing shared with a feature step
+    cold_first, cold = prefill(engine(target_model, prefix_caching=False), "turn2", turn2)
+    assert first == cold_first and max_diff(block, cold) <= TOL
+    warm.release(["turn2"])
+    warm.prefill([PrefillItem("plain", turn2)])  # a step without features still shares the blocks
+    assert index.hits > hits
+    warm.runner.check_accounting()
