@@ -25,6 +25,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from bench.prefill_readme import load_now, readme
+
 MODELS = Path.home() / ".cache/tandem/models"
 OUT = Path(__file__).parent / "results/serving-demo/prefill"
 
@@ -196,10 +198,13 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "duration_s": round(time.time() - started),
         "commit": commit,
+        "load": load_now(),
     }  # fmt: skip
     OUT.mkdir(parents=True, exist_ok=True)
     name = "results.json" if args.only is None else f"results-{args.only}.json"
     (OUT / name).write_text(json.dumps(results, indent=1))
+    if args.only is None:
+        (OUT / "README.md").write_text(readme(results))
     print(json.dumps({k: v for k, v in results.items() if k != "tpot" and k != "cache"}, indent=1))
     if "tpot" in results:
         t = results["tpot"]
