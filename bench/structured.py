@@ -21,6 +21,7 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import subprocess
 import time
 from datetime import datetime, timezone
@@ -144,7 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     equal = all(a["outputs"] == b["outputs"] for batch in (1, args.batch)
                 for a, b in zip(runs[("schema+spec", batch)], runs[("schema", batch)]))  # fmt: skip
     sample = tokenizer.decode(runs[("schema+spec", 1)][0]["outputs"][0])
-    report = {"command": "python -m bench.structured " + " ".join(argv or []), "machine": _machine(),
+    argv = sys.argv[1:] if argv is None else argv  # the command as run, for the results
+    report = {"command": "python -m bench.structured " + " ".join(argv), "machine": _machine(),
               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": _commit(),
               "k": args.k, "max_tokens": args.max_tokens, "repeats": args.repeats, "schema": SCHEMA,
               "greedy_equal": equal, "sample": sample, "rows": rows}  # fmt: skip
