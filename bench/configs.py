@@ -18,6 +18,8 @@
                       policy <policy> (default smartspec, which stops drafting under load), on a stack whose
                       scheduler has TANDEM_DRAFT_OFFLOAD set to OFFLOAD_SPEC (on) or off; a stack each. The small
                       KV pool both share comes from the environment (bench.offload.pool_env).
+    protocol:<p>:k<K>   a chain of K per request (k0: speculation off) on a stack whose scheduler talks to the
+                      model services over TANDEM_WORKER_PROTOCOL=<p> (unary or stream); a stack each
     hf-target         HF transformers ``generate`` of the target alone, in the harness process
     hf-assisted       HF assisted generation (``assistant_model=draft``) with the library's default
                       schedule (transformers 5: 20 tokens, "constant", confidence threshold 0.4)
@@ -51,6 +53,7 @@ class StackKey:
     draft_share: float | None = None  # the launcher's draft_share (FASER §4.4); None = no split
     draft_offload: str | None = None  # the scheduler's TANDEM_DRAFT_OFFLOAD; None = what the environment says
     draft_model: str | None = None  # this stack's draft (model name/path, ngram[:..], suffix[:..]); None = the pair's
+    worker_protocol: str | None = None  # the scheduler's TANDEM_WORKER_PROTOCOL; None = what the environment says
 
 
 # FASER's ablation: chain length, frontier chunk (gated by the cost models when both are profiled,
@@ -132,6 +135,12 @@ def parse(name: str, *, queue_policy: str = "fcfs") -> Config:
         if not spec or m is None or int(m.group(1)) < 1:
             raise ValueError(f"{name}: use draft:<model|ngram|suffix>:k<K>, e.g. draft:suffix:k4")
         return Config(name, "tandem", int(m.group(1)), StackKey(queue_policy=queue_policy, draft_model=spec))
+    if name.startswith("protocol:"):  # protocol:<unary|stream>:k<K>: the worker protocol side by side
+        m = re.fullmatch(r"protocol:(unary|stream):k(\d+)", name)
+        if m is None:
+            raise ValueError(f"{name}: use protocol:unary:k<K> or protocol:stream:k<K> (k0: no speculation)")
+        k = int(m.group(2))
+        return Config(name, "tandem", k or "off", StackKey(queue_policy=queue_policy, worker_protocol=m.group(1)))
     if name == "hf-target":
         return Config(name, "hf", "off")
     if name == "hf-assisted":
@@ -140,7 +149,8 @@ def parse(name: str, *, queue_policy: str = "fcfs") -> Config:
         return Config(name, "hf", "assisted", hf_options=dict(HF_ASSISTED_HEURISTIC))
     raise ValueError(
         f"unknown configuration {name!r}; use target-only, tandem-k<K>, policy:<name>, order:<queue>, faser:<variant>, "
-        "offload:on|off, draft:<draft>:k<K>, draft:<draft>@<policy>, hf-target, hf-assisted or hf-assisted-heuristic"
+        "offload:on|off, draft:<draft>:k<K>, draft:<draft>@<policy>, protocol:<p>:k<K>, hf-target, hf-assisted or "
+        "hf-assisted-heuristic"
     )
 
 

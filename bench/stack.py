@@ -72,7 +72,8 @@ def bench_stack(models: Models, key: StackKey, log_dir: Path, *, traces: bool = 
     sink = SpanSink().start() if traces else None
     env = {"TANDEM_QUEUE_POLICY": key.queue_policy, "TANDEM_LOG_LEVEL": os.environ.get("TANDEM_BENCH_LOG_LEVEL", "warning")}
     for var, value in (("TANDEM_FRONTIER", key.frontier), ("TANDEM_EARLY_EXIT", key.early_exit),
-                       ("TANDEM_DRAFT_OFFLOAD", key.draft_offload)):  # fmt: skip
+                       ("TANDEM_DRAFT_OFFLOAD", key.draft_offload),
+                       ("TANDEM_WORKER_PROTOCOL", key.worker_protocol)):  # fmt: skip
         if value is not None:
             env[var] = value
     env.update(sink.service_env() if sink else {"TANDEM_TRACE_EXPORTER": "none"})

@@ -38,3 +38,13 @@ def test_rotation_starts_each_repeat_elsewhere():
     assert orders[1] == ["tandem-k1", "tandem-k3", "target-only"]
     assert [o[0] for o in orders] == [c.name for c in cs]  # every configuration goes first once
     assert rotated(cs, 3) == cs and rotated([], 1) == []
+
+
+def test_protocol_configurations_name_the_stacks_worker_protocol():
+    unary, plain, stream = (parse(n) for n in ("protocol:unary:k3", "protocol:unary:k0", "protocol:stream:k3"))
+    assert unary.speculation == 3 and plain.speculation == "off" and stream.speculation == 3
+    assert unary.stack == plain.stack and unary.stack.worker_protocol == "unary"  # one stack per protocol
+    assert stream.stack != unary.stack and stream.stack.worker_protocol == "stream"
+    for bad in ("protocol:grpc:k3", "protocol:stream", "protocol:stream:3"):
+        with pytest.raises(ValueError):
+            parse(bad)
