@@ -71,7 +71,7 @@ from shared.engine.errors import ModelLoadError
 from shared.metrics import TandemMetrics, start_http_server
 from shared.rpc.gen.tandem.v1 import common_pb2, tandem_pb2_grpc
 from shared.rpc.api_keys import ApiKeyInterceptor
-from shared.rpc.shared_secret import SecretClientInterceptor
+from shared.rpc.shared_secret import secret_client_interceptors
 from shared.rpc.tls import ClientTls, TlsConfigError
 from shared.rpc.tls_mismatch import tls_problem
 from shared.rpc.server import (
@@ -140,7 +140,7 @@ async def _start(
     closers.append(provider.shutdown)
 
     secret = settings.secret()  # the model services' shared secret, sent on every call to them (with TLS too)
-    internal = [SecretClientInterceptor(secret)] if secret else []
+    internal = secret_client_interceptors(secret) if secret else []  # unary calls and the step streams
     target_cls, draft_cls = worker_classes(settings.worker_protocol)
     target = target_cls(settings.target_addr, interceptors=internal, **channel)
     closers.append(target.close)

@@ -46,9 +46,9 @@ class FeaturePusher:
             secret = self.settings.secret() if self.settings is not None else None
             tls = self.settings.internal_client_tls() if self.settings is not None else None
             if secret:
-                from shared.rpc.shared_secret import SecretClientInterceptor
+                from shared.rpc.shared_secret import secret_client_interceptors
 
-                interceptors = [SecretClientInterceptor(secret)]
+                interceptors = secret_client_interceptors(secret)  # PushFeatures streams: not the unary kind
             else:
                 interceptors = []
             options = (*CLIENT_OPTIONS, *(tls.options() if tls is not None else ()))

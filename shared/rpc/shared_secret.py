@@ -90,12 +90,16 @@ def deny_like(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHan
         yield  # pragma: no cover - never reached
 
     kw = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(stream, **kw)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(unary, **kw)
     if handler.response_streaming:
         return grpc.unary_stream_rpc_method_handler(stream, **kw)
     return grpc.unary_unary_rpc_method_handler(unary, **kw)
 
 
-class SecretClientInterceptor(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
+class _SecretDetails:
     def __init__(self, secret: str) -> None:
         self._pair = (METADATA_KEY, secret)
 
@@ -103,8 +107,31 @@ class SecretClientInterceptor(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.Una
         metadata = grpc.aio.Metadata(*(d.metadata or ()), self._pair)
         return grpc.aio.ClientCallDetails(d.method, d.timeout, metadata, d.credentials, d.wait_for_ready)
 
+
+class SecretClientInterceptor(_SecretDetails, grpc.aio.UnaryUnaryClientInterceptor):
+    """The secret on unary calls. grpc.aio files an interceptor under the first call kind it implements
+    only, so each kind has its own class: ``secret_client_interceptors`` gives all four."""
+
     async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[override]
         return await continuation(self._details(client_call_details), request)
 
+
+class _SecretUnaryStream(_SecretDetails, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[override]
         return await continuation(self._details(client_call_details), request)
+
+
+class _SecretStreamUnary(_SecretDetails, grpc.aio.StreamUnaryClientInterceptor):
+    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):  # type: ignore[override]
+        return await continuation(self._details(client_call_details), request_iterator)
+
+
+class _SecretStreamStream(_SecretDetails, grpc.aio.StreamStreamClientInterceptor):
+    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # type: ignore[override]
+        return await continuation(self._details(client_call_details), request_iterator)
+
+
+def secret_client_interceptors(secret: str) -> list[grpc.aio.ClientInterceptor]:
+    """The secret on every call a channel makes: unary, server-streaming, client-streaming (the target's
+    feature push) and bidirectional (the step streams)."""
+    return [cls(secret) for cls in (SecretClientInterceptor, _SecretUnaryStream, _SecretStreamUnary, _SecretStreamStream)]
