@@ -41,6 +41,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
+
+from shared.rpc.call_details import rewriting_interceptors
 import grpc.aio
 import pydantic
 from opentelemetry import trace
@@ -346,39 +348,13 @@ class _AioInjector:
         return details._replace(metadata=grpc.aio.Metadata(*metadata) if metadata is not None else None)
 
 
-class _UnaryUnaryInjector(_AioInjector, grpc.aio.UnaryUnaryClientInterceptor):
-    async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[override]
-        return await continuation(self._details(client_call_details), request)
-
-
-class _UnaryStreamInjector(_AioInjector, grpc.aio.UnaryStreamClientInterceptor):
-    async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[override]
-        return await continuation(self._details(client_call_details), request)
-
-
-class _StreamUnaryInjector(_AioInjector, grpc.aio.StreamUnaryClientInterceptor):
-    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):  # type: ignore[override]
-        return await continuation(self._details(client_call_details), request_iterator)
-
-
-class _StreamStreamInjector(_AioInjector, grpc.aio.StreamStreamClientInterceptor):
-    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # type: ignore[override]
-        return await continuation(self._details(client_call_details), request_iterator)
-
-
 def tracing_client_interceptors(propagator: TextMapPropagator | None = None) -> list[grpc.aio.ClientInterceptor]:
     """grpc.aio client interceptors that put the current trace context into each call's metadata.
 
-    One per call kind: a grpc.aio channel files each interceptor under the
-    first kind it implements only, so one class doing all four would miss
-    streaming calls.
+    One per call kind (call_details.py: a grpc.aio channel files each interceptor under the first kind it
+    implements only).
     """
-    return [
-        _UnaryUnaryInjector(propagator),
-        _UnaryStreamInjector(propagator),
-        _StreamUnaryInjector(propagator),
-        _StreamStreamInjector(propagator),
-    ]
+    return rewriting_interceptors(_AioInjector(propagator)._details)
 
 
 class _SyncCallDetails(

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+
+from shared.rpc.call_details import Rewrite, UnaryUnaryRewriter, rewriting_interceptors
 import grpc.aio
 
 log = logging.getLogger(__name__)
@@ -99,39 +101,24 @@ def deny_like(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHan
     return grpc.unary_unary_rpc_method_handler(unary, **kw)
 
 
-class _SecretDetails:
-    def __init__(self, secret: str) -> None:
-        self._pair = (METADATA_KEY, secret)
+def _adding_secret(secret: str) -> Rewrite:
+    pair = (METADATA_KEY, secret)
 
-    def _details(self, d: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        metadata = grpc.aio.Metadata(*(d.metadata or ()), self._pair)
+    def rewrite(d: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*(d.metadata or ()), pair)
         return grpc.aio.ClientCallDetails(d.method, d.timeout, metadata, d.credentials, d.wait_for_ready)
 
-
-class SecretClientInterceptor(_SecretDetails, grpc.aio.UnaryUnaryClientInterceptor):
-    """The secret on unary calls. grpc.aio files an interceptor under the first call kind it implements
-    only, so each kind has its own class: ``secret_client_interceptors`` gives all four."""
-
-    async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[override]
-        return await continuation(self._details(client_call_details), request)
+    return rewrite
 
 
-class _SecretUnaryStream(_SecretDetails, grpc.aio.UnaryStreamClientInterceptor):
-    async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[override]
-        return await continuation(self._details(client_call_details), request)
+class SecretClientInterceptor(UnaryUnaryRewriter):
+    """The secret on unary calls only (see call_details.py); ``secret_client_interceptors`` covers every kind."""
 
-
-class _SecretStreamUnary(_SecretDetails, grpc.aio.StreamUnaryClientInterceptor):
-    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):  # type: ignore[override]
-        return await continuation(self._details(client_call_details), request_iterator)
-
-
-class _SecretStreamStream(_SecretDetails, grpc.aio.StreamStreamClientInterceptor):
-    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # type: ignore[override]
-        return await continuation(self._details(client_call_details), request_iterator)
+    def __init__(self, secret: str) -> None:
+        super().__init__(_adding_secret(secret))
 
 
 def secret_client_interceptors(secret: str) -> list[grpc.aio.ClientInterceptor]:
     """The secret on every call a channel makes: unary, server-streaming, client-streaming (the target's
     feature push) and bidirectional (the step streams)."""
-    return [cls(secret) for cls in (SecretClientInterceptor, _SecretUnaryStream, _SecretStreamUnary, _SecretStreamStream)]
+    return rewriting_interceptors(_adding_secret(secret))
