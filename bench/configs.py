@@ -20,6 +20,9 @@
                       KV pool both share comes from the environment (bench.offload.pool_env).
     protocol:<p>:k<K>   a chain of K per request (k0: speculation off) on a stack whose scheduler talks to the
                       model services over TANDEM_WORKER_PROTOCOL=<p> (unary or stream); a stack each
+    chunk:<N|off>:<config>   <config> (any Tandem configuration above) on a stack whose scheduler prefills long
+                      prompts in chunks of N tokens inside the step's forward, or in one piece (off:
+                      TANDEM_PREFILL_CHUNK=0); e.g. chunk:off:policy:adaserve; a stack each
     hf-target         HF transformers ``generate`` of the target alone, in the harness process
     hf-assisted       HF assisted generation (``assistant_model=draft``) with the library's default
                       schedule (transformers 5: 20 tokens, "constant", confidence threshold 0.4)
@@ -34,6 +37,7 @@ directories.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Literal
@@ -54,6 +58,7 @@ class StackKey:
     draft_offload: str | None = None  # the scheduler's TANDEM_DRAFT_OFFLOAD; None = what the environment says
     draft_model: str | None = None  # this stack's draft (model name/path, ngram[:..], suffix[:..]); None = the pair's
     worker_protocol: str | None = None  # the scheduler's TANDEM_WORKER_PROTOCOL; None = what the environment says
+    prefill_chunk: int | None = None  # the scheduler's TANDEM_PREFILL_CHUNK (0: one piece); None = the environment's
 
 
 # FASER's ablation: chain length, frontier chunk (gated by the cost models when both are profiled,
@@ -100,6 +105,16 @@ SWEEP_PEERS = ("target-only", "tandem-k1", "tandem-k3", "tandem-k5")
 def parse(name: str, *, queue_policy: str = "fcfs") -> Config:
     """The configuration ``name`` stands for (see the module docstring); ValueError for unknown names."""
     stack = StackKey(queue_policy=queue_policy)
+    if name.startswith("chunk:"):  # chunk:<N|off>:<config>: the same configuration, prefill chunked or in one piece
+        _, size, inner = (name + "::").split(":", 2)
+        inner = inner.rstrip(":")
+        if not (size == "off" or size.isdigit() and int(size) > 0) or not inner:
+            raise ValueError(f"{name}: use chunk:<N>:<config> (N tokens per chunk) or chunk:off:<config>")
+        base = parse(inner, queue_policy=queue_policy)
+        if not base.is_tandem or base.stack is None:
+            raise ValueError(f"{name}: chunked prefill is a Tandem stack's setting, {inner!r} is not a Tandem configuration")
+        key = dataclasses.replace(base.stack, prefill_chunk=0 if size == "off" else int(size))
+        return dataclasses.replace(base, name=name, stack=key)
     if name == "target-only":
         return Config(name, "tandem", "off", stack)
     if m := re.fullmatch(r"tandem-k(\d+)", name):
@@ -149,7 +164,7 @@ def parse(name: str, *, queue_policy: str = "fcfs") -> Config:
         return Config(name, "hf", "assisted", hf_options=dict(HF_ASSISTED_HEURISTIC))
     raise ValueError(
         f"unknown configuration {name!r}; use target-only, tandem-k<K>, policy:<name>, order:<queue>, faser:<variant>, "
-        "offload:on|off, draft:<draft>:k<K>, draft:<draft>@<policy>, protocol:<p>:k<K>, hf-target, hf-assisted or "
+        "offload:on|off, draft:<draft>:k<K>, draft:<draft>@<policy>, protocol:<p>:k<K>, chunk:<N|off>:<config>, hf-target, hf-assisted or "
         "hf-assisted-heuristic"
     )
 

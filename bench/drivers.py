@@ -27,11 +27,12 @@ from bench.tokens import EncodedItem
 
 @dataclass(frozen=True)
 class Job:
-    """One request to send: the encoded prompt, its TPOT SLO (ms, None = none) and id."""
+    """One request to send: the encoded prompt, its TPOT SLO (ms, None = none) and id, and a TTFT SLO where it has one."""
 
     encoded: EncodedItem
     tpot_slo_ms: float | None
     request_id: str
+    ttft_slo_ms: float | None = None  # long-prompt arrivals (bench.long_prompts) carry one
 
     @property
     def max_new_tokens(self) -> int:
@@ -123,6 +124,7 @@ async def send_one(config: str, job: Job, send: Sender, timer: Timer, sent_s: fl
         request_id=job.request_id,
         slo_class=job.encoded.item.slo.name,
         tpot_slo_ms=job.tpot_slo_ms,
+        ttft_slo_ms=job.ttft_slo_ms,
         sent_s=sent_s,
         token_times_s=times,
         finish_reason=out.finish_reason,

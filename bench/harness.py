@@ -69,6 +69,7 @@ from bench import adaptive_goals, arrivals, offload, overhead, plots, prom, repo
 from bench.configs import Config, StackKey, parse, parse_list, rotated
 from bench.drivers import Job, RealTimer, Record, Run, closed_loop, open_loop
 from bench.hf_peer import HFPeer
+from bench.long_prompts import LONG, long_items
 from bench.options import (  # noqa: F401 - presets re-exported: tests and the CLI reach them here
     ADAPTIVE_SWEEP,
     FASER_SWEEP,
@@ -115,6 +116,8 @@ class Harness:
         self.walls: dict[tuple[str, str, str], float] = defaultdict(float)  # wall time of the runs behind a row
         self.run_latency: dict[tuple[str, str, str], list[float]] = defaultdict(list)  # each run's mean latency
         self.baseline_tpot_ms: float | None = None
+        self.long_baseline_ttft_s: float | None = None  # a lone long prompt's TTFT (long-prompt arrivals only)
+        self.long_ttft_slo_ms: float | None = None
         self.baseline_latency_s: float | None = None
         self.metrics_url: str | None = None  # the stack being measured (one stack at a time)
         self.metrics_urls: dict[str, str | None] = {}  # config -> its stack's, when interleaved
@@ -157,6 +160,15 @@ class Harness:
         items = build(n, arrivals=times, prompt_mix=o.prompt_mix, slo_mix=slo_mix or o.slo_mix,
                       max_new_tokens=max_new_tokens, seed=seed, length_dist=o.length_dist)  # fmt: skip
         return self.encoder.encode_all(items)
+
+    def _long_items(self, window_s: float, seed: int, first_index: int = 0, n: int | None = None) -> list[EncodedItem]:
+        """``n`` (default ``long_prompts``) long-prompt arrivals spread over ``window_s``, numbered from
+        ``first_index``, encoded to exactly ``long_prompt_tokens`` tokens."""
+        o = self.opts
+        longs = long_items(o.long_prompts if n is None else n, tokens=o.long_prompt_tokens, window_s=window_s,
+                           first_index=first_index, max_new_tokens=o.long_max_new_tokens, seed=o.seed + seed)  # fmt: skip
+        encoder = PromptEncoder(self.encoder.tokenizer, self.encoder.vocab_size, o.long_prompt_tokens)
+        return encoder.encode_all(longs)
 
     def _split_threads(self) -> tuple[int | None, ...]:
         """The CPU thread counts to profile at: torch's default, and the target's and draft's counts when
@@ -298,6 +310,8 @@ class Harness:
             await self._batch1(b1, senders, requests)
         if self.baseline_tpot_ms is None:
             await self._measure_baseline(senders["target-only"], requests)
+        if o.long_prompts and sw:
+            await self._measure_long_baseline(senders["target-only"], requests)
         if sw:
             await self._sweep(sw, senders, requests)
             if o.bursty:
@@ -339,7 +353,8 @@ class Harness:
         return run
 
     async def _warmup(self, configs: list[Config], senders) -> None:
-        items = self._items(max(1, self.opts.warmup), None, 8, seed_offset=999)
+        # prompts of their own: with the prefix cache on, a measured prompt sent here would be served from the cache
+        items = self._items(max(1, self.opts.warmup), None, 8, seed_offset=999, own_sample=True)
         for c in configs:
             jobs = [Job(it, None, f"{c.name}/warmup-{i}") for i, it in enumerate(items)]
             await closed_loop(c.name, jobs, senders[c.name], self.timer, 1)
@@ -371,7 +386,7 @@ class Harness:
         self.log(f"baseline: target-only TPOT {self.baseline_tpot_ms:.1f} ms, TTFT {self.baseline_ttft_s * 1e3:.0f} ms")
 
     async def _measure_baseline(self, send, requests) -> None:
-        items = self._items(3, None, 32, seed_offset=555)
+        items = self._items(3, None, 32, seed_offset=555, own_sample=True)  # not a measured prompt: none is cached
         c = parse("target-only")
         jobs = [Job(it, None, f"target-only/baseline-{i}") for i, it in enumerate(items)]
         run = await self._send("baseline", "batch=1", c, jobs, {"target-only": send}, requests, "closed")
@@ -386,8 +401,26 @@ class Harness:
         return [f / one for f in o.rate_factors]
 
     def _jobs(self, config: Config, tag: str, rep: int, items: list[EncodedItem]) -> list[Job]:
-        return [Job(it, it.item.slo.tpot_ms(self.baseline_tpot_ms), f"{config.name}/{tag}-r{rep}-i{it.index}")
+        return [Job(it, it.item.slo.tpot_ms(self.baseline_tpot_ms), f"{config.name}/{tag}-r{rep}-i{it.index}",
+                    self.long_ttft_slo_ms if it.item.slo is LONG else None)
                 for it in items]  # fmt: skip
+
+    async def _measure_long_baseline(self, send, requests) -> None:
+        """A lone long prompt's TTFT, target-only (its prefill, nothing else running): the long class's TTFT SLO is
+        ``long_ttft_factor`` times it, scaled to the machine as the TPOT classes are."""
+        o = self.opts
+        ttfts = []
+        for i in range(2):  # a fresh prompt each time (a copy's prefix would be cached)
+            (item,) = self._long_items(0.0, seed=556 + i, n=1)
+            run = await self._send("baseline", "batch=1", parse("target-only"),
+                                   [Job(item, None, f"target-only/long-baseline-{i}")], {"target-only": send}, requests,
+                                   "closed")  # fmt: skip
+            ttfts += [r.trace.ttft_s for r in run.records if r.trace.ttft_s is not None]
+        if not ttfts:
+            raise RuntimeError("target-only produced no first token for a long prompt: cannot set its TTFT SLO")
+        self.long_baseline_ttft_s = statistics.median(ttfts)
+        self.long_ttft_slo_ms = o.long_ttft_factor * self.long_baseline_ttft_s * 1e3
+        self.log(f"long prompts: lone TTFT {self.long_baseline_ttft_s:.2f} s, TTFT SLO {self.long_ttft_slo_ms / 1e3:.2f} s")
 
     async def _sweep(self, configs: list[Config], senders, requests) -> None:
         o = self.opts
@@ -398,6 +431,9 @@ class Harness:
                 items = self._items(o.sweep_requests, rate, o.sweep_max_new_tokens,
                                     seed_offset=ri + sample_offset(o, rep), arrival_offset=1000 * rep,
                                     own_sample=o.sample_per_repeat)  # fmt: skip
+                if o.long_prompts:  # spread over the span of the Poisson arrivals, numbered after them
+                    window = max(e.item.arrival_s for e in items)
+                    items += self._long_items(window, seed=ri + 1000 * rep, first_index=len(items))
                 load = f"rate={rate:.3g}"
                 for c in rotated(configs, ri + rep):
                     run = await self._send("sweep", load, c, self._jobs(c, f"sweep{ri}", rep, items), senders,
@@ -487,6 +523,9 @@ class Harness:
                            "prompt_tokens": [len(e.prompt_ids) for e in self.b1_items]},
                 "sweep": {"requests_per_load": o.sweep_requests, "max_new_tokens": o.sweep_max_new_tokens,
                           "slo_mix": o.slo_mix, "prompt_mix": o.prompt_mix},
+                "long_prompts": {"per_load": o.long_prompts, "prompt_tokens": o.long_prompt_tokens,
+                                 "max_new_tokens": o.long_max_new_tokens, "lone_ttft_s": self.long_baseline_ttft_s,
+                                 "ttft_slo_ms": self.long_ttft_slo_ms} if o.long_prompts else None,
                 "mix": {"stringent_shares": o.stringent_shares,
                         "rate": self._share_rate() if o.stringent_shares and self.baseline_tpot_ms else None},
             },  # fmt: skip
@@ -547,6 +586,10 @@ class Harness:
                 extra["memory_events"] = events
             if events := prom.admission_events(delta):
                 extra["admission_events"] = events  # what a queue policy's preemptions cost
+            if chunks := prom.prefill_chunks(delta):
+                extra["prefill_chunks"] = chunks  # chunked prefill ran (configurations chunk:<N>:...)
+            if hits := prom.prefix_cache_hit_tokens(delta):
+                extra["prefix_cache_hit_tokens"] = hits
         if timeline := self.timelines.get((phase, load, name)):
             extra["timeline"] = timeline
         return extra

@@ -90,6 +90,9 @@ def main(
     traces: bool = typer.Option(True, help="Collect spans for the overhead breakdown."),
     stringent_shares: str = typer.Option("", help="Mix phase: shares of stringent requests, e.g. 0.2,0.6,1."),
     share_rate_factor: float = typer.Option(3.0, help="Mix phase rate, x the batch-1 request rate."),
+    long_prompts: int = typer.Option(0, min=0, help="Long-prompt arrivals: this many requests with prompts of "
+                                     "--long-prompt-tokens tokens join each open-loop load point (class 'long')."),
+    long_prompt_tokens: int = typer.Option(2000, min=1, help="Prompt tokens of each long-prompt arrival."),
     long: bool = typer.Option(False, "--long", help="Longer suite: 16 prompts x 2, rates 0.5..4, concurrency 1..8."),
     adaptive: bool = typer.Option(False, "--adaptive", help="Adaptive speculation length (make bench-adaptive): "
                                   "ADAPTIVE_SWEEP, rates 0.5..8 x capacity, one bursty trace; options given refine it."),
@@ -133,6 +136,8 @@ def main(
         prompt_mix=dict(WORKLOADS[workload]),
         max_prompt_tokens=GROUNDED_MAX_PROMPT_TOKENS if workload == "grounded" else BenchOptions.max_prompt_tokens,
         stack_draft=draft_model or None,
+        long_prompts=long_prompts,
+        long_prompt_tokens=long_prompt_tokens,
     )
     if long:
         opts.num_prompts, opts.repeats = max(prompts, 16), max(repeats, 2)

@@ -82,6 +82,13 @@ class BenchOptions:
     # every stack's draft (a model directory/name, or ngram[:..] / suffix[:..]) instead of the pair's; configurations
     # naming their own (draft:<x>:k<K>) keep theirs
     stack_draft: str | None = None
+    # long-prompt arrivals (bench.long_prompts): this many requests with prompts of long_prompt_tokens tokens join
+    # each open-loop load point's Poisson traffic, spread evenly over it, asking for long_max_new_tokens each under
+    # the relaxed TPOT SLO and a TTFT SLO
+    long_prompts: int = 0
+    long_prompt_tokens: int = 2000
+    long_max_new_tokens: int = 8
+    long_ttft_factor: float = 3.0  # their TTFT SLO: this x a lone long prompt's TTFT (target-only, measured first)
     timeline: bool = False  # sample the scheduler's KV budget, offload state and load during each run (bench.offload)
 
 

@@ -104,3 +104,13 @@ def speculation_lengths(delta: Scrape, namespace: str = "tandem") -> dict[int, i
         if n > 0 and le.is_integer():
             out[int(le)] = int(n)
     return out
+
+
+def prefill_chunks(delta: Scrape, namespace: str = "tandem") -> int:
+    """Chunks of chunked prefills the scheduler ran in the delta (0: every prompt prefilled in one piece)."""
+    return int(delta.get((f"{namespace}_prefill_chunks_total", ()), 0.0))
+
+
+def prefix_cache_hit_tokens(delta: Scrape, namespace: str = "tandem") -> int:
+    """Prompt tokens of chunked prefills the target's prefix cache served in the delta."""
+    return int(delta.get((f"{namespace}_prefix_cache_hit_tokens_total", ()), 0.0))

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.drivers import Record
-from bench.metrics import summarize
+from bench.metrics import RequestTrace, percentile, summarize
 
 
 def batch1_wall_s(records: Sequence[Record]) -> float:
@@ -133,7 +133,22 @@ def by_run(records: Sequence[Record], *, batch1: bool = False) -> list[dict]:
         s = summarize([r.trace for r in recs], wall).as_dict()
         out.append({"repeat": rep, "requests": len(recs), "latency_mean_s": s["latency_s"]["mean"],
                     "tpot_mean_s": s["tpot_s"]["mean"], "throughput_tok_s": s["throughput_tok_s"],
-                    "goodput_tok_s": s["goodput_tok_s"], "attainment": s["attainment"]})  # fmt: skip
+                    "goodput_tok_s": s["goodput_tok_s"], "attainment": s["attainment"],
+                    "by_class": class_rows([r.trace for r in recs])})  # fmt: skip
+    return out
+
+
+def class_rows(traces: Sequence[RequestTrace]) -> dict[str, dict]:
+    """Per SLO class: requests, attainment, mean TTFT and p99 TPOT (what a long prompt's prefill does to the rest)."""
+    groups: dict[str, list[RequestTrace]] = {}
+    for t in traces:
+        groups.setdefault(t.slo_class, []).append(t)
+    out = {}
+    for name, ts in sorted(groups.items()):
+        ttfts = [t.ttft_s for t in ts if t.ok]
+        out[name] = {"requests": len(ts), "attained": sum(t.attained for t in ts),
+                     "ttft_mean_s": statistics.mean(ttfts) if ttfts else None,
+                     "tpot_p99_s": percentile([t.tpot_s for t in ts if t.ok and t.tpot_s is not None], 99)}  # fmt: skip
     return out
 
 
@@ -197,7 +212,10 @@ def load_table(results: dict, phase: str) -> Table:
     budget = results.get("token_budget") or {}
     b = f"; tree budget B = {budget['value']} ({budget['source']})" if budget.get("value") else ""
     table = Table(title=f"{phase}: SLO classes scaled to baseline TPOT {results['baseline_tpot_ms']:.1f} ms{b}")
-    cols = ("load", "config", "tok/s", "goodput", "attain", "stringent", "moderate", "relaxed",
+    classes = ["stringent", "moderate", "relaxed"]
+    if any("long" in row["summary"]["attainment_by_class"] for per in results[phase].values() for row in per.values()):
+        classes.append("long")  # long-prompt arrivals (bench.long_prompts)
+    cols = ("load", "config", "tok/s", "goodput", "attain", *classes,
             "TTFT p50 ms", "TPOT p50 ms", "latency p99 s", "overhead")  # fmt: skip
     for c in cols:
         table.add_column(c, justify="left" if c in ("load", "config") else "right")
@@ -212,7 +230,7 @@ def load_table(results: dict, phase: str) -> Table:
                 _fmt(s["throughput_tok_s"]),
                 _fmt(s["goodput_tok_s"]),
                 _fmt(s["attainment"], ".0%"),
-                *(_fmt(by.get(c), ".0%") for c in ("stringent", "moderate", "relaxed")),
+                *(_fmt(by.get(c), ".0%") for c in classes),
                 _fmt(s["ttft_s"]["p50"], ".0f", 1e3),
                 _fmt(s["tpot_s"]["p50"], ".1f", 1e3),
                 _fmt(s["latency_s"]["p99"], ".2f"),

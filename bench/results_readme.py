@@ -15,6 +15,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from bench import prefill_chunk_report
+
 PHASES = (("batch1", "Batch 1"), ("sweep", "Open loop (Poisson)"), ("closed", "Closed loop"), ("mix", "SLO mix"),
           ("bursty", "Bursty trace"))  # fmt: skip
 
@@ -58,6 +60,7 @@ def render(results: dict) -> str:
             rows = [_row(c, row["summary"]) for c, row in configs.items() if isinstance(row, dict) and "summary" in row]
             if rows:
                 lines += ["", f"## {title}: {load}", "", HEADER, *rows]
+    lines += prefill_chunk_report.section(results)
     plots = results.get("plots") or []
     if plots:
         lines += ["", "## Plots", "", *(f"![{p}]({p})" for p in plots)]

@@ -6,7 +6,8 @@
 The trace exporter and the queue policy reach the children through the launcher's
 ``extra_env`` (never this process's environment, so several stacks may start at once from
 threads), as do the scheduler's frontier pipelining, the target's early exit and the
-scheduler's draft offload (TANDEM_FRONTIER, TANDEM_EARLY_EXIT, TANDEM_DRAFT_OFFLOAD);
+scheduler's draft offload and its prefill chunk (TANDEM_FRONTIER, TANDEM_EARLY_EXIT, TANDEM_DRAFT_OFFLOAD,
+TANDEM_PREFILL_CHUNK);
 the draft's share of the machine goes to the launcher (``draft_share``). Stopping the stack (SIGTERM)
 makes every service flush its spans into the sink before ``spans()`` is read.
 """
@@ -73,7 +74,8 @@ def bench_stack(models: Models, key: StackKey, log_dir: Path, *, traces: bool = 
     env = {"TANDEM_QUEUE_POLICY": key.queue_policy, "TANDEM_LOG_LEVEL": os.environ.get("TANDEM_BENCH_LOG_LEVEL", "warning")}
     for var, value in (("TANDEM_FRONTIER", key.frontier), ("TANDEM_EARLY_EXIT", key.early_exit),
                        ("TANDEM_DRAFT_OFFLOAD", key.draft_offload),
-                       ("TANDEM_WORKER_PROTOCOL", key.worker_protocol)):  # fmt: skip
+                       ("TANDEM_WORKER_PROTOCOL", key.worker_protocol),
+                       ("TANDEM_PREFILL_CHUNK", None if key.prefill_chunk is None else str(key.prefill_chunk))):  # fmt: skip
         if value is not None:
             env[var] = value
     env.update(sink.service_env() if sink else {"TANDEM_TRACE_EXPORTER": "none"})
