@@ -33,6 +33,7 @@ class Job:
     tpot_slo_ms: float | None
     request_id: str
     ttft_slo_ms: float | None = None  # long-prompt arrivals (bench.long_prompts) carry one
+    cache_salt: str = ""  # prefix-cache tenant; long-prompt arrivals take their own id, so each prefills cold
 
     @property
     def max_new_tokens(self) -> int:

@@ -401,9 +401,13 @@ class Harness:
         return [f / one for f in o.rate_factors]
 
     def _jobs(self, config: Config, tag: str, rep: int, items: list[EncodedItem]) -> list[Job]:
-        return [Job(it, it.item.slo.tpot_ms(self.baseline_tpot_ms), f"{config.name}/{tag}-r{rep}-i{it.index}",
-                    self.long_ttft_slo_ms if it.item.slo is LONG else None)
-                for it in items]  # fmt: skip
+        jobs = []
+        for it in items:
+            rid = f"{config.name}/{tag}-r{rep}-i{it.index}"
+            long = it.item.slo is LONG  # a long prompt measures its prefill: never from another run's cached KV
+            jobs.append(Job(it, it.item.slo.tpot_ms(self.baseline_tpot_ms), rid,
+                            self.long_ttft_slo_ms if long else None, rid if long else ""))  # fmt: skip
+        return jobs
 
     async def _measure_long_baseline(self, send, requests) -> None:
         """A lone long prompt's TTFT, target-only (its prefill, nothing else running): the long class's TTFT SLO is
@@ -413,7 +417,7 @@ class Harness:
         for i in range(2):  # a fresh prompt each time (a copy's prefix would be cached)
             (item,) = self._long_items(0.0, seed=556 + i, n=1)
             run = await self._send("baseline", "batch=1", parse("target-only"),
-                                   [Job(item, None, f"target-only/long-baseline-{i}")], {"target-only": send}, requests,
+                                   [Job(item, None, f"target-only/long-baseline-{i}", cache_salt=f"long-baseline-{i}")], {"target-only": send}, requests,
                                    "closed")  # fmt: skip
             ttfts += [r.trace.ttft_s for r in run.records if r.trace.ttft_s is not None]
         if not ttfts:

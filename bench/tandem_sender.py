@@ -3,7 +3,7 @@
 The configuration's speculation travels with each request (off, fixed k, or
 auto = the scheduler's policy), so configurations that differ only in it
 share one running stack. Token ids go in (bench.tokens encoded them), greedy,
-with the job's TPOT SLO (and TTFT SLO, where it has one). The first streamed chunk is the prefill's token;
+with the job's TPOT SLO (and TTFT SLO and cache salt, where it has them). The first streamed chunk is the prefill's token;
 every later chunk is one verify step, with the server's count of accepted
 draft tokens.
 """
@@ -28,6 +28,7 @@ def tandem_sender(client: AsyncClient, config: Config, stop_token_ids: list[int]
             speculation=config.speculation,
             slo_tpot_ms=job.tpot_slo_ms,
             slo_ttft_ms=job.ttft_slo_ms,
+            cache_salt=job.cache_salt,
             request_id=job.request_id,
         )
         first = True
