@@ -91,7 +91,10 @@ class ChunkedPrefill:
 
     def plan(self, batch: list[Request], now: float, config, loop) -> int | None:
         """Split this step's budget; returns speculation's share (SpecContext.token_budget)."""
-        self.estimate.update(loop._waiting, batch)
+        self.estimate.update(loop._waiting, batch)  # also with chunking off: admission charges uncached tokens only
+        if self.chunk <= 0:  # off (or a frontier loop): every prompt went in one piece (``take``), nothing to split
+            self.split = Split()
+            return config.token_budget
         for rid, p in list(self.active.items()):  # ended, or evicted (not holding its KV): it starts over
             if p.req.state.done or (p.req.state is RequestState.WAITING and not p.req.resident):
                 del self.active[rid]

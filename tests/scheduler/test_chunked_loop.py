@@ -19,6 +19,7 @@ from scheduler.workers import NullObserver
 from shared.engine.config import EngineConfig
 from shared.engine.factory import build_draft_engine, build_target_engine
 from shared.engine.model_shape import model_shape
+from shared.profiling.cost_model import CostModel
 
 from test_local_workers import draft_dir, greedy  # noqa: F401 - draft_dir is a fixture
 
@@ -70,6 +71,19 @@ def test_chunked_prefill_through_the_loop_is_greedy_exact(tiny_model_dir, draft_
     for engine in (target, draft):
         engine.runner.check_accounting()
         assert not engine.runner.seqs
+
+
+@pytest.mark.parametrize("chunk", [0, 8])
+def test_a_profiled_loop_runs_with_chunking_on_or_off(tiny_model_dir, draft_dir, expected, chunk):
+    """A deployed scheduler carries the target's profiled cost model and token budget; with chunking off
+    (TANDEM_PREFILL_CHUNK=0, or a frontier loop) the step's split has nothing to do and must not price a
+    chunk of 0 tokens."""
+    target, draft = engines(tiny_model_dir, draft_dir, cache=True)
+    config = SchedulerConfig(prefill_chunk=chunk, token_budget=12,
+                             cost_model=CostModel(alpha_s=1e-6, gamma_s=1e-4, delta_s=1e-3))  # fmt: skip
+    sched = Scheduler(LocalTargetWorker(target), LocalDraftWorker(draft), spec_policy=FixedChain(3), config=config)
+    assert run(sched, requests("p")) == expected
+    assert bool(sched.chunks.num_chunks) == bool(chunk)
 
 
 @pytest.mark.parametrize("chunk", [64, 8], ids=["short-prompt", "long-prompt"])
