@@ -85,7 +85,7 @@ from bench.options import (  # noqa: F401 - presets re-exported: tests and the C
     share_mix,
     slo_options,
 )
-from bench.run_info import ensure_profiles, faser_split, jsonable, machine, target_threads, token_budget  # noqa: F401 - machine re-exported (bench.drafts, ...)
+from bench.run_info import ensure_profiles, faser_split, git_commit, jsonable, machine, target_threads, token_budget  # noqa: F401 - machine re-exported (bench.drafts, ...)
 from bench.stack import Models, bench_stack
 from bench.tandem_sender import tandem_sender
 from bench.tokens import EncodedItem, PromptEncoder
@@ -202,6 +202,7 @@ class Harness:
 
         keys = list(dict.fromkeys([c.stack for c in b1 + sw if c.is_tandem] or [StackKey(queue_policy=o.queue_policy)]))
         self.t_start = time.time()
+        self.commit = git_commit()  # at the start: what the run measured, before any later edit
         if o.interleave and len(keys) > 1:
             await self._interleaved(keys, b1, sw)
         else:
@@ -515,6 +516,7 @@ class Harness:
             "name": o.name,
             "command": shlex.join(["python", "-m", "bench.harness", *sys.argv[1:]]),
             "machine": machine(o.threads),
+            "commit": self.commit,
             "started_unix": self.t_start,
             "duration_s": time.time() - self.t_start,
             "pair": o.models.pair if o.models.target is None else "custom",

@@ -43,7 +43,7 @@ def render(results: dict) -> str:
     machine = ", ".join(str(m[k]) for k in ("platform", "cpu_count", "torch") if k in m) if isinstance(m, dict) else m
     cpu = f"; {m['cpu_model']}" if isinstance(m, dict) and m.get("cpu_model") else ""
     lines = [f"# {results.get('name', 'results')}", "", f"Command: `{results.get('command', '?')}`  ",
-             f"Machine: {machine} (CPUs, torch){cpu}  ", f"Date: {date}; duration {_f(results.get('duration_s'), '.0f')} s  ",
+             f"Machine: {machine} (CPUs, torch){cpu}  ", f"Date: {date}; duration {_f(results.get('duration_s'), '.0f')} s; commit {results.get('commit') or 'unknown'}  ",
              f"Models: {(results.get('models') or {}).get('target')} / {(results.get('models') or {}).get('draft')}", ""]
     for note in results.get("notes") or []:
         lines.append(f"Note: {note}  ")

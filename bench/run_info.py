@@ -102,6 +102,20 @@ def cpu_model() -> str | None:
     return None
 
 
+def git_commit() -> str | None:
+    """The checkout's commit (short), "+dirty" when tracked files differ from it; None outside git."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=root, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                               cwd=root, check=True)  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def machine(threads: int) -> dict:
     import torch
     import transformers

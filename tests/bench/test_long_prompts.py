@@ -83,3 +83,14 @@ def test_tiny_slo_run_with_long_prompts_chunks_only_on_the_chunked_stack(tmp_pat
     assert rows["chunk:16:tandem-k3"].get("prefill_chunks", 0) >= 80 // 16  # the long prompt ran in chunks
     assert "prefill_chunks" not in rows["chunk:off:tandem-k3"]  # one piece
     assert "## Chunked vs one-piece prefill" in (out / "README.md").read_text()
+    assert res["commit"]
+
+
+def test_a_run_records_its_commit_and_the_readme_names_it():
+    from bench import results_readme
+    from bench.run_info import git_commit
+
+    commit = git_commit()
+    assert commit is None or len(commit.removesuffix("+dirty")) >= 7
+    text = results_readme.render({"name": "x", "commit": "abc1234", "started_unix": 0, "duration_s": 1})
+    assert "commit abc1234" in text.splitlines()[4]
