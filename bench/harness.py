@@ -69,7 +69,7 @@ from bench import adaptive_goals, arrivals, offload, overhead, plots, prom, repo
 from bench.configs import Config, StackKey, parse, parse_list, rotated
 from bench.drivers import Job, RealTimer, Record, Run, closed_loop, open_loop
 from bench.hf_peer import HFPeer
-from bench.long_prompts import LONG, long_items
+from bench.long_prompts import LONG, encoded_long_items, measure_long_baseline
 from bench.options import (  # noqa: F401 - presets re-exported: tests and the CLI reach them here
     ADAPTIVE_SWEEP,
     FASER_SWEEP,
@@ -160,15 +160,6 @@ class Harness:
         items = build(n, arrivals=times, prompt_mix=o.prompt_mix, slo_mix=slo_mix or o.slo_mix,
                       max_new_tokens=max_new_tokens, seed=seed, length_dist=o.length_dist)  # fmt: skip
         return self.encoder.encode_all(items)
-
-    def _long_items(self, window_s: float, seed: int, first_index: int = 0, n: int | None = None) -> list[EncodedItem]:
-        """``n`` (default ``long_prompts``) long-prompt arrivals spread over ``window_s``, numbered from
-        ``first_index``, encoded to exactly ``long_prompt_tokens`` tokens."""
-        o = self.opts
-        longs = long_items(o.long_prompts if n is None else n, tokens=o.long_prompt_tokens, window_s=window_s,
-                           first_index=first_index, max_new_tokens=o.long_max_new_tokens, seed=o.seed + seed)  # fmt: skip
-        encoder = PromptEncoder(self.encoder.tokenizer, self.encoder.vocab_size, o.long_prompt_tokens)
-        return encoder.encode_all(longs)
 
     def _split_threads(self) -> tuple[int | None, ...]:
         """The CPU thread counts to profile at: torch's default, and the target's and draft's counts when
@@ -312,7 +303,7 @@ class Harness:
         if self.baseline_tpot_ms is None:
             await self._measure_baseline(senders["target-only"], requests)
         if o.long_prompts and sw:
-            await self._measure_long_baseline(senders["target-only"], requests)
+            await measure_long_baseline(self, senders["target-only"], requests)
         if sw:
             await self._sweep(sw, senders, requests)
             if o.bursty:
@@ -410,23 +401,6 @@ class Harness:
                             self.long_ttft_slo_ms if long else None, rid if long else ""))  # fmt: skip
         return jobs
 
-    async def _measure_long_baseline(self, send, requests) -> None:
-        """A lone long prompt's TTFT, target-only (its prefill, nothing else running): the long class's TTFT SLO is
-        ``long_ttft_factor`` times it, scaled to the machine as the TPOT classes are."""
-        o = self.opts
-        ttfts = []
-        for i in range(2):  # a fresh prompt each time (a copy's prefix would be cached)
-            (item,) = self._long_items(0.0, seed=556 + i, n=1)
-            run = await self._send("baseline", "batch=1", parse("target-only"),
-                                   [Job(item, None, f"target-only/long-baseline-{i}", cache_salt=f"long-baseline-{i}")], {"target-only": send}, requests,
-                                   "closed")  # fmt: skip
-            ttfts += [r.trace.ttft_s for r in run.records if r.trace.ttft_s is not None]
-        if not ttfts:
-            raise RuntimeError("target-only produced no first token for a long prompt: cannot set its TTFT SLO")
-        self.long_baseline_ttft_s = statistics.median(ttfts)
-        self.long_ttft_slo_ms = o.long_ttft_factor * self.long_baseline_ttft_s * 1e3
-        self.log(f"long prompts: lone TTFT {self.long_baseline_ttft_s:.2f} s, TTFT SLO {self.long_ttft_slo_ms / 1e3:.2f} s")
-
     async def _sweep(self, configs: list[Config], senders, requests) -> None:
         o = self.opts
         for rep in range(o.sweep_repeats):
@@ -438,7 +412,7 @@ class Harness:
                                     own_sample=o.sample_per_repeat)  # fmt: skip
                 if o.long_prompts:  # spread over the span of the Poisson arrivals, numbered after them
                     window = max(e.item.arrival_s for e in items)
-                    items += self._long_items(window, seed=ri + 1000 * rep, first_index=len(items))
+                    items += encoded_long_items(o, self.encoder, window, seed=ri + 1000 * rep, first_index=len(items))
                 load = f"rate={rate:.3g}"
                 for c in rotated(configs, ri + rep):
                     run = await self._send("sweep", load, c, self._jobs(c, f"sweep{ri}", rep, items), senders,

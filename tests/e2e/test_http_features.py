@@ -146,7 +146,9 @@ def test_chat_logprobs_streamed_and_whole_agree(stack, spec):
     assert "".join(c.token for c in content).startswith(whole.choices[0].message.content.strip()[:3])
     chunks = list(client(stack).chat.completions.create(stream=True, **kw))
     streamed = [c for ch in chunks if ch.choices and ch.choices[0].logprobs for c in ch.choices[0].logprobs.content]
-    assert [(c.token, round(c.logprob, 4)) for c in streamed] == [(c.token, round(c.logprob, 4)) for c in content]
+    assert [c.token for c in streamed] == [c.token for c in content]
+    # within float noise: the second call's prompt comes from the prefix cache, a forward of another shape
+    assert all(abs(a.logprob - b.logprob) < 1e-4 for a, b in zip(streamed, content))
 
 
 def test_n_samples_are_reproducible_by_seed(stack):
