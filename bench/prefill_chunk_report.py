@@ -60,7 +60,7 @@ def section(results: dict) -> list[str]:
         return []
     lines = ["", "## Chunked vs one-piece prefill", "",
              "Each cell: the repeats in order (chunked | one-piece). 'others': every request but the long prompts.", "",
-             "| load | config | attainment (all) | attainment (others) | p99 TPOT others (ms) | long-prompt TTFT (s) |",
+             "| load | config | attainment (all) | attainment (others) | p99 TPOT, worst class of the others (ms) | long-prompt TTFT (s) |",
              "|---|---|---|---|---|---|"]  # fmt: skip
     for r in found:
         cells = [f"{_series(r['chunked'], k, s, x)} \\| {_series(r['one_piece'], k, s, x)}"
