@@ -89,7 +89,7 @@ async def run_draft_plan(servicer, plan: draft_pb2.DraftPlan) -> draft_pb2.Draft
                          or [p.seq_id for p in part_prefills], new_tokens=sum(len(i.new_tokens) for i in part_items),
                          feature_bytes=sum(len(x.features.data) for x in [*part_prefills, *part_items]
                                            if x.features is not None))  # fmt: skip
-                ran = await servicer.host.run(servicer._plan, releases, part_prefills, part_items)
+                ran = await servicer.host.run_step(servicer._plan, releases, part_prefills, part_items)
                 part_trees, part_costs = ran.result
                 grammar = grammar_cost(servicer.engine)
                 annotate(drafted_tokens=[len(t) for t in part_trees], draft_forwards=len(part_costs), **grammar)

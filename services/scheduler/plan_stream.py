@@ -63,8 +63,9 @@ class PlanStream:
                 plan.trace_context.update(carrier)
             call = self._call if self._call is not None else self._open()
             try:
-                reply = await asyncio.wait_for(self._roundtrip(call, plan), self.timeout_s)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(self.timeout_s):  # no task per exchange, unlike wait_for
+                    reply = await self._roundtrip(call, plan)
+            except TimeoutError:
                 self.drop()
                 raise WorkerRpcError(self.role, self.method, rpc_error(
                     grpc.StatusCode.DEADLINE_EXCEEDED, f"no step outcome within {self.timeout_s:g} s")) from None

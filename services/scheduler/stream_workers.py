@@ -27,6 +27,8 @@ import logging
 
 from services.scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker, WorkerProtocolError
 from services.scheduler.plan_stream import PlanStream
+from shared.rpc.call_details import rewritten_metadata
+from shared.rpc.channel import aio_channel
 from shared.engine.features import FeatureBlock
 from shared.engine.types import AcceptResult, PrefillItem, PrefillResult, SpecItem, TokenTree, VerifyItem
 from shared.rpc.convert import (_dtype_from_pb, feature_block_from_pb, feature_block_to_pb, feature_spec_to_pb,
@@ -85,7 +87,42 @@ def _features_of(blocks, where: str, pushed: bool) -> list[FeatureBlock | None]:
             else None for b in blocks]  # fmt: skip
 
 
-class StreamTargetWorker(GrpcTargetWorker):
+class _BareStream:
+    """The step stream on a channel of its own, without client interceptors, carrying their metadata itself.
+
+    The stream is opened outside any trace (plan_stream.py) and each plan carries its trace context, so the
+    tracing interceptors add nothing to it; the secret's interceptor only adds metadata. An intercepted
+    grpc.aio stream costs a request queue and a task switch per message each way, on the scheduler's loop,
+    in every step. A worker given a channel (not an address), or interceptors that do more than add
+    metadata, keeps the stream on its main channel."""
+
+    def _stream_channel(self, method: str, credentials=None):
+        address, interceptors, options = self._dial
+        metadata = rewritten_metadata(interceptors, method)
+        if not self._owns_channel or metadata is None:
+            return self._stub, None, None
+        channel = aio_channel(address, tracing=False, credentials=credentials, options=options)
+        return self._make_stub(channel), channel, metadata
+
+    def _open_bare(self, method: str, credentials=None) -> PlanStream:
+        self._bare_stub, self._bare_channel, self._bare_metadata = self._stream_channel(method, credentials)
+        call = lambda: getattr(self._bare_stub, method)(metadata=self._bare_metadata)  # noqa: E731
+        return PlanStream(self.role, method, call, self.timeout_s)
+
+    async def _renew_bare(self, credentials, grace_s: float) -> None:
+        old = self._bare_channel
+        self._bare_stub, self._bare_channel, self._bare_metadata = self._stream_channel(self.stream.method,
+                                                                                        credentials)  # fmt: skip
+        self.stream.drop()  # the next plan opens the stream on the new channel
+        if old is not None:
+            await old.close(grace=grace_s)
+
+    async def _close_bare(self) -> None:
+        if self._bare_channel is not None:
+            await self._bare_channel.close()
+
+
+class StreamTargetWorker(_BareStream, GrpcTargetWorker):
     """``TargetWorker`` over the target's StepStream; ``step`` runs prefills and verifies in one forward."""
 
     protocol = "stream"
@@ -94,7 +131,7 @@ class StreamTargetWorker(GrpcTargetWorker):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.stream = PlanStream("target", "StepStream", lambda: self._stub.StepStream(), self.timeout_s)
+        self.stream = self._open_bare("StepStream", kwargs.get("credentials"))
         self.releases = _Releases(self)
 
     async def prefill(self, items: list[PrefillItem]) -> list[PrefillResult]:
@@ -166,7 +203,7 @@ class StreamTargetWorker(GrpcTargetWorker):
 
     async def renew_credentials(self, credentials, grace_s: float = 60.0) -> None:
         await super().renew_credentials(credentials, grace_s)
-        self.stream.drop()  # the next plan opens the stream on the new channel
+        await self._renew_bare(credentials, grace_s)
 
     async def close(self) -> None:
         self.releases.cancel()
@@ -175,17 +212,18 @@ class StreamTargetWorker(GrpcTargetWorker):
         except Exception:  # noqa: BLE001 - best effort: a target that restarts holds nothing anyway
             pass
         await self.stream.close()
+        await self._close_bare()
         await super().close()
 
 
-class StreamDraftWorker(GrpcDraftWorker):
+class StreamDraftWorker(_BareStream, GrpcDraftWorker):
     """``DraftWorker`` over the draft's SpeculateStream; prefills and releases ride on the next plan."""
 
     protocol = "stream"
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.stream = PlanStream("draft", "SpeculateStream", lambda: self._stub.SpeculateStream(), self.timeout_s)
+        self.stream = self._open_bare("SpeculateStream", kwargs.get("credentials"))
         self.releases = _Releases(self)
         self._prefills: dict[str, PrefillItem] = {}
         self.missing_features: set[str] = set()  # of the last plan: the draft dropped them (pushed rows lost)
@@ -243,11 +281,12 @@ class StreamDraftWorker(GrpcDraftWorker):
 
     async def renew_credentials(self, credentials, grace_s: float = 60.0) -> None:
         await super().renew_credentials(credentials, grace_s)
-        self.stream.drop()
+        await self._renew_bare(credentials, grace_s)
 
     async def close(self) -> None:
         self.releases.cancel()
         await self.stream.close()
+        await self._close_bare()
         await super().close()
 
 

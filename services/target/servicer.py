@@ -125,6 +125,7 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
         timer: CallTimer,
         features: FeatureSpec | None = None,
         releases: list[str] | None = None,
+        stream: bool = False,
     ) -> tuple[TargetStepOutput, list[common_pb2.ForwardCost], common_pb2.Timing]:
         annotate(
             batch_size=len(prefills) + len(verifies),
@@ -133,7 +134,8 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
             tree_nodes=[len(v.tree) for v in verifies],
             seq_ids=[p.seq_id for p in prefills] + [v.seq_id for v in verifies],
         )
-        ran = await self.host.run(self._engine_step, prefills, verifies, features, releases)
+        run = self.host.run_step if stream else self.host.run  # a step stream's plan may run inline
+        ran = await run(self._engine_step, prefills, verifies, features, releases)
         out = ran.result
         if features is not None:  # what travels to the draft, per step (only committed tokens' rows)
             blocks = [r.features for r in [*out.prefills, *out.verifies] if r.features is not None]
@@ -146,7 +148,6 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
         timing = ran.timing(timer, forward_ns=sum(c.duration_ns for c in costs))
         annotate(**grammar_cost(self.engine, timing))
         return out, costs, timing
-
 
     def _engine_step(self, prefills, verifies, features, releases) -> TargetStepOutput:
         """On the engine thread: a step stream's releases first, then the step (none: nothing to run)."""

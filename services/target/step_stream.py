@@ -41,7 +41,8 @@ async def run_target_plan(servicer, plan: target_pb2.TargetPlan) -> target_pb2.T
             trees = unpack_trees(plan.trees, len(plan.verify_ids))
             verifies = [VerifyItem(seq_id, tree) for seq_id, tree in zip(plan.verify_ids, trees)]
             spec = feature_spec_from_pb(plan.features) if plan.HasField("features") else None
-            out, costs, timing = await servicer._step(prefills, verifies, timer, spec, releases=list(plan.releases))
+            out, costs, timing = await servicer._step(prefills, verifies, timer, spec, releases=list(plan.releases),
+                                                     stream=True)
         except Exception as exc:  # noqa: BLE001 - the step's status, in band: the stream stays up
             code, details = status_for_exception(exc)
             (log.error if code.name == "INTERNAL" else log.info)("step %d -> %s: %s", plan.step, code.name, details)

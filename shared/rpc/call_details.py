@@ -44,3 +44,18 @@ class StreamStreamRewriter(_Rewriting, grpc.aio.StreamStreamClientInterceptor):
 def rewriting_interceptors(rewrite: Rewrite) -> list[grpc.aio.ClientInterceptor]:
     """``rewrite`` applied to every call a channel makes, whatever its kind."""
     return [cls(rewrite) for cls in (UnaryUnaryRewriter, UnaryStreamRewriter, StreamUnaryRewriter, StreamStreamRewriter)]
+
+
+def rewritten_metadata(interceptors, method: str) -> tuple[tuple[str, str], ...] | None:
+    """The metadata ``interceptors`` would put on a call to ``method``, when every one of them only rewrites
+    call details (this module's classes); None when one does something else and must stay on the channel.
+
+    A stream can then carry that metadata itself on a channel without interceptors: grpc.aio runs an
+    intercepted stream through a request queue and an extra task per message (grpc/aio/_interceptor.py)."""
+    details = grpc.aio.ClientCallDetails(method, None, grpc.aio.Metadata(), None, None)
+    for interceptor in interceptors:
+        if not isinstance(interceptor, _Rewriting):
+            return None
+        if isinstance(interceptor, StreamStreamRewriter):  # one per call kind: apply each rewrite once
+            details = interceptor._rewrite(details)
+    return tuple(details.metadata or ())

@@ -70,6 +70,8 @@ def test_step_streams_carry_the_secret(tiny_model_dir):
             assert result.seq_id == "s1" and 0 <= result.first_token
             [again] = await scheduler.prefill([PrefillItem("s2", [4, 5], SamplingParams())])  # the same stream
             assert again.seq_id == "s2" and scheduler.stream.num_opened == 1
+            # on a channel of its own, without interceptors (each costs a task switch per message)
+            assert scheduler._bare_channel is not None and scheduler._bare_channel is not scheduler.channel
             await scheduler.close()
 
     asyncio.run(main())
