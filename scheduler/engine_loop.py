@@ -54,6 +54,7 @@ from scheduler.request_stream import RequestStream, TokenEvent  # noqa: F401 - r
 from scheduler.target_link import TargetLink, error_status
 from scheduler.tree_outcome import keep_logprobs, record_acceptance, tree_ok
 from scheduler.request import FinishReason, Request, RequestState, validate_request
+from scheduler.yield_probe import YieldProbe
 from scheduler.workers import Clock, DraftWorker, IterationObserver, RealClock, TargetWorker
 from shared.engine.types import AcceptResult, PrefillItem, TokenTree, VerifyItem
 
@@ -94,6 +95,7 @@ class Scheduler:
         self._finished_unnotified: list[Request] = []
         self._num_steps = 0
         self._wakeup = asyncio.Event()
+        self._yields = YieldProbe()  # whether a step waited for its workers (run skips its sleep(0) then)
         self._stopping = False
 
         cfg = self.config
@@ -203,17 +205,21 @@ class Scheduler:
 
         ``stop`` before the task first runs (a start-up that fails right after creating it)
         stops it too: nothing here clears the flag."""
+        loop = asyncio.get_running_loop()
         while not self._stopping:
             if not self.has_work():
+                self.deferred.start()
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
+            waited = self._yields.mark(loop)
             try:
                 await self.step()
             except Exception as exc:  # noqa: BLE001 - a bug must not leave clients waiting forever
                 log.exception("scheduler step failed; failing all live requests")
                 self._fail_all(exc)
-            await asyncio.sleep(0)  # let stream consumers and submitters run
+            if not waited():  # stream consumers and submitters ran while it awaited its workers; else now
+                await asyncio.sleep(0)
         await self.deferred.drain()
 
     def stop(self) -> None:
@@ -237,6 +243,7 @@ class Scheduler:
         report = StepReport(step=self._num_steps, started_at=t0)
         times = report.times
         self.link.begin_step()
+        self.deferred.start()  # the last step's deferred observers: they run at this step's first worker wait
 
         # 0. while the target is down nothing runs: probe it, and fail what waited past the bound
         if not self.target_link.up and not await self._await_target(report):
@@ -303,14 +310,9 @@ class Scheduler:
         await self._flush_releases()
         times.commit = clock.now() - t
         if self.elastic is not None:
-            await self.elastic.after_step(
-                speculated=any(s.speculates for s in shapes),
-                reserved=self._reserved_tokens(),
-                cap=self.config.max_tokens_in_flight,
-                num_waiting=len(self._waiting),
-                holders=self._holders(),
-                report=report,
-            )
+            await self.elastic.after_step(speculated=any(s.speculates for s in shapes), reserved=self._reserved_tokens(),
+                                          cap=self.config.max_tokens_in_flight, num_waiting=len(self._waiting),
+                                          holders=self._holders(), report=report)  # fmt: skip
 
         times.total = clock.now() - t0
         if self.frontier is not None:
@@ -439,17 +441,10 @@ class Scheduler:
                 self.link.drop(req)  # its held features were dropped: rebuilt from a recomputation if it speculates
             keep_logprobs(req, res)
             emitted = self._commit_tokens(req, res.tokens, now)
-            report.outcomes.append(
-                RequestOutcome(
-                    request_id=req.id,
-                    shape=shape if len(tree) else SpecShape.none(),
-                    num_drafted=len(tree),
-                    num_accepted=res.num_accepted if len(tree) else 0,
-                    num_emitted=len(emitted),
-                    finish_reason=req.finish_reason,
-                    num_pruned=res.num_pruned,
-                )
-            )
+            report.outcomes.append(RequestOutcome(
+                request_id=req.id, shape=shape if len(tree) else SpecShape.none(), num_drafted=len(tree),
+                num_accepted=res.num_accepted if len(tree) else 0, num_emitted=len(emitted),
+                finish_reason=req.finish_reason, num_pruned=res.num_pruned))  # fmt: skip
 
     # ------------------------------------------------------------------ tokens and endings
     def _commit_tokens(self, req: Request, tokens: list[int], now: float) -> list[int]:

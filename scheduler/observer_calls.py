@@ -1,9 +1,13 @@
 """Calling the observers of a step, and running the deferrable ones while the next step's workers compute.
 
     step N:   ... verify ─▶ commit ─▶ notify: the policies' own hooks and the synchronous observers now;
-                                      the deferrable ones (``deferrable = True``: Redis, metrics) handed on
-    step N+1: admit ─▶ prefill / speculate / verify (awaiting the workers) ── meanwhile: step N's deferred
-              observers run, in step order (each batch after the previous one)
+                                      the deferrable ones (``deferrable = True``: Redis, metrics) held
+    step N+1: start ─▶ admit ─▶ prefill / speculate / verify (the first await of a worker) ── meanwhile:
+              step N's deferred observers run, in step order (each batch after the previous one)
+
+Held, not scheduled at once: a task made at notify would run at the loop's first yield, before step
+N+1 has sent its plan, in the gap the workers wait through. ``start`` makes the task, so it runs
+when the step first waits for a worker; the loop also starts what is held when it goes idle.
 
 What the policies learn (``observe``, ``on_finish``) still lands before the next plan, and every token
 already went out on its stream at commit, so nothing observable changes but when the observers run.
@@ -44,19 +48,28 @@ class DeferredCalls:
 
     def __init__(self) -> None:
         self._task: asyncio.Task | None = None
+        self._held: list[list[Call]] = []  # batches submitted and not started yet, in step order
         self.busy_s = 0.0  # time spent in deferred calls, all time (what ran beside the workers)
 
     def submit(self, calls: list[Call]) -> None:
         if calls:
-            self._task = asyncio.get_running_loop().create_task(self._after(self._task, calls))
+            self._held.append(calls)
 
-    async def _after(self, previous: asyncio.Task | None, calls: list[Call]) -> None:
+    def start(self) -> None:
+        """Run what is held once the caller next yields (it is about to wait for its workers)."""
+        if self._held:
+            batches, self._held = self._held, []
+            self._task = asyncio.get_running_loop().create_task(self._after(self._task, batches))
+
+    async def _after(self, previous: asyncio.Task | None, batches: list[list[Call]]) -> None:
         if previous is not None:
             await asyncio.gather(previous, return_exceptions=True)
         started = time.perf_counter()
-        await call_all(calls)
+        for calls in batches:
+            await call_all(calls)
         self.busy_s += time.perf_counter() - started
 
     async def drain(self) -> None:
+        self.start()
         while self._task is not None and not self._task.done():
             await asyncio.gather(self._task, return_exceptions=True)

@@ -34,7 +34,26 @@ _REASONS = {FinishReason.LENGTH: "length", FinishReason.STOP_TOKEN: "stop", Fini
             FinishReason.ABORTED: "abort", FinishReason.ERROR: "error"}  # fmt: skip
 
 
+class _Children:
+    """The per-step series of one model: the label lookups done once."""
+
+    def __init__(self, obs: "VllmMetricsObserver") -> None:
+        self.model = m = obs.model
+        self.running, self.waiting, self.kv_usage = obs.running.labels(m), obs.waiting.labels(m), obs.kv_usage.labels(m)
+        self.drafts, self.draft_tokens = obs.drafts.labels(m), obs.draft_tokens.labels(m)
+        self.accepted_tokens, self.generation_tokens = obs.accepted_tokens.labels(m), obs.generation_tokens.labels(m)
+        self._per_pos, self._pos_children = obs.accepted_per_pos, {}
+
+    def accepted_at(self, position: int):
+        child = self._pos_children.get(position)
+        if child is None:  # made at first use: a depth never accepted shows no series, as before
+            child = self._pos_children[position] = self._per_pos.labels(self.model, str(position))
+        return child
+
+
 class VllmMetricsObserver:
+    deferrable = True  # runs while the next step's workers compute (scheduler/observer_calls.py)
+
     def __init__(self, registry: CollectorRegistry, scheduler: Scheduler, model_name: str) -> None:
         self.scheduler = scheduler
         self.model = model_name
@@ -60,21 +79,23 @@ class VllmMetricsObserver:
         self.success = Counter("vllm:request_success", "Finished requests.", label + ["finished_reason"], registry=reg)
         for reason in ("stop", "length", "abort", "error"):
             self.success.labels(self.model, reason)
+        self._children = _Children(self)  # this model's series, looked up once (``labels`` costs a lock and a dict)
         self._set_load()
 
     def on_submit(self, request: Request) -> None:
         self._set_load()
 
     def on_step(self, report: StepReport) -> None:
-        m = self.model
+        c = self._children
         for o in report.outcomes:
             if o.num_drafted:
-                self.drafts.labels(m).inc()
-                self.draft_tokens.labels(m).inc(o.num_drafted)
-                self.accepted_tokens.labels(m).inc(o.num_accepted)
+                c.drafts.inc()
+                c.draft_tokens.inc(o.num_drafted)
+                c.accepted_tokens.inc(o.num_accepted)
                 for position in range(min(o.num_accepted, MAX_POSITIONS)):
-                    self.accepted_per_pos.labels(m, str(position)).inc()
-        self.generation_tokens.labels(m).inc(report.num_emitted)
+                    c.accepted_at(position).inc()
+        if report.num_emitted:
+            c.generation_tokens.inc(report.num_emitted)
         self._set_load()
 
     def on_finish(self, request: Request) -> None:
@@ -91,8 +112,8 @@ class VllmMetricsObserver:
         self._set_load()
 
     def _set_load(self) -> None:
-        s, m = self.scheduler, self.model
-        self.running.labels(m).set(len(s.running))
-        self.waiting.labels(m).set(len(s.waiting))
+        s, c = self.scheduler, self._children
+        c.running.set(len(s.running))
+        c.waiting.set(len(s.waiting))
         held = sum(reserved_tokens(r) for r in s.running) + sum(reserved_tokens(r) for r in s.waiting if r.resident)
-        self.kv_usage.labels(m).set(min(1.0, held / s.max_tokens_in_flight) if s.max_tokens_in_flight else 0.0)
+        c.kv_usage.set(min(1.0, held / s.max_tokens_in_flight) if s.max_tokens_in_flight else 0.0)

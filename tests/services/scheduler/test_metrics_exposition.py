@@ -36,7 +36,7 @@ def test_scheduler_metrics_carry_vllm_names_and_pass_promtool(token_stack):
             client.generate([1, 2, 3, 4], max_new_tokens=9, speculation=k or "off")
     label = '{model_name="toy"}'
     deadline = time.monotonic() + 30
-    while True:  # the tandem_* observer is deferrable: the last step's counts land while the loop idles
+    while True:  # the tandem_* and vllm:* observers are deferrable: the last step's counts land while the loop idles
         text = token_stack.metrics.render()
         values = {}
         for line in text.splitlines():
@@ -44,7 +44,8 @@ def test_scheduler_metrics_carry_vllm_names_and_pass_promtool(token_stack):
                 name, value = line.rsplit(" ", 1)
                 values[name] = float(value)
         caught_up = values.get("tandem_draft_tokens_proposed_total") == values.get(
-            f"vllm:spec_decode_num_draft_tokens_total{label}")
+            f"vllm:spec_decode_num_draft_tokens_total{label}") and values.get(
+            f"vllm:e2e_request_latency_seconds_count{label}") == 2
         if caught_up or time.monotonic() > deadline:
             break
         time.sleep(0.05)
