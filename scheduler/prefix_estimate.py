@@ -31,7 +31,10 @@ class PrefixEstimate:
     def observe(self, req) -> None:
         """Record the full blocks of a request the target holds (incremental: only blocks new since last time)."""
         chain = self._chains.setdefault(req.id, [])
-        tokens, bs = req.tokens(), self.block_size
+        bs = self.block_size
+        if len(chain) >= req.num_tokens // bs:  # no block filled since last time (most steps): no token copy
+            return
+        tokens = req.tokens()
         parent = chain[-1] if chain else ROOT
         for i in range(len(chain), len(tokens) // bs):
             parent = block_key(parent, tokens[i * bs : (i + 1) * bs], req.cache_salt)

@@ -335,6 +335,11 @@ class ServiceSettings(BaseModel):
         description="Scheduler: how it drives the model services: stream (one long-lived step stream per "
         "service, one message per step; docs/services.md) or unary (one RPC per call, the older protocol).",
     )
+    run_ahead: bool = Field(
+        True,
+        description="Scheduler without a draft, over step streams: send each plain-decode step's plan as soon as "
+        "the last outcome is in, so the target's forward runs beside the scheduler's commit (run_ahead.py).",
+    )
     feature_path: Literal["direct", "relay"] = Field(
         "direct",
         description="Scheduler, feature-level drafts over step streams: direct (the target pushes each step's "

@@ -25,6 +25,7 @@ tier, e.g. "tight"/"loose"/"none"), ``finish_reason``, ``position`` (capped at
 
 from __future__ import annotations
 
+import collections
 import threading
 from wsgiref.simple_server import WSGIServer
 
@@ -36,6 +37,23 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60
 TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 LENGTH_BUCKETS = tuple(float(i) for i in range(1, 17)) + (24.0, 32.0)
 SPEC_K_BUCKETS = tuple(float(i) for i in range(0, 17)) + (24.0, 32.0)
+
+
+def observe_n(hist: Histogram, amount: float, n: int) -> None:
+    """``n`` observations of one value at the cost of one (a batch's requests often share it: k = 0, length 1).
+
+    Through prometheus_client's Histogram internals (``_sum``, ``_upper_bounds``, ``_buckets``: what its
+    ``observe`` does once), else ``observe`` n times."""
+    total, bounds, buckets = (getattr(hist, a, None) for a in ("_sum", "_upper_bounds", "_buckets"))
+    if total is None or bounds is None or buckets is None:
+        for _ in range(n):
+            hist.observe(amount)
+        return
+    total.inc(amount * n)
+    for i, bound in enumerate(bounds):
+        if amount <= bound:
+            buckets[i].inc(n)
+            break
 
 
 class TandemMetrics:
@@ -198,10 +216,15 @@ class TandemMetrics:
         if cached_tokens:
             self.prefix_cache_hit_tokens_total.inc(cached_tokens)
 
+    def observe_plain_steps(self, n: int) -> None:
+        """``n`` requests' verification steps without a draft: each accepted length 1, nothing proposed."""
+        if n:
+            observe_n(self.accepted_length, 1, n)
+
     def observe_speculation(self, ks: list[int]) -> None:
         """The k chosen for every request of one step."""
-        for k in ks:
-            self.speculation_length.observe(k)
+        for k, n in collections.Counter(ks).items():
+            observe_n(self.speculation_length, k, n)
         if ks:
             self.step_speculation_length.set(sum(ks) / len(ks))
 

@@ -46,6 +46,7 @@ from scheduler.engine_loop import Scheduler, SchedulerConfig
 from scheduler.target_link import TargetRecoveryConfig
 from services.scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker
 from services.scheduler.stream_workers import worker_classes
+from services.scheduler.run_ahead import RunAhead
 from scheduler.policies.elastic_memory import ElasticDraftMemory, ElasticMemoryConfig, PoolGrowth
 from scheduler.policies.prefill_split import pair_cost
 from scheduler.workers import RealClock
@@ -148,6 +149,8 @@ async def _start(
     draft = draft_cls(draft_addr, interceptors=internal, **channel) if draft_addr else None
     if draft is not None:
         closers.append(draft.close)
+    elif settings.run_ahead and hasattr(target, "run_ahead"):  # every step a plain decode: the next goes ahead
+        target.run_ahead = RunAhead()
     if internal_tls is not None:  # a renewed client certificate or CA reaches new calls without a restart
         follow = asyncio.get_running_loop().create_task(
             follow_client_tls(internal_tls, [w for w in (target, draft) if w is not None]), name="internal-tls")

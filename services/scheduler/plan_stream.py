@@ -15,12 +15,15 @@ tracing interceptor opens no stream-long span; each plan carries the current tra
     the outcome is for another step      -> WorkerProtocolError; the call is dropped
 
 Any break drops the call; the next exchange opens a new one. Exchanges are serialised (one plan in
-flight per worker, as the loop's contract has it).
+flight per worker, as the loop's contract has it). A plan may also be sent ahead and its outcome read
+later (``send`` / ``receive``, services/scheduler/run_ahead.py): outcomes come back in plan order, so
+an exchange waits for none to be outstanding.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +35,12 @@ from services.plan_spans import trace_carrier
 from services.scheduler.grpc_workers import WorkerProtocolError, WorkerRpcError
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def step_error(role: str, method: str, reply: Any) -> WorkerRpcError:
+    """An outcome's in-band StepError as the unary call's error (the stream stays open)."""
+    code = _CODES.get(reply.error.code, grpc.StatusCode.UNKNOWN)
+    return WorkerRpcError(role, method, rpc_error(code, reply.error.message))
 
 
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
@@ -46,54 +55,76 @@ class PlanStream:
         self._call: Any = None
         self._lock = asyncio.Lock()
         self._step = 0
+        self._ahead: int | None = None  # the step of a plan sent whose outcome is not read yet
         self.num_opened = 0  # calls opened so far (1 + reconnects)
         self.bytes_out = 0  # plan bytes written, all time
         self.bytes_in = 0  # outcome bytes read, all time
 
     @property
     def busy(self) -> bool:
+        """An exchange is under way, or a plan's outcome is owed."""
+        return self._lock.locked() or self._ahead is not None
+
+    @property
+    def locked(self) -> bool:
         return self._lock.locked()
 
     async def exchange(self, plan: Any) -> Any:
         async with self._lock:
-            self._step += 1
-            plan.step = self._step
-            carrier = trace_carrier()
-            if carrier:
-                plan.trace_context.update(carrier)
-            call = self._call if self._call is not None else self._open()
-            try:
-                async with asyncio.timeout(self.timeout_s):  # no task per exchange, unlike wait_for
-                    reply = await self._roundtrip(call, plan)
-            except TimeoutError:
-                self.drop()
-                raise WorkerRpcError(self.role, self.method, rpc_error(
-                    grpc.StatusCode.DEADLINE_EXCEEDED, f"no step outcome within {self.timeout_s:g} s")) from None
-            except grpc.aio.AioRpcError as err:
-                self.drop()
-                raise WorkerRpcError(self.role, self.method, err) from None
-            except (grpc.aio.UsageError, asyncio.InvalidStateError, ConnectionError) as err:  # a call already done
-                self.drop()
-                raise WorkerRpcError(self.role, self.method, rpc_error(grpc.StatusCode.UNAVAILABLE, str(err))) from None
-            if reply is grpc.aio.EOF:
-                self.drop()
-                raise WorkerRpcError(self.role, self.method,
-                                     rpc_error(grpc.StatusCode.UNAVAILABLE, "the step stream ended"))  # fmt: skip
-            if reply.step != plan.step:
-                self.drop()
-                raise WorkerProtocolError(f"{self.role} {self.method}: outcome of step {reply.step} for plan {plan.step}")
-            if reply.HasField("error"):
-                code = _CODES.get(reply.error.code, grpc.StatusCode.UNKNOWN)
-                raise WorkerRpcError(self.role, self.method, rpc_error(code, reply.error.message))
-            return reply
+            if self._ahead is not None:
+                raise RuntimeError(f"{self.role} {self.method}: an exchange while plan {self._ahead} awaits its outcome")
+            step = await self.send(plan)
+            return await self.receive(step)
 
-    async def _roundtrip(self, call: Any, plan: Any) -> Any:
+    async def send(self, plan: Any) -> int:
+        """Write one plan (opening the call if needed); its outcome is ``receive(step)``'s, in plan order."""
+        self._step += 1
+        plan.step = self._step
+        carrier = trace_carrier()
+        if carrier:
+            plan.trace_context.update(carrier)
+        call = self._call if self._call is not None else self._open()
+        self._ahead = plan.step
         self.bytes_out += plan.ByteSize()
-        await call.write(plan)
-        reply = await call.read()
-        if reply is not grpc.aio.EOF:
-            self.bytes_in += reply.ByteSize()
+        async with self._failures():
+            await call.write(plan)
+        return plan.step
+
+    async def receive(self, step: int, *, in_band_errors: bool = True) -> Any:
+        """The outcome of plan ``step``, the oldest sent; a StepError in it raises (``in_band_errors``)."""
+        call, self._ahead = self._call, None
+        if call is None:  # dropped since the plan left (a failed write)
+            raise WorkerRpcError(self.role, self.method, rpc_error(grpc.StatusCode.UNAVAILABLE, "the step stream broke"))
+        async with self._failures():
+            reply = await call.read()
+        if reply is grpc.aio.EOF:
+            self.drop()
+            raise WorkerRpcError(self.role, self.method,
+                                 rpc_error(grpc.StatusCode.UNAVAILABLE, "the step stream ended"))  # fmt: skip
+        self.bytes_in += reply.ByteSize()
+        if reply.step != step:
+            self.drop()
+            raise WorkerProtocolError(f"{self.role} {self.method}: outcome of step {reply.step} for plan {step}")
+        if in_band_errors and reply.HasField("error"):
+            raise step_error(self.role, self.method, reply)
         return reply
+
+    @contextlib.asynccontextmanager
+    async def _failures(self):
+        """A write or read that times out or breaks drops the call and raises the unary protocol's error."""
+        try:
+            async with asyncio.timeout(self.timeout_s):  # no task per exchange, unlike wait_for
+                yield
+        except TimeoutError:
+            self.drop()
+            raise WorkerRpcError(self.role, self.method, rpc_error(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"no step outcome within {self.timeout_s:g} s")) from None
+        except grpc.aio.AioRpcError as err:
+            self.drop()
+            raise WorkerRpcError(self.role, self.method, err) from None
+        except (grpc.aio.UsageError, asyncio.InvalidStateError, ConnectionError) as err:  # a call already done
+            self.drop()
+            raise WorkerRpcError(self.role, self.method, rpc_error(grpc.StatusCode.UNAVAILABLE, str(err))) from None
 
     def _open(self) -> Any:
         token = otel_context.attach(otel_context.Context())  # no trace: the stream outlives every request
@@ -105,8 +136,8 @@ class PlanStream:
         return self._call
 
     def drop(self) -> None:
-        """Forget the call (cancelled if still open); the next exchange opens a new one."""
-        call, self._call = self._call, None
+        """Forget the call (cancelled if still open) and any outcome owed; the next exchange opens a new one."""
+        call, self._call, self._ahead = self._call, None, None
         if call is not None:
             call.cancel()
 

@@ -25,8 +25,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from services.scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker, WorkerProtocolError
+from services.scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker, WorkerProtocolError, WorkerRpcError
 from services.scheduler.plan_stream import PlanStream
+from services.scheduler.run_ahead import RunAhead
 from shared.rpc.call_details import rewritten_metadata
 from shared.rpc.channel import aio_channel
 from shared.engine.features import FeatureBlock
@@ -39,6 +40,7 @@ from shared.rpc.packing import pack_i32, pack_trees, stream_prefill_to_pb, unpac
 log = logging.getLogger(__name__)
 IDLE_FLUSH_S = 0.05  # releases wait this long for a plan to ride on before they go alone
 DEFER_PREFILL_BYTES = 1 << 20  # a draft prefill bigger than this (features) goes at once, on its own
+_NO_TREE = TokenTree()  # a plain decode
 
 
 class _Releases:
@@ -65,7 +67,7 @@ class _Releases:
             self._task = asyncio.get_running_loop().create_task(self._flush_alone())
 
     async def _flush_alone(self) -> None:
-        if self.worker.stream.busy:  # a plan is on its way: the ids ride on the next one
+        if self.worker.busy:  # a plan is on its way: the ids ride on the next one
             self.add([])
             return
         try:
@@ -128,11 +130,18 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
     protocol = "stream"
     push_features_to: str | None = None  # a feature draft's address: the target sends it the rows itself
     pushed_feature_bytes = 0  # what the target reported pushing, all time
+    run_ahead: RunAhead | None = None  # decode run-ahead (run_ahead.py): main.py turns it on without a draft
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.stream = self._open_bare("StepStream", kwargs.get("credentials"))
         self.releases = _Releases(self)
+        self._order = asyncio.Lock()  # run-ahead: a step or a flush reads the plan ahead, and sends, alone
+
+    @property
+    def busy(self) -> bool:
+        """A call is using the stream (a plan sent ahead alone is not: a flush reads its outcome first)."""
+        return self._order.locked() or self.stream.locked
 
     async def prefill(self, items: list[PrefillItem]) -> list[PrefillResult]:
         return (await self.step(items, []))[0]
@@ -143,7 +152,58 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
     async def step(
         self, prefills: list[PrefillItem], verifies: list[VerifyItem]
     ) -> tuple[list[PrefillResult], list[AcceptResult]]:
-        """Prefills and verifies in one target forward (a mixed batch)."""
+        """Prefills and verifies in one target forward (a mixed batch); with run-ahead, decodes sent ahead."""
+        ahead = self.run_ahead
+        if ahead is None:
+            return await self._step_now(prefills, verifies)
+        async with self._order:
+            await self._settle()
+            ahead.drop(p.seq_id for p in prefills)
+            hits, misses = ahead.split(verifies)
+            results, computed = await self._step_now(prefills, misses) if prefills or misses else ([], [])
+            accepts = ahead.merge(verifies, hits, computed)
+            ids = [v.seq_id for v in verifies] + [r.seq_id for r in results if not r.pending]
+            if ids:
+                await self._send_ahead(ids)
+            return results, accepts
+
+    async def _send_ahead(self, ids: list[str]) -> None:
+        """The next plain decode of ``ids``, sent now; its outcome is read at the next step or flush."""
+        plan = target_pb2.TargetPlan(verify_ids=ids, trees=pack_trees([_NO_TREE] * len(ids)))
+        released = self.releases.take()
+        plan.releases.extend(released)
+        try:
+            step = await self.stream.send(plan)
+        except WorkerRpcError as exc:  # the stream is dropped: the next step computes them (and reopens it)
+            self.releases.ids[:0] = released
+            log.debug("target: a plan sent ahead failed (%s)", exc)
+            return
+        self.run_ahead.sent = (step, ids, released)
+        self.run_ahead.num_plans += 1
+
+    async def _settle(self) -> None:
+        """Read the outcome of the plan sent ahead, if any, into the run-ahead results."""
+        ahead = self.run_ahead
+        if ahead is None or ahead.sent is None:
+            return
+        (step, ids, released), ahead.sent = ahead.sent, None
+        try:
+            reply = await self.stream.receive(step, in_band_errors=False)
+        except BaseException:
+            self.releases.ids[:0] = released  # not known to be applied: they go again (idempotent)
+            raise
+        self.grammar_ns += reply.timing.grammar_ns
+        if reply.HasField("error"):  # refused, nothing committed: computed when the loop asks for them
+            self.releases.ids[:0] = released
+            log.info("target: a plan sent ahead was refused (%s); computing it on demand", reply.error.message)
+            return
+        accepts = unpack_accepts(reply.accepts, [0] * len(ids))
+        _attach_logprobs(reply, [], accepts)
+        ahead.keep(ids, accepts, set(self.releases.ids))
+
+    async def _step_now(
+        self, prefills: list[PrefillItem], verifies: list[VerifyItem]
+    ) -> tuple[list[PrefillResult], list[AcceptResult]]:
         plan = target_pb2.TargetPlan(prefills=[stream_prefill_to_pb(i) for i in prefills],
                                      verify_ids=[i.seq_id for i in verifies],
                                      trees=pack_trees([i.tree for i in verifies]))  # fmt: skip
@@ -180,11 +240,15 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
     async def release(self, seq_ids: list[str]) -> None:
         if seq_ids:
             self.releases.add(list(seq_ids))
+            if self.run_ahead is not None:
+                self.run_ahead.drop(seq_ids)
 
     async def flush(self) -> None:
-        """Send the queued releases now, alone."""
-        if self.releases.ids:
-            await self._send(target_pb2.TargetPlan())
+        """Read a plan sent ahead, then send the queued releases now, alone."""
+        async with self._order:
+            await self._settle()
+            if self.releases.ids:
+                await self._send(target_pb2.TargetPlan())
 
     async def _send(self, plan: target_pb2.TargetPlan) -> target_pb2.TargetOutcome:
         ids = self.releases.take()
@@ -203,7 +267,9 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
 
     async def renew_credentials(self, credentials, grace_s: float = 60.0) -> None:
         await super().renew_credentials(credentials, grace_s)
-        await self._renew_bare(credentials, grace_s)
+        async with self._order:
+            await self._settle()  # a plan sent ahead is read on the old stream before it goes
+            await self._renew_bare(credentials, grace_s)
 
     async def close(self) -> None:
         self.releases.cancel()
@@ -227,6 +293,10 @@ class StreamDraftWorker(_BareStream, GrpcDraftWorker):
         self.releases = _Releases(self)
         self._prefills: dict[str, PrefillItem] = {}
         self.missing_features: set[str] = set()  # of the last plan: the draft dropped them (pushed rows lost)
+
+    @property
+    def busy(self) -> bool:
+        return self.stream.busy
 
     async def prefill(self, items: list[PrefillItem]) -> None:
         for item in items:
@@ -281,7 +351,9 @@ class StreamDraftWorker(_BareStream, GrpcDraftWorker):
 
     async def renew_credentials(self, credentials, grace_s: float = 60.0) -> None:
         await super().renew_credentials(credentials, grace_s)
-        await self._renew_bare(credentials, grace_s)
+        async with self._order:
+            await self._settle()  # a plan sent ahead is read on the old stream before it goes
+            await self._renew_bare(credentials, grace_s)
 
     async def close(self) -> None:
         self.releases.cancel()
