@@ -105,6 +105,9 @@ class ChunkedPrefill:
                         offset=p.offset)
             for p in self.active.values() if p.req.state is RequestState.RUNNING and not self._waits(p)
         ]  # fmt: skip
+        if not needs:  # no prompt in progress (most steps): split_budget would give the whole budget back
+            self.split = Split(spec_budget=config.token_budget)
+            return config.token_budget
         decoding = [Decoding(r.tpot, _s(r.slo.tpot_ms)) for r in batch]
         cost = config.cost_model
         per_token = cost.predict(self.chunk, self.chunk) / self.chunk if cost is not None else None

@@ -110,6 +110,8 @@ def stream_features_from_pb(msg, where: str) -> FeatureBlock | None:
 
 
 def pack_trees(trees: Sequence[TokenTree]) -> common_pb2.PackedTrees:
+    if not any(t.token_ids or t.child_dists for t in trees):  # plain decodes (the common batch): zeros
+        return common_pb2.PackedTrees(num_nodes=bytes(4 * len(trees)), has_probs=bytes(len(trees)))
     num_nodes, tokens, parents, has_probs, probs = [], [], [], bytearray(), []
     num_dists, rows, sizes, dist_tokens, dist_probs = [], [], [], [], []
     for tree in trees:
@@ -145,9 +147,12 @@ def unpack_trees(msg: common_pb2.PackedTrees, expected: int, *, relay: bool = Fa
                                   f"for {expected} items")  # fmt: skip
     if any(n < 0 for n in num_nodes):
         raise InvalidRequestError("packed trees: a negative node count")
+    total = sum(num_nodes)
+    if not total and not (msg.token_ids or msg.parent_ids or msg.draft_probs or msg.dist_rows or msg.num_dists
+                          or msg.dist_sizes or msg.dist_token_ids or msg.dist_probs):  # fmt: skip
+        return [TokenTree() for _ in range(expected)]  # plain decodes
     tokens, parents = unpack_i32(msg.token_ids, "trees token_ids"), unpack_i32(msg.parent_ids, "trees parent_ids")
     probs = unpack_f32(msg.draft_probs, "trees draft_probs")
-    total = sum(num_nodes)
     with_probs = sum(n for n, flag in zip(num_nodes, msg.has_probs) if flag)
     if len(tokens) != total or len(parents) != total or len(probs) != with_probs:
         raise InvalidRequestError(f"packed trees: {total} nodes, but {len(tokens)} token_ids, {len(parents)} "
@@ -213,6 +218,8 @@ def unpack_accepts(msg: target_pb2.PackedAccepts, tree_sizes: Sequence[int]) -> 
             or sum(num_tokens) != len(tokens) or sum(num_pruned) != len(pruned) or sum(tree_sizes) != len(status)
             or min([0, *num_accepted, *num_tokens, *num_pruned]) < 0):
         raise InvalidRequestError(f"packed accepts do not match the {n} verified trees")  # fmt: skip
+    if not accepted and not status and not pruned and num_tokens.count(1) == n:  # plain decodes: one token each
+        return [AcceptResult([], [tok], [], []) for tok in tokens]
     out, a, t, s, p = [], 0, 0, 0, 0
     for na, nt, size, npr in zip(num_accepted, num_tokens, tree_sizes, num_pruned):
         out.append(AcceptResult(accepted[a : a + na], tokens[t : t + nt], status[s : s + size], pruned[p : p + npr]))

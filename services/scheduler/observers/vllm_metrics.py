@@ -42,6 +42,8 @@ class _Children:
         self.running, self.waiting, self.kv_usage = obs.running.labels(m), obs.waiting.labels(m), obs.kv_usage.labels(m)
         self.drafts, self.draft_tokens = obs.drafts.labels(m), obs.draft_tokens.labels(m)
         self.accepted_tokens, self.generation_tokens = obs.accepted_tokens.labels(m), obs.generation_tokens.labels(m)
+        self.ttft, self.e2e, self.itl = obs.ttft.labels(m), obs.e2e.labels(m), obs.itl.labels(m)
+        self.prompt_tokens = obs.prompt_tokens.labels(m)
         self._per_pos, self._pos_children = obs.accepted_per_pos, {}
 
     def accepted_at(self, position: int):
@@ -99,16 +101,17 @@ class VllmMetricsObserver:
         self._set_load()
 
     def on_finish(self, request: Request) -> None:
-        m = self.model
+        c = self._children
         if request.ttft is not None:
-            self.ttft.labels(m).observe(request.ttft)
+            c.ttft.observe(request.ttft)
         if request.arrival_time is not None and request.token_times:
-            self.e2e.labels(m).observe(max(0.0, request.token_times[-1] - request.arrival_time))
+            c.e2e.observe(max(0.0, request.token_times[-1] - request.arrival_time))
         steps = sorted(set(request.token_times))  # tokens of one step share its commit time
+        observe = c.itl.observe
         for a, b in zip(steps, steps[1:]):
-            self.itl.labels(m).observe(b - a)
-        self.prompt_tokens.labels(m).inc(len(request.prompt_ids))
-        self.success.labels(m, _REASONS.get(request.finish_reason, "error")).inc()
+            observe(b - a)
+        c.prompt_tokens.inc(len(request.prompt_ids))
+        self.success.labels(self.model, _REASONS.get(request.finish_reason, "error")).inc()
         self._set_load()
 
     def _set_load(self) -> None:
