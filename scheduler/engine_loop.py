@@ -383,7 +383,7 @@ class Scheduler:
             t = self.clock.now()  # resync requests the draft lacks (recovery, deferred); timed apart: no drafting cost
             await self.link.sync([r for _, r, _ in spec])
             report.times.draft_sync = self.clock.now() - t
-            items = [s.spec_item(r.id, r.tokens()[r.draft_seen :], r.draft_rollback) for _, r, s in spec]
+            items = [s.spec_item(r.id, r.tokens_from(r.draft_seen), r.draft_rollback) for _, r, s in spec]
             report.num_catchup_tokens = sum(max(0, len(item.new_tokens) - 1) for item in items)
             if self.features is not None:
                 for item, (_, r, _) in zip(items, spec):

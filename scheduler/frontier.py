@@ -282,12 +282,12 @@ class FrontierPipeline:
             st.lookahead = None
             # the lookahead is usable when the last chunk was fully accepted and its first token is the bonus
             if la is not None and st.optimistic == 0 and len(la) >= 2 and r.num_tokens - r.draft_seen == 1 and (
-                la.token_ids[0] == r.tokens()[-1]
+                la.token_ids[0] == r.last_token
             ):
                 chunks[i] = chain_tail(la, 1, c)
                 self.stats.advances += 1
             else:
-                item = SpecItem(r.id, r.tokens()[r.draft_seen :], chain_len=c, rollback=st.optimistic + r.draft_rollback,
+                item = SpecItem(r.id, r.tokens_from(r.draft_seen), chain_len=c, rollback=st.optimistic + r.draft_rollback,
                                 features=r.features)  # fmt: skip
                 fresh.append((i, r, item))
                 self.stats.resets += 1
@@ -315,7 +315,7 @@ class FrontierPipeline:
 
         trees = [chunks.get(i, TokenTree()) for i in range(len(batch))]
         ahead = [(i, r) for i, r, _ in spec if len(trees[i])]
-        items = [lookahead_item(r.id, r.tokens()[r.draft_seen :], trees[i], s_c, r.features) for i, r in ahead]
+        items = [lookahead_item(r.id, r.tokens_from(r.draft_seen), trees[i], s_c, r.features) for i, r in ahead]
         calls = [loop._verify(batch, trees, report)]
         if items:
             calls.append(loop.draft.speculate(items))

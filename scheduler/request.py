@@ -129,6 +129,17 @@ class Request:
     def tokens(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    def tokens_from(self, start: int) -> list[int]:
+        """``tokens()[start:]`` without copying the rest (a speculate call's new tokens, every step)."""
+        n = len(self.prompt_ids)
+        if start >= n:
+            return self.output_ids[start - n :]
+        return self.prompt_ids[start:] + self.output_ids
+
+    @property
+    def last_token(self) -> int:
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+
     @property
     def draft_lag(self) -> int:
         """Tokens the draft must be fed before it can speculate for this request (Nightjar's L_i, §4.2): all but the

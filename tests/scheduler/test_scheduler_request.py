@@ -71,3 +71,14 @@ def test_validation_accepts_good_requests_and_total_limit():
     validate_request(r, max_total_tokens=11)
     with pytest.raises(ValueError, match="exceeds"):
         validate_request(r, max_total_tokens=10)
+
+
+def test_tokens_from_is_the_tail_of_tokens_without_copying_the_rest():
+    from scheduler.request import Request
+
+    req = Request(id="t", prompt_ids=[1, 2, 3], max_new_tokens=8)
+    req.output_ids = [7, 8]
+    for start in range(0, 7):
+        assert req.tokens_from(start) == req.tokens()[start:]
+    assert req.last_token == 8
+    assert Request(id="p", prompt_ids=[4, 5], max_new_tokens=1).last_token == 5
