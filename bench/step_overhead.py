@@ -8,7 +8,8 @@ and EngineHost (bench/zero_cost_service.py), over gRPC on loopback. A step costs
 
 for plain decode (no draft), a chain of 4 and a 6-node tree (SpecInfer expansion 2-2), at batch 1, 8 and
 64, and a chain of 4 with EAGLE features of 3 layers of hidden 576 and 4096 at batch 1 and 32. Each case
-runs with ``TANDEM_WORKER_PROTOCOL=unary`` and ``=stream`` side by side, interleaved, in every repeat.
+runs with ``TANDEM_WORKER_PROTOCOL=unary`` and ``=stream`` side by side, interleaved, in every repeat
+(plain decode over streams with the default decode run-ahead: services/scheduler/run_ahead.py).
 Also per step: message bytes through the scheduler, and overlap: the share of the scheduler's own
 per-step work (commit + the deferrable observers: Redis, metrics) that ran beside the next step's worker
 calls (scheduler/observer_calls.py). ``--json`` prints one JSON object.
