@@ -62,7 +62,7 @@ class DeferredCalls:
             self._task = asyncio.get_running_loop().create_task(self._after(self._task, batches))
 
     async def _after(self, previous: asyncio.Task | None, batches: list[list[Call]]) -> None:
-        if previous is not None:
+        if previous is not None and not previous.done():  # the last batch still runs (it awaited): after it
             await asyncio.gather(previous, return_exceptions=True)
         started = time.perf_counter()
         for calls in batches:

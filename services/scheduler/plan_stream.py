@@ -23,7 +23,6 @@ an exchange waits for none to be outstanding.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +34,7 @@ from services.plan_spans import trace_carrier
 from services.scheduler.grpc_workers import WorkerProtocolError, WorkerRpcError
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+_BREAKS = (TimeoutError, grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError, ConnectionError)
 
 
 def step_error(role: str, method: str, reply: Any) -> WorkerRpcError:
@@ -73,21 +73,24 @@ class PlanStream:
         async with self._lock:
             if self._ahead is not None:
                 raise RuntimeError(f"{self.role} {self.method}: an exchange while plan {self._ahead} awaits its outcome")
-            step = await self.send(plan)
-            return await self.receive(step)
+            call = self._prepare(plan)
+            try:
+                async with asyncio.timeout(self.timeout_s):  # one deadline for write and read; no task, unlike wait_for
+                    await call.write(plan)
+                    reply = await call.read()
+            except _BREAKS as err:
+                raise self._broken(err) from None
+            self._ahead = None
+            return self._check(reply, plan.step, in_band_errors=True)
 
     async def send(self, plan: Any) -> int:
         """Write one plan (opening the call if needed); its outcome is ``receive(step)``'s, in plan order."""
-        self._step += 1
-        plan.step = self._step
-        carrier = trace_carrier()
-        if carrier:
-            plan.trace_context.update(carrier)
-        call = self._call if self._call is not None else self._open()
-        self._ahead = plan.step
-        self.bytes_out += plan.ByteSize()
-        async with self._failures():
-            await call.write(plan)
+        call = self._prepare(plan)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await call.write(plan)
+        except _BREAKS as err:
+            raise self._broken(err) from None
         return plan.step
 
     async def receive(self, step: int, *, in_band_errors: bool = True) -> Any:
@@ -95,8 +98,24 @@ class PlanStream:
         call, self._ahead = self._call, None
         if call is None:  # dropped since the plan left (a failed write)
             raise WorkerRpcError(self.role, self.method, rpc_error(grpc.StatusCode.UNAVAILABLE, "the step stream broke"))
-        async with self._failures():
-            reply = await call.read()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                reply = await call.read()
+        except _BREAKS as err:
+            raise self._broken(err) from None
+        return self._check(reply, step, in_band_errors=in_band_errors)
+
+    def _prepare(self, plan: Any) -> Any:
+        """Number the plan, add the trace context, count its bytes; the call to write it on."""
+        self._step += 1
+        plan.step = self._ahead = self._step
+        carrier = trace_carrier()
+        if carrier:
+            plan.trace_context.update(carrier)
+        self.bytes_out += plan.ByteSize()
+        return self._call if self._call is not None else self._open()
+
+    def _check(self, reply: Any, step: int, *, in_band_errors: bool) -> Any:
         if reply is grpc.aio.EOF:
             self.drop()
             raise WorkerRpcError(self.role, self.method,
@@ -109,22 +128,15 @@ class PlanStream:
             raise step_error(self.role, self.method, reply)
         return reply
 
-    @contextlib.asynccontextmanager
-    async def _failures(self):
-        """A write or read that times out or breaks drops the call and raises the unary protocol's error."""
-        try:
-            async with asyncio.timeout(self.timeout_s):  # no task per exchange, unlike wait_for
-                yield
-        except TimeoutError:
-            self.drop()
-            raise WorkerRpcError(self.role, self.method, rpc_error(
-                grpc.StatusCode.DEADLINE_EXCEEDED, f"no step outcome within {self.timeout_s:g} s")) from None
-        except grpc.aio.AioRpcError as err:
-            self.drop()
-            raise WorkerRpcError(self.role, self.method, err) from None
-        except (grpc.aio.UsageError, asyncio.InvalidStateError, ConnectionError) as err:  # a call already done
-            self.drop()
-            raise WorkerRpcError(self.role, self.method, rpc_error(grpc.StatusCode.UNAVAILABLE, str(err))) from None
+    def _broken(self, err: BaseException) -> WorkerRpcError:
+        """A write or read that timed out or broke: the call is dropped; the unary protocol's error."""
+        self.drop()
+        if isinstance(err, TimeoutError):
+            return WorkerRpcError(self.role, self.method, rpc_error(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"no step outcome within {self.timeout_s:g} s"))
+        if isinstance(err, grpc.aio.AioRpcError):
+            return WorkerRpcError(self.role, self.method, err)
+        return WorkerRpcError(self.role, self.method, rpc_error(grpc.StatusCode.UNAVAILABLE, str(err)))  # a call already done
 
     def _open(self) -> Any:
         token = otel_context.attach(otel_context.Context())  # no trace: the stream outlives every request

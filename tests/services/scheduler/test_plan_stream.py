@@ -1,0 +1,97 @@
+"""PlanStream's failures read as the unary calls' did, and plans sent ahead come back in order.
+
+A fake bidirectional call stands in for grpc.aio's (the real stream is exercised over loopback in
+tests/services/test_step_stream_recovery.py and test_run_ahead.py); these cases are hard to provoke there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import grpc.aio
+import pytest
+
+from services.scheduler.grpc_workers import WorkerProtocolError, WorkerRpcError
+from services.scheduler.plan_stream import PlanStream
+from shared.rpc.gen.tandem.v1 import common_pb2, target_pb2
+
+
+class FakeCall:
+    """Echoes each plan's step in an outcome; ``answer`` rewrites an outcome (or returns EOF / raises)."""
+
+    def __init__(self, answer=None, hang: bool = False) -> None:
+        self.sent: list[int] = []
+        self.answer = answer or (lambda out: out)
+        self.hang = hang
+        self.cancelled = False
+
+    async def write(self, plan) -> None:
+        self.sent.append(plan.step)
+
+    async def read(self):
+        if self.hang:
+            await asyncio.sleep(10)
+        return self.answer(target_pb2.TargetOutcome(step=self.sent.pop(0)))
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def stream_of(call: FakeCall, timeout_s: float = 1.0) -> PlanStream:
+    return PlanStream("target", "StepStream", lambda: call, timeout_s)
+
+
+def test_plans_sent_ahead_come_back_in_order_and_an_exchange_waits_for_none():
+    async def main():
+        call = FakeCall()
+        stream = stream_of(call)
+        first = await stream.send(target_pb2.TargetPlan())
+        assert stream.busy and not stream.locked
+        with pytest.raises(RuntimeError, match="awaits its outcome"):
+            await stream.exchange(target_pb2.TargetPlan())
+        assert (await stream.receive(first)).step == first and not stream.busy
+        assert (await stream.exchange(target_pb2.TargetPlan())).step == first + 1  # the refused one was not numbered
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    "answer, hang, error, code",
+    [
+        (None, True, WorkerRpcError, grpc.StatusCode.DEADLINE_EXCEEDED),  # no outcome within the deadline
+        (lambda out: grpc.aio.EOF, False, WorkerRpcError, grpc.StatusCode.UNAVAILABLE),  # the stream ended
+        (lambda out: target_pb2.TargetOutcome(step=out.step + 5), False, WorkerProtocolError, None),  # another step
+    ],
+)
+def test_a_broken_exchange_drops_the_call_with_the_unary_error(answer, hang, error, code):
+    async def main():
+        call = FakeCall(answer, hang)
+        stream = stream_of(call, timeout_s=0.05)
+        with pytest.raises(error) as info:
+            await stream.exchange(target_pb2.TargetPlan())
+        return call, stream, info.value
+
+    call, stream, err = asyncio.run(main())
+    assert call.cancelled and stream._call is None and not stream.busy  # the next plan opens a new call
+    if code is not None:
+        assert err.code() is code
+
+
+def test_a_step_error_raises_its_status_and_keeps_the_stream():
+    def refuse(out):
+        out.error.CopyFrom(common_pb2.StepError(code=grpc.StatusCode.NOT_FOUND.value[0], message="unknown sequence"))
+        return out
+
+    async def main():
+        call = FakeCall(refuse)
+        stream = stream_of(call)
+        with pytest.raises(WorkerRpcError) as info:
+            await stream.exchange(target_pb2.TargetPlan())
+        step = await stream.send(target_pb2.TargetPlan())
+        reply = await stream.receive(step, in_band_errors=False)  # a plan sent ahead reads its error itself
+        return call, stream, info.value, reply
+
+    call, stream, err, reply = asyncio.run(main())
+    assert err.code() is grpc.StatusCode.NOT_FOUND and "unknown sequence" in err.details()
+    assert not call.cancelled and stream._call is call and reply.HasField("error")
