@@ -149,7 +149,8 @@ async def run_case(running, services: Services, tag: str, shape: str, batch: int
     num_steps = max(1, len(log.rows))
     compute_s = max((b - a) for a, b in zip(before, after)) / 1e9 / num_steps
     steady = [i for i, r in enumerate(log.rows) if r[1] == batch and r[2] == 0 and i > 0][warm:]
-    pairs = [(log.rows[i - 1], log.rows[i]) for i in steady if i - 1 in set(steady)]
+    steady_set = set(steady)
+    pairs = [(log.rows[i - 1], log.rows[i]) for i in steady if i - 1 in steady_set]
     step_s = statistics.median(b[0] - a[0] for a, b in pairs)
     wire = statistics.median(b[3] - a[3] for a, b in pairs)
     hidden = log.rows[steady[-1]][5] - log.rows[steady[0]][5]  # deferred observer time over the steady steps

@@ -51,6 +51,7 @@ from scheduler.policies.speculation import (NoSpeculation, SpecContext, SpecShap
 from scheduler.loop_config import SchedulerConfig  # noqa: F401 - re-exported: callers build it from here
 from scheduler.report import RequestOutcome, StepReport
 from scheduler.request_stream import RequestStream, TokenEvent  # noqa: F401 - re-exported too
+from scheduler.stops import first_stop
 from scheduler.target_link import TargetLink, error_status
 from scheduler.tree_outcome import keep_logprobs, record_acceptance, tree_ok
 from scheduler.request import FinishReason, Request, RequestState, validate_request
@@ -448,33 +449,19 @@ class Scheduler:
 
     # ------------------------------------------------------------------ tokens and endings
     def _commit_tokens(self, req: Request, tokens: list[int], now: float) -> list[int]:
-        """Append tokens up to the first stop; stream them; finish the request if it stopped."""
+        """Append tokens up to the first stop (stops.py); stream them; finish the request if it stopped."""
         index = len(req.output_ids)
-        reason = None
-        for tok in tokens:
-            req.output_ids.append(tok)
-            req.token_times.append(now)
-            if req.first_token_time is None:
-                req.first_token_time = now
-            if tok in req.stop_token_ids:
-                reason = FinishReason.STOP_TOKEN
-            elif req.stop_strings and len(req.output_ids) > req.sampling.min_tokens and self._hits_stop_string(req):
-                reason = FinishReason.STOP_STRING
-            elif len(req.output_ids) >= req.max_new_tokens:
-                reason = FinishReason.LENGTH
-            if reason is not None:
-                break
-        emitted = req.output_ids[index:]
+        take, reason = first_stop(req, tokens, self.detokenize, self.config.stop_string_window)
+        emitted = tokens[:take] if take < len(tokens) else list(tokens)
+        req.output_ids.extend(emitted)
+        req.token_times.extend([now] * take)
+        if req.first_token_time is None and take:
+            req.first_token_time = now
         if reason is not None:
             self._end(req, RequestState.FINISHED, reason, tokens=emitted, index=index)
         elif emitted:
             self._emit(req, TokenEvent(req.id, emitted, index, now, req.state))
         return emitted
-
-    def _hits_stop_string(self, req: Request) -> bool:
-        longest = max(len(s) for s in req.stop_strings)
-        tail = self.detokenize(req.output_ids[-(longest + self.config.stop_string_window) :])
-        return any(s in tail for s in req.stop_strings)
 
     def _end(
         self,

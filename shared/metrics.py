@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Sequence
 from wsgiref.simple_server import WSGIServer
 
 import prometheus_client
@@ -116,6 +117,8 @@ class TandemMetrics:
             "position_accepted_total", "Steps that accepted the draft token at this position (depth).",
             ["position"], namespace=ns, registry=reg,
         )  # fmt: skip
+        self._proposed_children: dict[int, object] = {}  # position -> labelled series (``labels`` costs a lock)
+        self._accepted_children: dict[int, object] = {}
         self.speculation_length = Histogram(
             "speculation_length_tokens", "Speculation length k chosen per request per step (0 = plain decoding).",
             namespace=ns, registry=reg, buckets=SPEC_K_BUCKETS,
@@ -198,16 +201,50 @@ class TandemMetrics:
         num_pruned: int = 0,
     ) -> None:
         """Record one request's verification step (``depth`` defaults to num_proposed: a chain)."""
-        self.draft_tokens_proposed_total.inc(num_proposed)
-        self.draft_tokens_accepted_total.inc(num_accepted)
-        if num_pruned:
-            self.draft_tokens_pruned_total.inc(num_pruned)
-        self.accepted_length.observe(num_accepted + 1)
-        depth = num_proposed if depth is None else depth
-        for position in range(min(depth, self.max_positions)):
-            self.position_proposed_total.labels(str(position)).inc()
-            if position < num_accepted:
-                self.position_accepted_total.labels(str(position)).inc()
+        self.observe_steps([(num_proposed, num_accepted, num_proposed if depth is None else depth, num_pruned)])
+
+    def observe_steps(self, steps: Sequence[tuple[int, int, int, int]]) -> None:
+        """Many requests' verification steps, each ``(num_proposed, num_accepted, depth, num_pruned)``, at the
+        cost of one update per series: a batch of 64 is 64 additions, not 64 x (4 + 2 x depth) counter locks."""
+        if not steps:
+            return
+        proposed = accepted = pruned = 0
+        lengths: collections.Counter[int] = collections.Counter()
+        depths: collections.Counter[int] = collections.Counter()  # min(depth, max_positions)
+        reached: collections.Counter[int] = collections.Counter()  # accepted positions: min(accepted, depth, max)
+        cap = self.max_positions
+        for num_proposed, num_accepted, depth, num_pruned in steps:
+            proposed += num_proposed
+            accepted += num_accepted
+            pruned += num_pruned
+            lengths[num_accepted + 1] += 1
+            depths[min(depth, cap)] += 1
+            reached[min(num_accepted, depth, cap)] += 1
+        self.draft_tokens_proposed_total.inc(proposed)
+        self.draft_tokens_accepted_total.inc(accepted)
+        if pruned:
+            self.draft_tokens_pruned_total.inc(pruned)
+        for length, n in lengths.items():
+            observe_n(self.accepted_length, length, n)
+        for counts, children in ((depths, self._proposed_at), (reached, self._accepted_at)):
+            at_least = 0  # steps that reached this position: those whose depth (or accepted length) exceeds it
+            for position in range(max(counts) - 1, -1, -1):
+                at_least += counts.get(position + 1, 0)
+                if at_least:
+                    children(position).inc(at_least)
+
+    def _proposed_at(self, position: int):
+        return self._position_child(self.position_proposed_total, self._proposed_children, position)
+
+    def _accepted_at(self, position: int):
+        return self._position_child(self.position_accepted_total, self._accepted_children, position)
+
+    @staticmethod
+    def _position_child(counter: Counter, cache: dict[int, object], position: int):
+        child = cache.get(position)
+        if child is None:  # made at first use: a depth never reached shows no series
+            child = cache[position] = counter.labels(str(position))
+        return child
 
     def observe_prefill(self, *, chunks: int, cached_tokens: int) -> None:
         """Chunked prefill since the last step: chunks run, prompt tokens the prefix cache served."""

@@ -53,3 +53,32 @@ def test_http_exposition() -> None:
         server.server_close()
     assert "tandem_ttft_seconds_bucket" in body and "tandem_generated_tokens_total 5.0" in body
     assert m.render().startswith("# HELP")
+
+
+def test_observe_steps_in_bulk_equals_one_at_a_time() -> None:
+    """A batch's steps recorded at once give every series what recording them one by one gives."""
+    import random
+
+    rng = random.Random(7)
+    steps = []
+    for _ in range(200):
+        depth = rng.randint(1, 20)  # past max_positions too
+        proposed = depth if rng.random() < 0.5 else depth + rng.randint(0, 9)  # chains and trees
+        steps.append((proposed, rng.randint(0, depth), depth, rng.randint(0, 3)))
+    bulk, single = TandemMetrics(), TandemMetrics()
+    bulk.observe_steps(steps)
+    for proposed, accepted, depth, pruned in steps:
+        single.observe_step(num_proposed=proposed, num_accepted=accepted, depth=depth, num_pruned=pruned)
+    # the reference: each step counted position by position, as the per-step definition reads
+    want_proposed, want_accepted = [0] * 16, [0] * 16
+    for _, accepted, depth, _ in steps:
+        for position in range(min(depth, 16)):
+            want_proposed[position] += 1
+            want_accepted[position] += position < accepted
+    samples = lambda m: sorted((s.name, tuple(sorted(s.labels.items())), s.value)  # noqa: E731
+                               for metric in m.registry.collect() for s in metric.samples if "created" not in s.name)
+    assert samples(bulk) == samples(single)
+    for position in range(16):
+        assert _value(bulk, "tandem_position_proposed_total", {"position": str(position)}) == want_proposed[position]
+        assert (_value(bulk, "tandem_position_accepted_total", {"position": str(position)}) or 0) == want_accepted[position]
+    assert _value(bulk, "tandem_draft_tokens_pruned_total") == sum(s[3] for s in steps)

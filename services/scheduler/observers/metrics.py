@@ -34,16 +34,14 @@ class MetricsObserver:
 
     def on_step(self, report: StepReport) -> None:
         plain = 0  # outcomes without a draft: counted together (most of a batch when nothing speculates)
+        steps = []
         for o in report.outcomes:
             if not o.num_drafted and not o.num_pruned:
                 plain += 1
                 continue
-            self.metrics.observe_step(
-                num_proposed=o.num_drafted,
-                num_accepted=o.num_accepted,
-                depth=o.num_drafted if o.shape.kind == "chain" else o.shape.max_depth,
-                num_pruned=o.num_pruned,
-            )
+            depth = o.num_drafted if o.shape.kind == "chain" else o.shape.max_depth
+            steps.append((o.num_drafted, o.num_accepted, depth, o.num_pruned))
+        self.metrics.observe_steps(steps)
         self.metrics.observe_plain_steps(plain)
         self.metrics.observe_speculation([o.shape.max_depth for o in report.outcomes])
         relay = self.scheduler.features

@@ -19,6 +19,8 @@ Acceptance rate = rate(num_accepted_tokens) / rate(num_draft_tokens); mean accep
 
 from __future__ import annotations
 
+import collections
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from scheduler.engine_loop import Scheduler
@@ -89,13 +91,23 @@ class VllmMetricsObserver:
 
     def on_step(self, report: StepReport) -> None:
         c = self._children
+        drafts = drafted = accepted = 0
+        reached: collections.Counter[int] = collections.Counter()  # accepted positions per drafting request
         for o in report.outcomes:
             if o.num_drafted:
-                c.drafts.inc()
-                c.draft_tokens.inc(o.num_drafted)
-                c.accepted_tokens.inc(o.num_accepted)
-                for position in range(min(o.num_accepted, MAX_POSITIONS)):
-                    c.accepted_at(position).inc()
+                drafts += 1
+                drafted += o.num_drafted
+                accepted += o.num_accepted
+                reached[min(o.num_accepted, MAX_POSITIONS)] += 1
+        if drafts:  # one update per series (a counter's ``inc`` takes a lock)
+            c.drafts.inc(drafts)
+            c.draft_tokens.inc(drafted)
+            c.accepted_tokens.inc(accepted)
+            at_least = 0
+            for position in range(max(reached) - 1, -1, -1):
+                at_least += reached.get(position + 1, 0)
+                if at_least:
+                    c.accepted_at(position).inc(at_least)
         if report.num_emitted:
             c.generation_tokens.inc(report.num_emitted)
         self._set_load()
