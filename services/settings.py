@@ -331,7 +331,7 @@ class ServiceSettings(BaseModel):
         "target cost models, only when they predict a gain), or chunk=N[,max_chunk=,alpha=,min_gain=,gain=false].",
     )
     worker_protocol: Literal["stream", "unary"] = Field(
-        "unary",
+        "stream",
         description="Scheduler: how it drives the model services: stream (one long-lived step stream per "
         "service, one message per step; docs/services.md) or unary (one RPC per call, the older protocol).",
     )

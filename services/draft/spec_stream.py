@@ -89,6 +89,8 @@ async def run_draft_plan(servicer, plan: draft_pb2.DraftPlan) -> draft_pb2.Draft
                          or [p.seq_id for p in part_prefills], new_tokens=sum(len(i.new_tokens) for i in part_items),
                          feature_bytes=sum(len(x.features.data) for x in [*part_prefills, *part_items]
                                            if x.features is not None))  # fmt: skip
+                if part_prefills:  # what the unary Prefill's span says
+                    annotate(prefill_tokens=sum(len(p.prompt_ids) for p in part_prefills))
                 ran = await servicer.host.run_step(servicer._plan, releases, part_prefills, part_items)
                 part_trees, part_costs = ran.result
                 grammar = grammar_cost(servicer.engine)

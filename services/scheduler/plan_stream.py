@@ -14,7 +14,8 @@ tracing interceptor opens no stream-long span; each plan carries the current tra
     the outcome carries a StepError      -> WorkerRpcError with that status; the stream stays open
     the outcome is for another step      -> WorkerProtocolError; the call is dropped
 
-Any break drops the call; the next exchange opens a new one. Exchanges are serialised (one plan in
+Any break drops the call; the next exchange opens a new one, as does one that finds the call ended while
+idle (a service restarted between steps: the plan goes to the new process, as a unary call would). Exchanges are serialised (one plan in
 flight per worker, as the loop's contract has it). A plan may also be sent ahead and its outcome read
 later (``send`` / ``receive``, services/scheduler/run_ahead.py): outcomes come back in plan order, so
 an exchange waits for none to be outstanding.
@@ -113,6 +114,8 @@ class PlanStream:
         if carrier:
             plan.trace_context.update(carrier)
         self.bytes_out += plan.ByteSize()
+        if self._call is not None and self._call.done():  # it ended while idle (the service restarted): dial again,
+            self._call = None  # as a unary call would; what the old peer held is its errors' to tell (unknown ids)
         return self._call if self._call is not None else self._open()
 
     def _check(self, reply: Any, step: int, *, in_band_errors: bool) -> Any:

@@ -357,6 +357,11 @@ class StreamDraftWorker(_BareStream, GrpcDraftWorker):
 
     async def close(self) -> None:
         self.releases.cancel()
+        self._prefills.clear()  # never sent: nothing to undo on the draft
+        try:  # the releases queued last (the final requests') go before the stream closes, as the target's do
+            await asyncio.wait_for(self.flush(), 1.0)
+        except Exception:  # noqa: BLE001 - best effort: a draft that restarts holds nothing anyway
+            pass
         await self.stream.close()
         await self._close_bare()
         await super().close()

@@ -25,6 +25,7 @@ class FakeCall:
         self.answer = answer or (lambda out: out)
         self.hang = hang
         self.cancelled = False
+        self.ended = False  # the peer ended the call (it restarted)
 
     async def write(self, plan) -> None:
         self.sent.append(plan.step)
@@ -36,6 +37,9 @@ class FakeCall:
 
     def cancel(self) -> None:
         self.cancelled = True
+
+    def done(self) -> bool:
+        return self.cancelled or self.ended
 
 
 def stream_of(call: FakeCall, timeout_s: float = 1.0) -> PlanStream:
@@ -95,3 +99,19 @@ def test_a_step_error_raises_its_status_and_keeps_the_stream():
     call, stream, err, reply = asyncio.run(main())
     assert err.code() is grpc.StatusCode.NOT_FOUND and "unknown sequence" in err.details()
     assert not call.cancelled and stream._call is call and reply.HasField("error")
+
+
+def test_a_call_that_ended_while_idle_is_dialled_again_before_the_next_plan():
+    """A service that restarted between steps ended the stream: the next plan goes on a new call, as a unary
+    call would dial again (what the old process held, its errors tell: unknown sequences)."""
+    calls = [FakeCall(), FakeCall()]
+    opened = iter(calls)
+    stream = PlanStream("draft", "SpeculateStream", lambda: next(opened), 1.0)
+
+    async def main():
+        await stream.exchange(target_pb2.TargetPlan())
+        calls[0].ended = True
+        return await stream.exchange(target_pb2.TargetPlan())
+
+    assert asyncio.run(main()).step == 2
+    assert stream.num_opened == 2 and calls[1].sent == [] and calls[0].sent == []
