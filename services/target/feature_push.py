@@ -21,8 +21,10 @@ from opentelemetry import context as otel_context
 
 from shared.engine.features import FeatureBlock
 from shared.rpc.channel import CLIENT_OPTIONS, aio_channel
-from shared.rpc.convert import feature_block_to_pb
-from shared.rpc.gen.tandem.v1 import draft_pb2, draft_pb2_grpc
+from shared.rpc.feature_wire import encode_feature_push
+from shared.rpc.gen.tandem.v1 import draft_pb2
+
+PUSH_METHOD = "/tandem.v1.DraftService/PushFeatures"
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +59,9 @@ class FeaturePusher:
         if self._call is None:
             token = otel_context.attach(otel_context.Context())
             try:
-                self._call = draft_pb2_grpc.DraftServiceStub(self._channel).PushFeatures()
+                push = self._channel.stream_stream(PUSH_METHOD, request_serializer=None,  # bytes, written already
+                                                   response_deserializer=draft_pb2.FeaturePushAck.FromString)
+                self._call = push()
             finally:
                 otel_context.detach(token)
         return self._call
@@ -70,7 +74,7 @@ class FeaturePusher:
             return False
         try:
             call = self._open(address)
-            await call.write(draft_pb2.FeaturePush(seq_ids=seq_ids, blocks=[feature_block_to_pb(b) for b in blocks]))
+            await call.write(encode_feature_push(seq_ids, blocks))  # the rows copied once (feature_wire.py)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError, ConnectionError, RuntimeError) as exc:
             log.warning("feature push to %s failed (%s); this step's rows go through the scheduler", address, exc)
             self._drop()

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from sdk import Client, FinishReason
+from services.scheduler.stream_workers import IDLE_FLUSH_S
 from tests.support.tiny_stack import VOCAB, Stack, tiny_stack
 
 SPEC = "suffix:max_depth=32,alpha=3"
@@ -105,11 +106,12 @@ def test_suffix_draft_trees_are_lossless_under_tree_policies(suffix_stack, tiny_
 
 def test_frontier_pipelining_rolls_the_suffix_draft_back(suffix_stack, tiny_pair, reference, tmp_path):
     """Frontier pipelining drafts on an optimistic prefix and rolls it back on a miss (SpecItem.rollback):
-    the suffix draft truncates its tree instead of failing, so every step keeps a draft."""
+    the suffix draft truncates its tree instead of failing, so every step keeps a draft. Every step pipelines
+    (measured=false): the measured gate would keep some serial, and a test of the mechanism needs its steps."""
     lengths = [40, 23, 31, 18]
     requests = [dict(prompt=p, max_new_tokens=n, speculation=3) for p, n in zip(PROMPTS, lengths)]
     suffix_stack.draft.tracer_provider.memory_exporter.clear()
-    with scheduler_for(suffix_stack, tiny_pair[0], "fixed:3", tmp_path, frontier="chunk=2") as running:
+    with scheduler_for(suffix_stack, tiny_pair[0], "fixed:3", tmp_path, frontier="chunk=2,measured=false") as running:
         results = _generate_all(running.address, requests)
         stats = running.scheduler.frontier.stats
     for p, n, r in zip(PROMPTS, lengths, results):
@@ -164,6 +166,7 @@ def test_bad_input_gets_a_clear_status_and_the_draft_stays_usable(suffix_stack):
     P, S, spec = draft_pb2.DraftPrefillRequest, draft_pb2.SpeculateRequest, draft_pb2.SpecItem
     with grpc.insecure_channel(suffix_stack.draft.address) as channel:
         stub = draft_pb2_grpc.DraftServiceStub(channel)
+        time.sleep(4 * IDLE_FLUSH_S)  # the earlier tests' last releases ride alone after IDLE_FLUSH_S
         live_before = stub.Info(common_pb2.InfoRequest()).num_live_seqs
         stub.Prefill(P(items=[item("bad-input", [1, 2, 3, 1, 2])]))
         cases = [

@@ -81,7 +81,9 @@ def test_eight_concurrent_requests_are_eight_traces(tiny_pair, tmp_path):
     # A batched RPC (one Prefill, Verify, Release ... for many requests) joins one of them, the representative;
     # the others' phase spans link to its span, so one hop reaches the call that served them.
     served = {(s.service, s.name.rpartition("/")[2]) for s in spans if s.service in ("target", "draft")}
-    assert {(role, rpc) for role in ("target", "draft") for rpc in ("Prefill", "Release")} <= served
+    # (over step streams a release rides on the next plan, whose span is named for what else it carries: a
+    # Release span is a plan of releases alone; the scheduler's "release" phases above are there either way)
+    assert {(role, "Prefill") for role in ("target", "draft")} <= served
     assert {("target", "Verify"), ("draft", "Speculate")} <= served
     span_ids = {s.span_id for s in spans}
     linked = [s for s in spans if s.links]

@@ -90,3 +90,23 @@ def test_one_deadline_bounds_a_whole_plan():
             assert loop.time() - t0 < 4.0
 
     asyncio.run(main())
+
+
+def test_a_take_of_exactly_the_last_push_is_that_block_without_a_copy():
+    """Each step's plan asks for the rows its last push carried: the inbox hands over that block itself."""
+
+    async def main():
+        inbox = FeatureInbox(wait_s=0.01)
+        first, second = rows(0, 3), rows(3, 2, fill=2)
+        inbox.put("s", first)
+        assert await inbox.take("s", 0, 3) is first
+        inbox.put("s", second)
+        assert await inbox.take("s", 3, 5) is second
+        assert inbox._bytes == len(second.data)  # the rows taken past are gone
+        inbox.put("s", rows(4, 2, fill=3))  # a newer push from position 4 overrides the row it shares
+        block = await inbox.take("s", 3, 6)
+        assert (block.start, block.data) == (3, b"\x02" * 4 + b"\x03" * 8)
+        inbox.put("s", rows(9, 1))  # a gap (rows lost in flight): only the newest is kept
+        assert await inbox.take("s", 5, 6) is None and (await inbox.take("s", 9, 10)).num_rows == 1
+
+    asyncio.run(main())
