@@ -50,8 +50,10 @@ from shared.engine.suffix_drafter import SuffixDraftEngine
 from shared.engine.target_engine import TargetEngine
 from shared.rpc.convert import CallTimer, feature_spec_to_pb
 from shared.rpc.gen.tandem.v1 import common_pb2
+from shared.rpc.shared_rows import host_id
 
 T = TypeVar("T")
+_HOST_ID = host_id()  # this host and its /dev/shm (Info's shared_memory_host)
 log = logging.getLogger(__name__)
 
 
@@ -270,6 +272,7 @@ class EngineHost:
             vocab_size=runner.vocab_size or 0,  # 0: a model-free draft told no vocabulary (TANDEM_VOCAB_SIZE)
             num_live_seqs=len(runner.seqs),
             weights_offloaded=bool(getattr(self.engine, "offloaded", False)),
+            shared_memory_host=_HOST_ID,  # a target on this host pushes feature rows through shared memory
         )
         cache = self.kv_cache
         if cache is None:  # model-free: no weights, no context limit, no KV blocks (the fields stay 0)
@@ -300,8 +303,10 @@ class EngineHost:
         return info
 
     def close(self) -> None:
-        """Stop the engine thread once its current call (if any) ends."""
+        """Stop the engine thread once its current call (if any) ends; then what the servicers hold (``closers``)."""
         self._thread.shutdown(wait=False, cancel_futures=True)
+        for close in getattr(self, "closers", ()):
+            close()
 
 
 def steps_inline(engine, loaded: LoadedModel | None) -> bool:

@@ -345,6 +345,11 @@ class ServiceSettings(BaseModel):
         description="Scheduler, feature-level drafts over step streams: direct (the target pushes each step's "
         "feature rows to the draft at draft_addr; the scheduler moves positions only) or relay (through the scheduler).",
     )
+    feature_shared_memory: bool = Field(
+        True,
+        description="Target, feature rows pushed straight to a draft on the same host (the same /dev/shm): through a "
+        "shared-memory ring, the push carrying positions only (shared/rpc/shared_rows.py); false: over gRPC.",
+    )
     threads: int | None = Field(
         None,
         ge=1,

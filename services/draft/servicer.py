@@ -20,6 +20,7 @@ import grpc.aio
 
 from services.engine_host import EngineHost
 from services.draft.feature_inbox import FeatureInbox
+from shared.rpc.shared_rows import RingReader
 from services.draft.spec_stream import run_draft_plan
 from services.spans import annotate, event, grammar_cost
 from shared.engine.draft_engine import DraftEngine
@@ -38,6 +39,8 @@ class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
         self.host = host
         self.engine: DraftEngine | NgramDraftEngine | SuffixDraftEngine = host.engine
         self.inbox = FeatureInbox()  # rows the target pushes (PushFeatures), until a plan takes them
+        self.rings = RingReader()  # a target's shared-memory rings, when it runs on this host
+        host.closers = [*getattr(host, "closers", ()), self.rings.close]
 
     async def Prefill(
         self, request: draft_pb2.DraftPrefillRequest, context: grpc.aio.ServicerContext
@@ -88,8 +91,16 @@ class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
         num = 0
         with self.inbox.feed():  # open: a plan waits for rows in flight (feature_inbox.py)
             async for push in request_iterator:  # the target's rows, by sequence and position
-                for seq_id, block in zip(push.seq_ids, push.blocks):
-                    self.inbox.put(seq_id, feature_block_from_pb(block, f"pushed features of {seq_id!r}"))
+                blocks = [feature_block_from_pb(b, f"pushed features of {s!r}", pushed=push.HasField("shared"))
+                          for s, b in zip(push.seq_ids, push.blocks)]  # fmt: skip
+                if push.HasField("shared"):  # the rows are in the target's ring on this host (shared_rows.py)
+                    shared = push.shared
+                    try:
+                        blocks = self.rings.read(shared.name, shared.capacity, shared.positions, blocks)
+                    except (OSError, ValueError) as exc:  # the target sends them over gRPC from now on
+                        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"shared feature rows: {exc}")
+                for seq_id, block in zip(push.seq_ids, blocks):
+                    self.inbox.put(seq_id, block)
                     num += 1
         return draft_pb2.FeaturePushAck(num_blocks=num)
 

@@ -41,6 +41,8 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
         self.host = host
         self.engine: TargetEngine = host.engine
         self.pusher = FeaturePusher(getattr(host, "settings", None))  # rows straight to a feature draft
+        host.closers = [*getattr(host, "closers", ()), self.pusher.close]  # its shared-memory ring, at shutdown
+        host.feature_pusher = self.pusher
 
     async def Prefill(
         self, request: target_pb2.TargetPrefillRequest, context: grpc.aio.ServicerContext

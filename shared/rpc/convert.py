@@ -176,9 +176,11 @@ def feature_block_to_pb(block: FeatureBlock) -> common_pb2.FeatureBlock:
     )
 
 
-def feature_block_from_pb(msg: common_pb2.FeatureBlock, where: str) -> FeatureBlock:
+def feature_block_from_pb(msg: common_pb2.FeatureBlock, where: str, pushed: bool = False) -> FeatureBlock:
+    """``pushed``: the rows past ``data`` come another way (a shared-memory ring, the target's push)."""
     try:
-        return FeatureBlock(msg.start, msg.num_rows, msg.width, _dtype_from_pb(msg.dtype, where), bytes(msg.data))
+        return FeatureBlock(msg.start, msg.num_rows, msg.width, _dtype_from_pb(msg.dtype, where), bytes(msg.data),
+                            pushed=pushed)  # fmt: skip
     except ValueError as exc:
         raise InvalidRequestError(f"{where}: {exc}") from None
 

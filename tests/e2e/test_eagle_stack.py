@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from sdk import Client, FinishReason
+from services.scheduler.stream_workers import IDLE_FLUSH_S
 from tests.support.tiny_stack import Stack, tiny_stack
 
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6], [27, 18, 28], [100, 200, 300, 400, 5, 6, 7, 8, 9, 10, 11]]
@@ -48,6 +49,8 @@ def test_feature_draft_is_lossless_over_grpc_and_features_travel(eagle_stack, re
     assert relay is not None
     if relay.bytes_pushed:  # step streams, direct: the rows go from the target straight to the draft
         assert relay.bytes_in == relay.bytes_out == 0
+        pusher = eagle_stack.target.engine_host.feature_pusher  # on one host: through its shared-memory ring
+        assert pusher.bytes_shared == pusher.bytes_pushed > 0
     else:  # unary calls (the default): the rows travel through the scheduler
         assert relay.bytes_in > 0 and relay.bytes_out > 0
     speculate = [s for s in _spans(eagle_stack.draft, "Speculate") if s.attributes.get("tandem.feature_bytes")]
@@ -102,6 +105,7 @@ def _restart_the_draft_under_running_requests(stack: Stack, reference, lengths: 
 def test_bad_features_get_a_clear_status_and_the_services_stay_usable(eagle_stack, reference):
     from shared.rpc.gen.tandem.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 
+    time.sleep(4 * IDLE_FLUSH_S)  # the earlier tests' last releases ride alone after IDLE_FLUSH_S (streams)
     with grpc.insecure_channel(eagle_stack.target.address) as tchan, grpc.insecure_channel(eagle_stack.draft.address) as dchan:
         target, draft = target_pb2_grpc.TargetServiceStub(tchan), draft_pb2_grpc.DraftServiceStub(dchan)
         dinfo = draft.Info(common_pb2.InfoRequest())

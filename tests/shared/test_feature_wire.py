@@ -25,3 +25,15 @@ def test_hand_written_pushes_parse_to_the_message_protobuf_builds():
         data = encode_feature_push(ids, blocks)
         assert draft_pb2.FeaturePush.FromString(data) == want, case
         assert data == want.SerializeToString(), case  # field order and lengths as protobuf writes them
+
+
+def test_a_push_through_shared_memory_names_the_ring_and_carries_no_rows():
+    blocks = [FeatureBlock(5, 2, 3, "float16", bytes(12)), FeatureBlock(0, 1, 3, "float32", bytes(12))]
+    data = encode_feature_push(["a", "b"], blocks, shared=("tandem-rows-1-ab", 64 << 20, [0, 300000]))
+    msg = draft_pb2.FeaturePush.FromString(data)
+    want = draft_pb2.FeaturePush(seq_ids=["a", "b"], blocks=[feature_block_to_pb(b) for b in blocks],
+                                 shared=draft_pb2.SharedRows(name="tandem-rows-1-ab", capacity=64 << 20,
+                                                             positions=[0, 300000]))  # fmt: skip
+    for b in want.blocks:
+        b.data = b""
+    assert msg == want and data == want.SerializeToString()
