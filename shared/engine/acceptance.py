@@ -102,7 +102,7 @@ def accept_tree(
     vocab_size = target_logits.shape[1]
     validate_tree(tree.token_ids, tree.parent_ids, vocab_size)
     children = children_of(tree.parent_ids)
-    _validate_child_dists(tree, children, vocab_size)
+    validate_child_dists(tree, children, vocab_size)
 
     stopped = frozenset(pruned)
     if params.greedy:
@@ -193,7 +193,7 @@ def _accept_sampled(
     return AcceptResult(accepted_nodes=path, tokens=tokens, node_status=status)
 
 
-def _validate_child_dists(tree: TokenTree, children: dict[int, list[int]], vocab_size: int) -> None:
+def validate_child_dists(tree: TokenTree, children: dict[int, list[int]], vocab_size: int) -> None:
     """Each ``child_dists[row]`` must be a distribution its children could have been drawn from."""
     num_nodes = len(tree)
     supports: dict[int, set[int]] = {}  # id(dist) -> its support; rows may share one dist object

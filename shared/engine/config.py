@@ -58,6 +58,11 @@ class EngineConfig(BaseModel):
         "(static_step.py: the step staged in one copy, acceptance on the device, one host read; CUDA graphs on a GPU); "
         "off = every step through the eager forward.",
     )
+    device_sampling: bool | None = Field(
+        None,
+        description="Sampled verify steps on the static path: acceptance as batched tensor ops on the device, one host "
+        "read (device_sampling.py); None = on a GPU, where the host walk's reads cost a sync each; False = the host walk.",
+    )
     prefix_caching: bool = Field(
         default_factory=lambda: _env_flag("TANDEM_PREFIX_CACHE", True),
         description="Automatic prefix caching (prefix_cache.py): full KV blocks stay cached, keyed by a hash of their "

@@ -28,11 +28,12 @@ import torch
 from shared.engine import prefix_blocks, step_plan
 from shared.engine.attention.static_batch import StaticBatchAttention
 from shared.engine.device_acceptance import accept_greedy_batch, node_status
+from shared.engine.device_sampling import accept_sampled_batch, batched_probs, draw_uniforms, sampled_inputs, tried_status
 from shared.engine.errors import ContextLengthError, OutOfBlocksError
 from shared.engine.runner import ModelRunner
 from shared.engine.sequence import Sequence
 from shared.engine.types import AcceptResult, ForwardCost, VerifyItem
-from shared.engine.verify_rows import plain, verify_sequence
+from shared.engine.verify_rows import plain, sampled_only, verify_sequence
 from shared.profiling.host_work import graph_body
 
 
@@ -51,6 +52,8 @@ class StaticStep:
         self._host: torch.Tensor | None = None  # [size] int64 staging (pinned on CUDA)
         self._dev: torch.Tensor | None = None  # [size] int64 the staged step on the device
         self.num_host_accept = 0  # steps whose acceptance ran on the host (sampling, processed logits, logprobs)
+        wanted = runner.config.device_sampling
+        self.device_sampling = runner.device.type == "cuda" if wanted is None else wanted  # sampled steps on the device
 
     @torch.inference_mode()
     def run(self, verifies: list[VerifyItem]) -> tuple[list[AcceptResult], ForwardCost]:
@@ -62,8 +65,10 @@ class StaticStep:
         seqs = [runner.seqs[v.seq_id] for v in verifies]
         cached = [s.num_cached for s in seqs]
         steps = self._plan(seqs, verifies)  # grows block tables; nothing else mutated yet
-        if not all(plain(s) for s in seqs):  # sampling, penalties, masks, grammars or log-probabilities: host
-            return self._run_sampled(seqs, verifies, steps, cached, start)
+        if not all(plain(s) for s in seqs):  # sampling, penalties, masks, grammars or log-probabilities
+            if self.device_sampling and all(sampled_only(s) for s in seqs):
+                return self._run_device_sampled(seqs, verifies, steps, cached, start)
+            return self._run_sampled(seqs, verifies, steps, cached, start)  # the host walk
         try:
             chains = True
             for v in verifies:
@@ -110,6 +115,36 @@ class StaticStep:
             self._move_path_host(seq, accepted.accepted_nodes)
             self._commit_tokens(seq, accepted.tokens, len(accepted.accepted_nodes))
             results.append(accepted)
+        return results, self._cost(start, steps, shape)
+
+    def _run_device_sampled(self, seqs, verifies, steps, cached, start) -> tuple[list[AcceptResult], ForwardCost]:
+        """Sampling with nothing else to process: acceptance as batched tensor ops (device_sampling.py) after the
+        forward, and one host read of the outcome, as for greedy steps."""
+        runner = self.runner
+        try:
+            chains = all(v.tree.parent_ids == list(range(-1, len(v.tree.parent_ids) - 1)) for v in verifies)
+            shape = step_plan.shape_of(steps, runner.cache.block_size, chains)
+            vocab = runner.vocab_size  # the trees' q were checked against it (TargetEngine._validate)
+            flat = self.stage(step_plan.build(steps, shape, runner.cache.block_size))
+            with graph_body():
+                seg, logits = self._forward(flat, shape)  # [B, 1 + M, vocab]
+                probs = batched_probs(logits, [s.sampling for s in seqs])  # [B, 1 + M, vocab]
+                inputs = sampled_inputs([v.tree for v in verifies], probs.shape[1] - 1, vocab, probs.device)
+                u_node, u_bonus = draw_uniforms([s.generator for s in seqs], probs.shape[1] - 1, probs.device)
+                outcome = accept_sampled_batch(probs, *inputs, u_node, u_bonus)  # [B, 2 + M]
+                if not shape.chains:
+                    self._move_path(seg, outcome)
+            rows = outcome.tolist()  # the step's one host read
+        except BaseException:
+            for s, c in zip(seqs, cached):
+                s.num_cached = c
+            raise
+        results = []
+        for seq, v, row in zip(seqs, verifies, rows):
+            result = self._commit(seq, v, row)  # a greedy request keeps the greedy walk's statuses
+            if not seq.sampling.greedy:
+                result.node_status = tried_status(v.tree.parent_ids, result.accepted_nodes)
+            results.append(result)
         return results, self._cost(start, steps, shape)
 
     def _move_path_host(self, seq: Sequence, path: list[int]) -> None:

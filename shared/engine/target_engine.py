@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from shared.engine import chunks, cuda_graphs, grammar_mask, static_step, tuned_lens
-from shared.engine.acceptance import _validate_child_dists
+from shared.engine.acceptance import validate_child_dists
 from shared.engine.early_exit import EarlyExitConfig, EarlyExitController, layer_outcomes, prune_outcome
 from shared.engine.errors import ContextLengthError, DuplicateSequenceError, InvalidRequestError, KVPoolSizeError
 from shared.engine.features import FeatureBlock, FeatureSpec
@@ -196,7 +196,7 @@ class TargetEngine:
                     f"sequence {v.seq_id!r}: {len(tree.token_ids)} tree tokens but {len(tree.parent_ids)} parents"
                 )
             validate_tree(tree.token_ids, tree.parent_ids, vocab)
-            _validate_child_dists(tree, children_of(tree.parent_ids), vocab)
+            validate_child_dists(tree, children_of(tree.parent_ids), vocab)
 
     def _static_eligible(self, prefills: list[PrefillItem], verifies: list[VerifyItem], features) -> bool:
         """A verify-only step with nothing the static path leaves to the eager forward (static_step.py)."""

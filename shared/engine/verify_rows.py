@@ -31,6 +31,13 @@ def plain(seq: Sequence) -> bool:
             and not needs_processing(params, seq.logits_processors))
 
 
+def sampled_only(seq: Sequence) -> bool:
+    """Sampling (temperature, top-k, top-p, min-p) with nothing else to process or report: the device-side sampled
+    acceptance applies (device_sampling.py)."""
+    params = seq.sampling
+    return params.logprobs is None and seq.grammar is None and not needs_processing(params, seq.logits_processors)
+
+
 def _processed(seq: Sequence, tree: TokenTree, rows: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
     rows = constrain_tree(seq, tree, rows)  # grammar masks first: a disallowed token stays at -inf
     return process_rows(rows, seq.token_ids, seq.output_start, paths, seq.sampling, seq.logits_processors)

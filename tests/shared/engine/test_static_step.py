@@ -188,3 +188,44 @@ def test_sampled_steps_seeded_and_equal_to_eager():
         fast.runner.check_accounting()
     for i in range(3):
         assert fast.runner.get(f"s{i}").token_ids == eager.runner.get(f"s{i}").token_ids
+
+
+def _random_items(rng: random.Random, ids: list[str], vocab: int) -> list[VerifyItem]:
+    items = []
+    for sid in ids:
+        m = rng.randrange(0, 6)
+        parents = [rng.randrange(-1, j) for j in range(m)]
+        items.append(VerifyItem(sid, TokenTree([rng.randrange(vocab) for _ in range(m)], parents)))
+    return items
+
+
+def test_device_sampled_steps_read_the_device_once_and_keep_greedy_rows_exact():
+    """With acceptance on the device for sampled steps (device_sampling.py; on by default on a GPU): one host
+    read per step, the seed fixes the output, and a greedy request sampled beside others gets exactly the eager
+    path's tokens, trees and their KV moves included."""
+    from shared.engine.types import SamplingParams
+
+    model = build_tiny("llama", vocab_size=96, seed=0)
+    fast, eager = engines(model, device_sampling=True)
+    again, _ = engines(model, device_sampling=True)
+    assert fast.static.device_sampling and not eager.static
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.9, top_p=0.95, seed=1),
+              SamplingParams(temperature=1.2, top_k=20, seed=2)]  # fmt: skip
+    ids = ["g", "s1", "s2"]
+    for e in (fast, eager, again):
+        e.prefill([PrefillItem(sid, [1 + i, 2, 3], p) for i, (sid, p) in enumerate(zip(ids, params))])
+    rng = random.Random(9)
+    for step in range(12):
+        items = _random_items(rng, ids, 96)
+        with HostWorkCounter(engine_device_tensors(fast.runner)) as counter:
+            got = fast.verify(items)
+        assert counter.num_syncs == 1, dict(counter.syncs)
+        want, same = eager.verify(items), again.verify(items)
+        assert (got[0].tokens, got[0].accepted_nodes, got[0].node_status) == (
+            want[0].tokens, want[0].accepted_nodes, want[0].node_status)  # greedy: exact
+        assert [(r.tokens, r.node_status) for r in got] == [(r.tokens, r.node_status) for r in same]  # seeded
+        for r, item in zip(got, items):
+            assert r.tokens[:-1] == [item.tree.token_ids[j] for j in r.accepted_nodes]
+        fast.runner.check_accounting()
+    assert fast.static.num_host_accept == 0
+    assert fast.runner.get("g").token_ids == eager.runner.get("g").token_ids
