@@ -70,8 +70,8 @@ class _Releases:
         if self.worker.busy:  # a plan is on its way: the ids ride on the next one
             self.add([])
             return
-        try:
-            await self.worker.flush()
+        try:  # releases only: a queued draft prefill waits for the plan of its request's step (and its trace)
+            await self.worker.flush(releases_only=True)
         except Exception as exc:  # noqa: BLE001 - the ids were put back; the next plan carries them
             log.debug("%s: releases not sent yet (%s)", self.worker.role, exc)
 
@@ -243,7 +243,7 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
             if self.run_ahead is not None:
                 self.run_ahead.drop(seq_ids)
 
-    async def flush(self) -> None:
+    async def flush(self, releases_only: bool = False) -> None:
         """Read a plan sent ahead, then send the queued releases now, alone."""
         async with self._order:
             await self._settle()
@@ -316,10 +316,10 @@ class StreamDraftWorker(_BareStream, GrpcDraftWorker):
                 self._prefills.pop(seq_id, None)
             self.releases.add(list(seq_ids))
 
-    async def flush(self) -> None:
-        """Send the queued releases and prefills now, without speculating."""
-        if self.releases.ids or self._prefills:
-            await self._send(draft_pb2.DraftPlan())
+    async def flush(self, releases_only: bool = False) -> None:
+        """Send the queued releases and prefills now (``releases_only``: the releases), without speculating."""
+        if self.releases.ids or (self._prefills and not releases_only):
+            await self._send(draft_pb2.DraftPlan(), with_prefills=not releases_only)
 
     async def offload(self) -> int:
         await self.flush()
@@ -329,10 +329,12 @@ class StreamDraftWorker(_BareStream, GrpcDraftWorker):
         await self.flush()
         return await super().reload()
 
-    async def _send(self, plan: draft_pb2.DraftPlan) -> draft_pb2.DraftOutcome:
+    async def _send(self, plan: draft_pb2.DraftPlan, with_prefills: bool = True) -> draft_pb2.DraftOutcome:
         ids = self.releases.take()
         plan.releases.extend(ids)
-        prefills, self._prefills = list(self._prefills.values()), {}
+        prefills = list(self._prefills.values()) if with_prefills else []
+        if with_prefills:
+            self._prefills = {}
         for p in prefills:
             msg = plan.prefills.add()
             msg.CopyFrom(stream_prefill_to_pb(p))

@@ -23,15 +23,21 @@ def test_adaptive_policy_is_lossless_over_grpc(services, reference, policy):  # 
     ]
     with scheduler_for(services, policy, home=services.home) as running:
         results = _generate_all(running.address, requests)
-        # a second round: the policy decides from what it learned in the first
-        results += _generate_all(running.address, requests[:4])
+        sent = list(requests)
+        # more rounds: the policy decides from what it learned before. What it learns from real timings may say
+        # k = 0 for a while (on a loaded machine the random draft's rare hits do not pay), so up to three more
+        for _ in range(4):
+            results += _generate_all(running.address, requests[:4])
+            sent += requests[:4]
+            auto = results[:4] + results[6:]
+            if policy.startswith("smartspec-conf") or sum(r.stats.num_draft_tokens for r in auto) > 0:
+                break
         exposition = running.metrics.render()
-    for i, (req, r) in enumerate(zip(requests + requests[:4], results)):
+    for i, (req, r) in enumerate(zip(sent, results)):
         assert r.finish_reason == FinishReason.LENGTH
         assert r.token_ids == reference.greedy(req["prompt"], req["max_new_tokens"]), f"request {i} ({policy})"
     if not policy.startswith("smartspec-conf"):  # its verify-length choice rightly drops the random draft's guesses
-        # AUTO requests did speculate (in either round: what the policy learns from real timings may say k = 0)
-        assert sum(r.stats.num_draft_tokens for r in results[:4] + results[6:]) > 0
+        assert sum(r.stats.num_draft_tokens for r in results[:4] + results[6:]) > 0  # AUTO requests did speculate
     assert "tandem_speculation_length_tokens_count" in exposition
     with StateStore(StoreConfig(url=services.redis_url)) as store:
         state = store.get_json(f"policy:{policy.split(':')[0]}")
