@@ -25,37 +25,49 @@ import torch
 from shared.engine.types import SamplingParams
 
 
-def batched_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def sampling_columns(params: list[SamplingParams], vocab: int, device) -> dict:
+    """The batch's sampling parameters as device columns (made before the step's forward is queued: a host-to-
+    device copy after it would wait for it), with which filters any row wants, known on the host."""
+    col = lambda values, dtype: torch.tensor(values, dtype=dtype).to(device, non_blocking=True)  # noqa: E731
+    return {
+        "greedy": col([p.greedy for p in params], torch.bool),  # [B]
+        "temp": col([1.0 if p.greedy else p.temperature for p in params], torch.float32),  # [B]
+        "top_k": col([p.top_k if 0 < p.top_k < vocab else vocab for p in params], torch.long),  # [B]
+        "top_p": col([p.top_p for p in params], torch.float32),  # [B]
+        "min_p": col([p.min_p for p in params], torch.float32),  # [B]
+        "any": (any(0 < p.top_k < vocab for p in params), any(p.top_p < 1.0 for p in params),
+                any(p.min_p > 0.0 for p in params)),  # fmt: skip
+    }
+
+
+def batched_probs(logits: torch.Tensor, params: list[SamplingParams] | dict) -> torch.Tensor:
     """``probs_from_logits`` for a batch whose requests sample differently: logits [B, R, V] -> probs [B, R, V].
 
-    The order is the host's: softmax(logits / T), top-k, top-p, min-p, each renormalised; greedy rows are the
-    one-hot argmax (first maximum on ties)."""
-    device = logits.device
+    ``params``: the requests' SamplingParams, or their ``sampling_columns``. The order is the host's:
+    softmax(logits / T), top-k, top-p, min-p, each renormalised; greedy rows are the one-hot argmax (first
+    maximum on ties)."""
     logits = logits.float()  # [B, R, V]
     vocab = logits.shape[-1]
-    greedy = torch.tensor([p.greedy for p in params], device=device)  # [B]
-    temp = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device)  # [B]
-    top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=device)  # [B]
-    top_p = torch.tensor([p.top_p for p in params], device=device)  # [B]
-    min_p = torch.tensor([p.min_p for p in params], device=device)  # [B]
-    probs = torch.softmax(logits / temp[:, None, None], dim=-1)  # [B, R, V]
-    if bool((top_k < vocab).any()):
+    c = sampling_columns(params, vocab, logits.device) if isinstance(params, list) else params
+    want_k, want_p, want_min = c["any"]
+    probs = torch.softmax(logits / c["temp"][:, None, None], dim=-1)  # [B, R, V]
+    if want_k:
         ordered = probs.sort(dim=-1, descending=True).values  # [B, R, V]
-        kth = ordered.gather(-1, (top_k - 1)[:, None, None].expand(-1, probs.shape[1], 1))  # [B, R, 1]
+        kth = ordered.gather(-1, (c["top_k"] - 1)[:, None, None].expand(-1, probs.shape[1], 1))  # [B, R, 1]
         probs = probs.masked_fill(probs < kth, 0.0)  # ties at the k-th value all stay
         probs = probs / probs.sum(-1, keepdim=True)
-    if bool((top_p < 1.0).any()):
+    if want_p:
         ordered, order = probs.sort(dim=-1, descending=True)  # [B, R, V] each
         ahead = ordered.cumsum(-1) - ordered  # [B, R, V] mass strictly ahead, in sorted order
-        drop = torch.empty_like(ahead, dtype=torch.bool).scatter_(-1, order, ahead >= top_p[:, None, None])
+        drop = torch.empty_like(ahead, dtype=torch.bool).scatter_(-1, order, ahead >= c["top_p"][:, None, None])
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
-    if bool((min_p > 0.0).any()):
-        floor = min_p[:, None, None] * probs.amax(-1, keepdim=True)  # [B, R, 1]
+    if want_min:
+        floor = c["min_p"][:, None, None] * probs.amax(-1, keepdim=True)  # [B, R, 1]
         probs = probs.masked_fill(probs < floor, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
     one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)  # [B, R, V]
-    return torch.where(greedy[:, None, None], one_hot, probs)
+    return torch.where(c["greedy"][:, None, None], one_hot, probs)
 
 
 def draw_uniforms(generators: list[torch.Generator], num_nodes: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,12 +104,13 @@ def sampled_inputs(trees, num_nodes: int, vocab: int, device) -> tuple[torch.Ten
             at_row.append(torch.full_like(ids, row))
             at_tok.append(ids)
             mass.append(weights)
+    move = lambda t: t.to(device, non_blocking=True)  # noqa: E731 - host-built, copied without a wait
     q = torch.zeros(batch, rows, vocab, dtype=torch.float32, device=device)  # [B, 1 + M, V]
     if mass:
-        index = tuple(torch.cat(x).to(device) for x in (at_b, at_row, at_tok))
-        q.index_put_(index, torch.cat(mass).to(device), accumulate=True)  # repeated ids add up, as dense_probs
-    as_long = dict(dtype=torch.long, device=device)
-    return torch.tensor(tokens, **as_long).view(batch, num_nodes), torch.tensor(kids, **as_long), q, has_q.to(device)
+        index = tuple(move(torch.cat(x)) for x in (at_b, at_row, at_tok))
+        q.index_put_(index, move(torch.cat(mass)), accumulate=True)  # repeated ids add up, as dense_probs
+    tokens_t = torch.tensor(tokens, dtype=torch.long).view(batch, num_nodes)  # [B, M]
+    return move(tokens_t), move(torch.tensor(kids, dtype=torch.long)), q, move(has_q)
 
 
 def accept_sampled_batch(

@@ -28,7 +28,8 @@ import torch
 from shared.engine import prefix_blocks, step_plan
 from shared.engine.attention.static_batch import StaticBatchAttention
 from shared.engine.device_acceptance import accept_greedy_batch, node_status
-from shared.engine.device_sampling import accept_sampled_batch, batched_probs, draw_uniforms, sampled_inputs, tried_status
+from shared.engine.device_sampling import (accept_sampled_batch, batched_probs, draw_uniforms, sampled_inputs,
+                                           sampling_columns, tried_status)  # fmt: skip
 from shared.engine.errors import ContextLengthError, OutOfBlocksError
 from shared.engine.runner import ModelRunner
 from shared.engine.sequence import Sequence
@@ -126,12 +127,15 @@ class StaticStep:
             shape = step_plan.shape_of(steps, runner.cache.block_size, chains)
             vocab = runner.vocab_size  # the trees' q were checked against it (TargetEngine._validate)
             flat = self.stage(step_plan.build(steps, shape, runner.cache.block_size))
+            # the walk's inputs go to the device before the forward is queued: a copy after it would wait for it
+            nodes, device = max(len(v.tree.token_ids) for v in verifies), runner.device
+            inputs = sampled_inputs([v.tree for v in verifies], nodes, vocab, device)
+            u_node, u_bonus = draw_uniforms([s.generator for s in seqs], nodes, device)
+            columns = sampling_columns([s.sampling for s in seqs], vocab, device)
             with graph_body():
                 seg, logits = self._forward(flat, shape)  # [B, 1 + M, vocab]
-                probs = batched_probs(logits, [s.sampling for s in seqs])  # [B, 1 + M, vocab]
-                inputs = sampled_inputs([v.tree for v in verifies], probs.shape[1] - 1, vocab, probs.device)
-                u_node, u_bonus = draw_uniforms([s.generator for s in seqs], probs.shape[1] - 1, probs.device)
-                outcome = accept_sampled_batch(probs, *inputs, u_node, u_bonus)  # [B, 2 + M]
+                probs = batched_probs(logits[:, : 1 + nodes], columns)  # [B, 1 + nodes, vocab]
+                outcome = accept_sampled_batch(probs, *inputs, u_node, u_bonus)  # [B, 2 + nodes]
                 if not shape.chains:
                     self._move_path(seg, outcome)
             rows = outcome.tolist()  # the step's one host read
