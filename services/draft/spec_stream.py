@@ -16,6 +16,7 @@ from services.spans import annotate, grammar_cost
 from shared.engine.errors import InvalidRequestError
 from shared.engine.features import FeatureBlock
 from shared.engine.types import SpecItem, TokenTree
+from shared.rpc.chain_packing import unpack_chain_items
 from shared.rpc.convert import CallTimer, cost_to_pb
 from shared.rpc.gen.tandem.v1 import common_pb2, draft_pb2
 from shared.rpc.interceptors import status_for_exception
@@ -66,7 +67,10 @@ async def run_draft_plan(servicer, plan: draft_pb2.DraftPlan) -> draft_pb2.Draft
     trees, costs, queue_ns, work_ns, grammar_ns = [], [], 0, 0, 0
     try:
         prefills = [stream_prefill_from_pb(m) for m in plan.prefills]
-        items = [stream_spec_item_from_pb(m) for m in plan.items]
+        if plan.HasField("chains") and plan.items:
+            raise InvalidRequestError("a draft plan has both packed chain items and items")
+        items = unpack_chain_items(plan.chains) if plan.HasField("chains") else [
+            stream_spec_item_from_pb(m) for m in plan.items]  # fmt: skip
         if len({i.seq_id for i in items}) != len(items):
             raise InvalidRequestError("a draft plan names a sequence twice")
         servicer.inbox.forget(list(plan.releases))

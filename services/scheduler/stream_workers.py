@@ -29,6 +29,7 @@ from services.scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker, W
 from services.scheduler.plan_stream import PlanStream
 from services.scheduler.run_ahead import RunAhead
 from shared.rpc.call_details import rewritten_metadata
+from shared.rpc.chain_packing import pack_chain_items
 from shared.rpc.channel import aio_channel
 from shared.engine.features import FeatureBlock
 from shared.engine.types import AcceptResult, PrefillItem, PrefillResult, SpecItem, TokenTree, VerifyItem
@@ -306,7 +307,10 @@ class StreamDraftWorker(_BareStream, GrpcDraftWorker):
             await self.flush()
 
     async def speculate(self, items: list[SpecItem]) -> list[TokenTree]:
-        reply = await self._send(draft_pb2.DraftPlan(items=[_spec_item_to_pb(i) for i in items]))
+        chains = pack_chain_items(items)  # most steps: columns for the whole batch (chain_packing.py)
+        plan = draft_pb2.DraftPlan(chains=chains) if chains is not None else draft_pb2.DraftPlan(
+            items=[_spec_item_to_pb(i) for i in items])  # fmt: skip
+        reply = await self._send(plan)
         self.missing_features = set(reply.missing_features)
         return unpack_trees(reply.trees, len(items), relay=True)
 

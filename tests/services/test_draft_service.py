@@ -261,3 +261,38 @@ def test_ngram_draft_bad_input_gets_a_status(tiny_model_dir):
 def test_malformed_ngram_draft_fails_at_startup(model):
     with pytest.raises(pydantic.ValidationError, match="malformed n-gram draft"):
         model_settings(model)
+
+
+def test_packed_chain_plans_draft_as_items_do_and_malformed_ones_get_a_status(tiny_model_dir):
+    """Over SpeculateStream a plan's chains as columns (chain_packing.py) draft what StreamSpecItems draft; a plan
+    whose columns disagree answers INVALID_ARGUMENT in band, and the stream and the sequences stay usable."""
+    from shared.rpc.chain_packing import pack_chain_items
+    from shared.rpc.packing import pack_i32, stream_prefill_to_pb, unpack_trees
+    from shared.engine.types import PrefillItem, SpecItem
+
+    prompt = [3, 14, 15, 92, 65]
+    expected = greedy_reference(tiny_model_dir, tuple(prompt), 6)
+
+    async def main():
+        async with serving(tiny_model_dir, tiny_model_dir) as (_, draft), aio_channel(draft.address) as channel:
+            call = draft_pb2_grpc.DraftServiceStub(channel).SpeculateStream()
+            plans = [
+                draft_pb2.DraftPlan(step=1, prefills=[stream_prefill_to_pb(PrefillItem(s, prompt)) for s in "ab"],
+                                    chains=pack_chain_items([SpecItem("a", [expected[0]], chain_len=4)])),
+                draft_pb2.DraftPlan(step=2, chains=draft_pb2.PackedChainItems(
+                    seq_ids=["b"], num_new_tokens=pack_i32([3]), new_tokens=pack_i32([expected[0]]),
+                    chain_lengths=pack_i32([4]))),
+                draft_pb2.DraftPlan(step=3, items=[draft_pb2.StreamSpecItem(
+                    seq_id="b", new_tokens=pack_i32([expected[0]]), chain=draft_pb2.ChainShape(length=4))]),
+            ]  # fmt: skip
+            outcomes = []
+            for plan in plans:
+                await call.write(plan)
+                outcomes.append(await call.read())
+            await call.done_writing()
+            return outcomes
+
+    packed, bad, items = asyncio.run(main())
+    assert unpack_trees(packed.trees, 1)[0].token_ids == expected[1:5]
+    assert bad.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0] and "token counts" in bad.error.message
+    assert unpack_trees(items.trees, 1)[0].token_ids == expected[1:5]  # "b" untouched by the refused plan
