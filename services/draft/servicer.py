@@ -41,6 +41,7 @@ class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
         self.inbox = FeatureInbox()  # rows the target pushes (PushFeatures), until a plan takes them
         self.rings = RingReader()  # a target's shared-memory rings, when it runs on this host
         host.closers = [*getattr(host, "closers", ()), self.rings.close]
+        host.feature_inbox = self.inbox
 
     async def Prefill(
         self, request: draft_pb2.DraftPrefillRequest, context: grpc.aio.ServicerContext

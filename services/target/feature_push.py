@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import grpc.aio
 from opentelemetry import context as otel_context
@@ -33,6 +34,7 @@ from shared.rpc.shared_rows import RowRing, host_id
 PUSH_METHOD = "/tandem.v1.DraftService/PushFeatures"
 
 log = logging.getLogger(__name__)
+ASK_AGAIN_S = 5.0  # how long a draft whose Info failed gets its rows over gRPC before it is asked again
 
 
 class FeaturePusher:
@@ -48,7 +50,9 @@ class FeaturePusher:
             log.info("features go through the scheduler: %s", self.disabled)
         self.shared_memory = getattr(settings, "feature_shared_memory", True)
         self._ring: RowRing | None = None  # rows to a draft on this host (shared_rows.py)
-        self._shares: dict[str, bool] = {}  # draft address -> whether it shares this host's memory (asked once)
+        self._shares: dict[str, bool] = {}  # draft address -> whether it shares this host's memory (its Info)
+        self._refused: set[str] = set()  # drafts that could not open the ring: over gRPC for good
+        self._ask_after: dict[str, float] = {}  # a draft whose Info failed: not asked again before then
 
     def _open(self, address: str):
         if address != self.address:
@@ -91,9 +95,8 @@ class FeaturePusher:
             log.warning("feature push to %s failed (%s); this step's rows go through the scheduler", address, exc)
             if self._shares.get(address) and await _refused_shared(self._call):
                 log.warning("the draft at %s cannot read this target's shared memory; rows go over gRPC", address)
-                self._shares[address] = False  # for good: asked again, it would say the same
-            elif self._shares.get(address):
-                del self._shares[address]  # a restarted draft may sit elsewhere: asked again at the next push
+                self._refused.add(address)  # for good: asked again, it would say the same
+            self._shares.pop(address, None)  # a restarted draft may sit elsewhere: asked again
             self._drop()
             return False
         self.bytes_pushed += size
@@ -102,10 +105,17 @@ class FeaturePusher:
 
     async def _share(self, address: str, blocks: list[FeatureBlock]) -> tuple[str, int, list[int]] | None:
         """The ring's name, capacity and the blocks' positions when the rows went into it; None: inline."""
-        if not self.shared_memory:
+        if not self.shared_memory or address in self._refused:
             return None
         if address not in self._shares:
-            self._shares[address] = await self._same_host(address)
+            now = time.monotonic()
+            if now < self._ask_after.get(address, 0.0):
+                return None  # its Info failed a moment ago: not asked at every step while it is away
+            same = await self._same_host(address)
+            if same is None:
+                self._ask_after[address] = now + ASK_AGAIN_S
+                return None
+            self._shares[address] = same
         if not self._shares[address]:
             return None
         if self._ring is None:
@@ -115,16 +125,16 @@ class FeaturePusher:
         positions = self._ring.write(blocks)  # None: the draft has not read far enough yet; this push goes inline
         return None if positions is None else (self._ring.name, self._ring.capacity, positions)
 
-    async def _same_host(self, address: str) -> bool:
-        """Whether the draft's Info names this host's memory (shared_rows.host_id)."""
+    async def _same_host(self, address: str) -> bool | None:
+        """Whether the draft's Info names this host's memory (shared_rows.host_id); None when it did not answer."""
         mine = host_id()
         if not mine:
             return False
         try:
             info = await draft_pb2_grpc.DraftServiceStub(self._channel).Info(common_pb2.InfoRequest(), timeout=5.0)
         except grpc.aio.AioRpcError as exc:
-            log.info("draft at %s: no Info (%s); feature rows go over gRPC", address, exc.code().name)
-            return False
+            log.info("draft at %s: no Info (%s); feature rows go over gRPC for now", address, exc.code().name)
+            return None
         return info.shared_memory_host == mine
 
     def _drop(self) -> None:
