@@ -8,7 +8,8 @@ tracing interceptor opens no stream-long span; each plan carries the current tra
 (``trace_context``, services/plan_spans.py). Failures read as the unary calls' did
 (grpc_workers.py), so the loop's recovery is unchanged:
 
-    the call breaks (peer gone, reset)   -> WorkerRpcError with the call's status (UNAVAILABLE, ...)
+    the call breaks (peer gone, reset)   -> WorkerRpcError with the call's status (UNAVAILABLE, ...; grpc's
+                                            "Internal error from Core" of a torn-down connection: UNAVAILABLE)
     no outcome within timeout_s          -> WorkerRpcError DEADLINE_EXCEEDED; the call is cancelled
     the stream ends (EOF)                -> WorkerRpcError UNAVAILABLE
     the outcome carries a StepError      -> WorkerRpcError with that status; the stream stays open
@@ -46,6 +47,12 @@ def step_error(role: str, method: str, reply: Any) -> WorkerRpcError:
 
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+def _core_failure(err: grpc.aio.AioRpcError) -> bool:
+    """grpc.aio's own INTERNAL when a write meets a connection the peer tore down (a restart mid-stream): the
+    stream broke, as UNAVAILABLE says; a service's own errors come in band (StepError)."""
+    return err.code() == grpc.StatusCode.INTERNAL and (err.details() or "").startswith("Internal error from Core")
 
 
 class PlanStream:
@@ -137,7 +144,7 @@ class PlanStream:
         if isinstance(err, TimeoutError):
             return WorkerRpcError(self.role, self.method, rpc_error(
                 grpc.StatusCode.DEADLINE_EXCEEDED, f"no step outcome within {self.timeout_s:g} s"))
-        if isinstance(err, grpc.aio.AioRpcError):
+        if isinstance(err, grpc.aio.AioRpcError) and not _core_failure(err):
             return WorkerRpcError(self.role, self.method, err)
         return WorkerRpcError(self.role, self.method, rpc_error(grpc.StatusCode.UNAVAILABLE, str(err)))  # a call already done
 

@@ -115,3 +115,16 @@ def test_a_call_that_ended_while_idle_is_dialled_again_before_the_next_plan():
 
     assert asyncio.run(main()).step == 2
     assert stream.num_opened == 2 and calls[1].sent == [] and calls[0].sent == []
+
+
+def test_a_write_on_a_torn_down_connection_is_an_outage_not_an_internal_error():
+    """grpc.aio answers a write that meets a connection the peer tore down (a restart mid-stream) with INTERNAL
+    "Internal error from Core": the loop must read it as the target gone (wait, re-prefill), not fail requests."""
+    def torn(out):
+        raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                   "Internal error from Core")
+
+    stream = stream_of(FakeCall(answer=torn))
+    with pytest.raises(WorkerRpcError) as err:
+        asyncio.run(stream.exchange(target_pb2.TargetPlan()))
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
