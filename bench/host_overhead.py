@@ -9,7 +9,9 @@ is host work: the part of a step that a GPU does not speed up. Per step of
     python_calls   Python function calls outside that region
     ms             median step time (no counters attached)
 
-for plain decode, a 4-token chain and a 6-node tree, at batch 1 and 16, both paths
+for plain decode, a 4-token chain and a 6-node tree, at batch 1 and 16, and per
+``DraftEngine.speculate`` of a greedy 4-token draft chain (``draft4``: four draft
+forwards; the static path runs them in one body, draft_chain_step.py), both paths
 interleaved in each repeat (``shared/profiling/host_work.py`` says how each is counted;
 on CPU the static path's body runs eagerly inside ``graph_body()``). ``--json`` prints
 one JSON object with a list of rows.
@@ -31,9 +33,10 @@ from pathlib import Path
 import torch
 
 from shared.engine.config import EngineConfig
+from shared.engine.draft_engine import DraftEngine
 from shared.engine.runner import ModelRunner
 from shared.engine.target_engine import TargetEngine
-from shared.engine.types import PrefillItem, TokenTree, VerifyItem
+from shared.engine.types import PrefillItem, SpecItem, TokenTree, VerifyItem
 from shared.profiling.host_work import HostWorkCounter, engine_device_tensors
 
 SHAPES = {  # op -> tree parents
@@ -41,6 +44,7 @@ SHAPES = {  # op -> tree parents
     "chain4": [-1, 0, 1, 2],
     "tree6": [-1, -1, 0, 0, 1, 2],
 }
+DRAFT_OPS = {"draft4": 4}  # op -> chain length drafted per speculate call
 CONTEXT = 64
 
 
@@ -63,6 +67,42 @@ def make_engine(model, static: bool, batch: int) -> TargetEngine:
     prompts = torch.randint(0, engine.runner.vocab_size, (batch, CONTEXT), generator=g).tolist()
     engine.prefill([PrefillItem(seq_id=f"s{i}", prompt_ids=p) for i, p in enumerate(prompts)])
     return engine
+
+
+def make_draft(model, static: bool, batch: int) -> DraftEngine:
+    config = EngineConfig(num_blocks=batch * 16 + 64, static_step=static, cpu_prepack=False)
+    engine = DraftEngine(ModelRunner(copy.deepcopy(model), config))
+    g = torch.Generator().manual_seed(1)
+    prompts = torch.randint(0, engine.runner.vocab_size, (batch, CONTEXT), generator=g).tolist()
+    engine.prefill([PrefillItem(seq_id=f"s{i}", prompt_ids=p) for i, p in enumerate(prompts)])
+    return engine
+
+
+def draft_call(engine: DraftEngine, op: str, batch: int, g: torch.Generator, last: list) -> None:
+    """One speculate call: the target kept half of each last chain and added a bonus token."""
+    bonus = torch.randint(0, engine.runner.vocab_size, (batch,), generator=g).tolist()
+    items = [SpecItem(f"s{i}", last[i][: len(last[i]) // 2] + [bonus[i]], chain_len=DRAFT_OPS[op]) for i in range(batch)]
+    last[:] = [t.token_ids for t in engine.speculate(items)]
+
+
+def measure_draft(engine: DraftEngine, op: str, batch: int, steps: int) -> dict:
+    g = torch.Generator().manual_seed(2)
+    last: list = [[] for _ in range(batch)]
+    draft_call(engine, op, batch, g, last)  # warm
+    with HostWorkCounter(engine_device_tensors(engine.runner)) as counter:
+        draft_call(engine, op, batch, g, last)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        draft_call(engine, op, batch, g, last)
+        times.append(1e3 * (time.perf_counter() - t0))
+    return {
+        "ops_outside": counter.ops,
+        "syncs": counter.num_syncs,
+        "python_calls": counter.calls,
+        "ms": statistics.median(times),
+        "sync_sites": dict(counter.syncs.most_common(8)),
+    }
 
 
 def step_items(engine: TargetEngine, op: str, batch: int, g: torch.Generator) -> list[VerifyItem]:
@@ -99,9 +139,15 @@ def run(batches: list[int], ops: list[str], repeats: int, steps: int) -> list[di
     for rep in range(repeats):
         for batch in batches:
             engines = {path: make_engine(model, path == "graph", batch) for path in ("eager", "graph")}
+            drafts = {}
+            if any(op in DRAFT_OPS for op in ops):
+                drafts = {path: make_draft(model, path == "graph", batch) for path in ("eager", "graph")}
             for op in ops:
-                for path, engine in engines.items():  # interleaved: both paths on the same machine moment
-                    m = measure(engine, op, batch, steps)
+                for path in ("eager", "graph"):  # interleaved: both paths on the same machine moment
+                    if op in DRAFT_OPS:
+                        m = measure_draft(drafts[path], op, batch, steps)
+                    else:
+                        m = measure(engines[path], op, batch, steps)
                     key = (path, op, batch)
                     row = rows.setdefault(key, {"path": path, "op": op, "batch": batch, "ms_repeats": []})
                     row.update({k: v for k, v in m.items() if k != "ms"})
@@ -114,7 +160,10 @@ def run(batches: list[int], ops: list[str], repeats: int, steps: int) -> list[di
 
 
 def goals(row: dict) -> dict:
+    """The verify-step goals (a draft call's k forwards are held to one sync only)."""
     b = row["batch"]
+    if row["op"] in DRAFT_OPS:
+        return {"syncs": row["syncs"] == 1}
     return {
         "ops": row["ops_outside"] <= 100 + 10 * b,
         "syncs": row["syncs"] == 1,
@@ -133,7 +182,7 @@ def machine() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.host_overhead", description=__doc__.split("\n")[0])
     parser.add_argument("--batches", default="1,16")
-    parser.add_argument("--ops", default="decode,chain4,tree6")
+    parser.add_argument("--ops", default="decode,chain4,tree6,draft4")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=15, help="timed steps per measurement (median)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -142,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         batches = [int(x) for x in args.batches.split(",")]
         ops = [x for x in args.ops.split(",")]
-        bad = [o for o in ops if o not in SHAPES]
+        bad = [o for o in ops if o not in SHAPES and o not in DRAFT_OPS]
         if bad or any(b < 1 for b in batches) or args.repeats < 1 or args.steps < 1:
             raise ValueError(f"unknown ops {bad}" if bad else "batches, repeats and steps must be >= 1")
     except ValueError as exc:
@@ -170,7 +219,7 @@ def table(meta: dict, rows: list[dict]) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in sorted(rows, key=lambda r: (r["batch"], r["op"], r["path"])):
         g = goals(r)
-        marks = " / ".join("met" if g[k] else "no" for k in ("ops", "syncs", "calls"))
+        marks = " / ".join(("met" if g[k] else "no") if k in g else "-" for k in ("ops", "syncs", "calls"))
         lines.append(f"| {r['path']} | {r['op']} | {r['batch']} | {r['ops_outside']} | {r['syncs']} | {r['python_calls']} "
                      f"| {r['ms']:.2f} | {', '.join(f'{x:.2f}' for x in r['ms_repeats'])} | {marks} |")  # fmt: skip
     return lines
@@ -180,11 +229,12 @@ def write_results(folder: Path, meta: dict, rows: list[dict]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "results.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
     head = [
-        "# Host work per target step: eager forward vs the static (graph) path",
+        "# Host work per engine step: eager forward vs the static (graph) path",
         "",
         "The 30-layer, hidden-64 Llama of `bench/host_overhead.py` (random weights, one thread): a step's cost is",
         "its host work. Goals per verify step: ops outside the captured body <= 100 + 10 B, host syncs = 1,",
-        "Python calls <= 300 + 30 B. On CPU the static path's body runs eagerly inside `graph_body()`, the",
+        "Python calls <= 300 + 30 B. `draft4` is one draft call of a greedy 4-token chain (four draft forwards; the",
+        "static path runs them in one body, `shared/engine/draft_chain_step.py`), held to one host sync. On CPU the static path's body runs eagerly inside `graph_body()`, the",
         "region the CUDA path captures; ops and calls inside it are not counted (`shared/profiling/host_work.py`).",
         "Both paths run interleaved in each repeat; the sync sites of the eager path are in results.json.",
         "",

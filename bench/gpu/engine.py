@@ -9,6 +9,9 @@ Llama-3.1-8B), in bfloat16 (and the 135M one in float32 too). Per shape it measu
     verify       engine time per step, graph and eager side by side (interleaved, medians of
                  ``--steps``), at B = 1, 8, 32, 64 and Q = 1 (decode), 4 (a 3-token chain + bonus)
     floor        weight bytes / the device's measured copy bandwidth: what one forward must cost
+    draft        (the 135M shape, as a draft model) one speculate call of a greedy 4-token chain, the
+                 static chain (one CUDA graph for the four forwards) and the eager drafters side by side
+                 at B = 1, 8, 32, and whether both drafted the same tokens (float32)
 
 and writes ``engine.json`` to DIR. It needs torch, transformers, numpy and pydantic only
 (``--wheels DIR`` installs pydantic from carried wheels first, offline).
@@ -131,6 +134,54 @@ def verify_times(model, steps: int) -> list[dict]:
     return rows
 
 
+DRAFT_BATCHES = (1, 8, 32)
+
+
+def draft_times(model, steps: int, k: int = 4) -> dict:
+    """Draft chains of k through ``DraftEngine.speculate``: graph vs eager ms per call, and equal tokens."""
+    import torch
+
+    from shared.engine.config import EngineConfig
+    from shared.engine.draft_engine import DraftEngine
+    from shared.engine.runner import ModelRunner
+    from shared.engine.types import PrefillItem, SpecItem
+
+    vocab = model.config.vocab_size
+    rows, equal, calls = [], 0, 0
+    g = torch.Generator().manual_seed(3)
+    for batch in DRAFT_BATCHES:
+        config = lambda static: EngineConfig(num_blocks=batch * 24 + 64, block_size=16, static_step=static,  # noqa: E731
+                                             attention_backend="sdpa")  # fmt: skip
+        engines = {p: DraftEngine(ModelRunner(model, config(p == "graph"))) for p in ("eager", "graph")}
+        prompts = torch.randint(0, vocab, (batch, CONTEXT), generator=g).tolist()
+        for e in engines.values():
+            e.prefill([PrefillItem(f"d{i}", p) for i, p in enumerate(prompts)])
+        last = {p: [[] for _ in range(batch)] for p in engines}
+        times = {p: [] for p in engines}
+        for step in range(steps + 3):
+            bonus = torch.randint(0, vocab, (batch,), generator=g).tolist()
+            drafted = {}
+            for p, e in engines.items():  # interleaved; both keep the graph path's chains (the same sequences)
+                keep = last["graph"]
+                items = [SpecItem(f"d{i}", keep[i][:2] + [bonus[i]], chain_len=k) for i in range(batch)]
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                drafted[p] = [t.token_ids for t in e.speculate(items)]
+                torch.cuda.synchronize()
+                if step >= 3:
+                    times[p].append(1e3 * (time.perf_counter() - t0))
+            equal += drafted["graph"] == drafted["eager"]
+            calls += 1
+            last = {p: drafted["graph"] for p in engines}
+        for p, t in times.items():
+            rows.append({"path": p, "batch": batch, "k": k, "ms": statistics.median(t), "min_ms": min(t), "max_ms": max(t)})
+        replays = engines["graph"].chains.graphs.replays if engines["graph"].chains else 0
+        rows[-1]["replays"] = replays
+        del engines
+        torch.cuda.empty_cache()
+    return {"rows": rows, "calls_equal": equal, "calls": calls}
+
+
 def copy_bandwidth() -> float:
     """Bytes per second of a device-to-device copy (read + write counted), best of 5."""
     import torch
@@ -170,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
             model = build(shape, torch.float32)
             prompts = torch.randint(0, model.config.vocab_size, (2, 24), generator=gen).tolist()
             entry["greedy_float32"] = greedy_check(model, prompts, 32)
+            entry["draft_float32"] = draft_times(model, args.steps)
+            for r in entry["draft_float32"]["rows"]:
+                print(f"{shape:14} draft {r['path']:5} B={r['batch']:<3} k={r['k']}  {r['ms']:8.2f} ms/call", flush=True)
             del model
         model = build(shape, torch.bfloat16)
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())

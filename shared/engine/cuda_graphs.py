@@ -6,11 +6,17 @@
                          build the step padded to the bucket into the graph's pinned staging buffer,
                          one non-blocking copy into its static input, replay, return its static outcome
 
+A pool serves any step kind that offers ``bucket(shape)`` (the bucket that holds
+a step, or None), ``build(steps, shape, scratch_block)`` (its staging array) and
+``body(static_in, shape)`` (the device work): the target's verify step
+(``static_step.StaticStep``) and the draft's greedy chain (``draft_chain_step``).
 Graphs are captured on first use of a bucket (capture time and pool memory are
 logged) and kept up to ``MAX_GRAPHS``, least recently used dropped first. They
 read the KV pool's tensor, so a pool that is reallocated or resized (Nightjar's
 offload) drops them all. One KV block is kept aside as the padding's scratch space
 (``step_plan.build``); the runner's accounting knows it (``ModelRunner.reserved``).
+``release()`` gives it back and drops the graphs (before a draft offloads its KV
+pool, which must be empty); the next replay takes a block again.
 A step that fits no bucket runs the same body eagerly.
 """
 
@@ -23,8 +29,6 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.engine import graph_buckets, step_plan
-from shared.engine.step_plan import StepShape
 from shared.profiling.host_work import graph_body
 
 log = logging.getLogger(__name__)
@@ -44,48 +48,71 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
     host: torch.Tensor  # [size] int64 pinned staging
     static_in: torch.Tensor  # [size] int64 on the device
-    static_out: torch.Tensor  # [B, 2 + M] int64 on the device
+    static_out: torch.Tensor  # the body's outcome on the device ([B, 2 + M] int64 for a verify step)
 
 
 class GraphPool:
     def __init__(self, runner):
         self.runner = runner
         self.pool = torch.cuda.graph_pool_handle()
-        self.graphs: OrderedDict[StepShape, _Graph] = OrderedDict()
-        self.scratch_block = runner.cache.allocator.allocate(1, SCRATCH_OWNER)[0]
-        runner.reserved.add(self.scratch_block)
+        self.graphs: OrderedDict[tuple[str, object], _Graph] = OrderedDict()  # (step kind, bucket) -> graph
+        self.scratch_block: int | None = None
+        self._allocator = None  # the allocator the scratch block came from (a reallocated pool has a new one)
         self._kv_ptr = runner.cache.kv.data_ptr()
         self.replays = 0
         self.eager = 0
+        self.reserve()
 
-    def run(self, step, steps: list[step_plan.SeqStep], shape: StepShape) -> torch.Tensor:
+    def reserve(self) -> int:
+        """The padding's KV block, taken from the runner's pool at start and again after a release or a
+        reallocation (a reloaded draft's fresh pool)."""
+        cache = self.runner.cache
+        if self.scratch_block is None or self._allocator is not cache.allocator:
+            self.runner.reserved.discard(self.scratch_block)
+            self.scratch_block = cache.allocator.allocate(1, SCRATCH_OWNER)[0]
+            self._allocator = cache.allocator
+            self.runner.reserved.add(self.scratch_block)
+        return self.scratch_block
+
+    def release(self) -> None:
+        """Give the scratch block back and drop every graph (the KV pool is about to be freed)."""
+        self.graphs.clear()
+        if self.scratch_block is not None and self._allocator is self.runner.cache.allocator:
+            self.runner.cache.allocator.free([self.scratch_block])
+        self.runner.reserved.discard(self.scratch_block)
+        self.scratch_block = self._allocator = None
+
+    def run(self, step, steps: list, shape) -> torch.Tensor:
+        """Replay the graph of ``shape``'s bucket for ``step`` (captured on first use); eager where none fits."""
         runner = self.runner
-        bs = runner.cache.block_size
+        scratch = self.reserve()
         if runner.cache.kv.data_ptr() != self._kv_ptr:  # the pool was reallocated: graphs read the old one
             self.graphs.clear()
             self._kv_ptr = runner.cache.kv.data_ptr()
-        bucket = graph_buckets.bucket_for(shape, bs, runner.max_context)
+        bucket = step.bucket(shape)
         if bucket is None:
             self.eager += 1
-            flat = step.stage(step_plan.build(steps, shape, bs, self.scratch_block))
+            flat = step.stage(step.build(steps, shape, scratch))
             with graph_body():
                 return step.body(flat, shape)
-        entry = self.graphs.get(bucket)
+        key = (type(step).__name__, bucket)
+        entry = self.graphs.get(key)
         if entry is None:
-            entry = self._capture(step, bucket)
-        self.graphs.move_to_end(bucket)
-        entry.host.numpy()[:] = step_plan.build(steps, bucket, bs, self.scratch_block)
+            entry = self._capture(step, key, scratch)
+        self.graphs.move_to_end(key)
+        entry.host.numpy()[:] = step.build(steps, bucket, scratch)
         entry.static_in.copy_(entry.host, non_blocking=True)
         entry.graph.replay()
         self.replays += 1
         return entry.static_out[: len(steps)]
 
-    def _capture(self, step, bucket: StepShape) -> _Graph:
+    def _capture(self, step, key: tuple[str, object], scratch: int) -> _Graph:
         device = self.runner.device
+        bucket = key[1]
         start = time.perf_counter()
         before = torch.cuda.memory_reserved(device)
         host = torch.empty(bucket.size, dtype=torch.long, pin_memory=True)
-        host.numpy()[:] = step_plan.build([], bucket, self.runner.cache.block_size, self.scratch_block)
+        host.numpy()[:] = step.build([], bucket, scratch)
         static_in = host.to(device)
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
@@ -100,10 +127,10 @@ class GraphPool:
         if len(self.graphs) >= MAX_GRAPHS:
             self.graphs.popitem(last=False)
         entry = _Graph(graph, host, static_in, static_out)
-        self.graphs[bucket] = entry
+        self.graphs[key] = entry
         log.info(
-            "captured a CUDA graph for B=%d Q=%d kv=%d%s in %.0f ms (+%.1f MiB reserved; %d graphs)",
-            bucket.batch, bucket.q, bucket.kv_cap, " chains" if bucket.chains else "",
+            "captured a CUDA graph of %s for B=%d Q=%d kv=%d%s in %.0f ms (+%.1f MiB reserved; %d graphs)",
+            key[0], bucket.batch, bucket.q, bucket.kv_cap, " chains" if bucket.chains else "",
             1e3 * (time.perf_counter() - start), (torch.cuda.memory_reserved(device) - before) / 2**20, len(self.graphs),
         )  # fmt: skip
         return entry

@@ -3,6 +3,9 @@
 Every speculate call first commits the tokens the target accepted since the
 last call, which keeps the KV entries of the matching draft path and drops
 the rest (rollback), then runs all drafters of the batch one forward per step.
+A call whose drafters are all greedy chains of one length on a plain draft model
+runs them as one static chain instead (draft_chain_step.py: k forwards in one
+body, the next token picked on the device, one host read; a CUDA graph on a GPU).
 
 Elastic memory (Nightjar §5): ``offload`` drops every live sequence, moves
 the weights to host memory (pinned, so ``reload`` can copy them back by DMA;
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from shared.engine import chunks, grammar_mask, spec_checks
+from shared.engine import chunks, cuda_graphs, draft_chain_step, grammar_mask, spec_checks
 from shared.engine.drafting import BeamDrafter, ChainDrafter, ExpansionDrafter
 from shared.engine.errors import ContextLengthError, InvalidRequestError, WeightsOffloadedError
 from shared.engine.runner import ModelRunner, Work
@@ -34,6 +37,10 @@ class DraftEngine:
         self.costs: list[ForwardCost] = []  # forwards of the last call
         self.offloaded = False
         self.grammars = None  # grammar.GrammarBook: structured output (the factory sets it when there is a tokenizer)
+        # greedy chains of one length as one static body (draft_chain_step.py); None: every chain runs eagerly
+        self.chains: draft_chain_step.DraftChainStep | None = None
+        if runner.config.static_step and draft_chain_step.runner_supported(runner):
+            self.chains = draft_chain_step.DraftChainStep(runner, graphs=cuda_graphs.pool_for(runner))
 
     # ------------------------------------------------------------------ elastic memory (Nightjar §5)
     def offload(self) -> tuple[int, int]:
@@ -41,6 +48,8 @@ class DraftEngine:
         if self.offloaded:
             return 0, 0
         self.release(list(self.runner.seqs))
+        if self.chains is not None and self.chains.graphs is not None:
+            self.chains.graphs.release()  # its scratch block: the pool must be empty to be freed
         device = self.runner.device
         moved = move_weights(self.runner.weight_modules, torch.device("cpu"), pin=device.type == "cuda")
         freed = self.runner.cache.release_memory()
@@ -56,6 +65,8 @@ class DraftEngine:
         device = self.runner.device
         moved = move_weights(self.runner.weight_modules, device, pin=False)
         self.runner.cache.reallocate()
+        if self.chains is not None and self.chains.graphs is not None:
+            self.chains.graphs.reserve()
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the non-blocking copies are done before the next forward
         self.offloaded = False
@@ -132,10 +143,16 @@ class DraftEngine:
     def speculate(self, items: list[SpecItem]) -> list[TokenTree]:
         self._check_resident()
         self._validate(items)
-        drafters: list[ChainDrafter | BeamDrafter | ExpansionDrafter] = []
+        seqs = []
         for it in items:
             seq = self.runner.get(it.seq_id)
             self._apply(seq, it)
+            seqs.append(seq)
+        static = self._static_chains(items, seqs)
+        if static is not None:
+            return static
+        drafters: list[ChainDrafter | BeamDrafter | ExpansionDrafter] = []
+        for it, seq in zip(items, seqs):
             if it.tree_expansion:
                 drafters.append(ExpansionDrafter(seq, it.tree_expansion))
             elif it.tree_depth:
@@ -155,3 +172,18 @@ class DraftEngine:
                 d.absorb(grammar_mask.constrain_draft(d.seq, d.tree, rows, w.want_root, logits, out.vocab_ids),
                          out.vocab_ids)  # fmt: skip
         return [grammar_mask.prune_draft(d.seq, d.tree) for d in drafters]
+
+    def _static_chains(self, items: list[SpecItem], seqs) -> list[TokenTree] | None:
+        """The call's chains through the static path when they all qualify (``draft_chain_step.applies``): the
+        items that draft nothing get empty trees; None: the eager drafters run."""
+        if self.chains is None or any(it.tree_depth or it.tree_expansion for it in items):
+            return None
+        drafting = [(i, it, seq) for i, (it, seq) in enumerate(zip(items, seqs)) if it.chain_len > 0]
+        if not draft_chain_step.applies(self.runner, [s for _, _, s in drafting], [it.chain_len for _, it, _ in drafting]):
+            return None
+        trees, self.costs = self.chains.run([s for _, _, s in drafting], drafting[0][1].chain_len,
+                                            [it.confidence_threshold for _, it, _ in drafting])  # fmt: skip
+        out = [TokenTree() for _ in items]
+        for (i, _, _), tree in zip(drafting, trees):
+            out[i] = tree
+        return out

@@ -25,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from shared.engine import prefix_blocks, step_plan
+from shared.engine import graph_buckets, prefix_blocks, step_plan
 from shared.engine.attention.static_batch import StaticBatchAttention
 from shared.engine.device_acceptance import accept_greedy_batch, node_status
 from shared.engine.device_sampling import (accept_sampled_batch, batched_probs, draw_uniforms, sampled_inputs,
@@ -55,6 +55,13 @@ class StaticStep:
         self.num_host_accept = 0  # steps whose acceptance ran on the host (sampling, processed logits, logprobs)
         wanted = runner.config.device_sampling
         self.device_sampling = runner.device.type == "cuda" if wanted is None else wanted  # sampled steps on the device
+
+    # the graph pool's view of a step kind (cuda_graphs.GraphPool)
+    def bucket(self, shape: step_plan.StepShape) -> step_plan.StepShape | None:
+        return graph_buckets.bucket_for(shape, self.runner.cache.block_size, self.runner.max_context)
+
+    def build(self, steps: list[step_plan.SeqStep], shape: step_plan.StepShape, scratch_block: int = 0) -> np.ndarray:
+        return step_plan.build(steps, shape, self.runner.cache.block_size, scratch_block)
 
     @torch.inference_mode()
     def run(self, verifies: list[VerifyItem]) -> tuple[list[AcceptResult], ForwardCost]:
