@@ -112,6 +112,8 @@ class RequestTracer:
         self._live[request.id] = _Live(span, self._child(span, "queue"), top)
 
     def on_step(self, report: StepReport) -> None:
+        if not self._touches_live(report):  # a synchronous observer: nothing to build when no traced request took part
+            return
         end_ns = time.time_ns()
         start_ns = end_ns - round(report.times.commit * 1e9)
         t = report.times  # the whole step's phase times, on every commit span of it (bench.overhead reads them)
@@ -148,6 +150,14 @@ class RequestTracer:
             if live is not None and live.queue is not None:
                 live.queue.end()
                 live.queue = None
+
+    def _touches_live(self, report: StepReport) -> bool:
+        """Whether the step names a traced request (one of its outcomes, preemptions or resumptions)."""
+        live = self._live
+        if not live:
+            return False
+        return (any(o.request_id in live for o in report.outcomes) or any(r in live for r in report.preempted_ids)
+                or any(r in live for r in report.resumed_ids))  # fmt: skip
 
     def on_summary(self, request: Request, summary: tandem_pb2.GenerateSummary) -> None:
         """The servicer is about to send the final message: its server span is still open, so write the outcome."""
@@ -189,6 +199,13 @@ class RequestTracer:
                 live.num_steps += 1
 
     # ------------------------------------------------------------------ phases of a batched call
+    def untraced(self, seq_ids: Sequence[str]) -> bool:
+        """No request of the batch is traced and no span is current: ``batch_phase`` would open no span and
+        change no context (the worker's RPC carries none either way), so a call may skip it (most steps of a
+        scheduler whose requests are not traced: a generator context manager and a context attach per call)."""
+        live = self._live
+        return (not live or not any(sid in live for sid in seq_ids)) and trace.get_current_span() is trace.INVALID_SPAN
+
     @contextmanager
     def batch_phase(
         self, name: str, seq_ids: Sequence[str], attrs: Sequence[Attributes]
@@ -257,10 +274,15 @@ class TracedTarget:
             return await self.target.prefill(items)
 
     async def verify(self, items: list[VerifyItem]) -> list[AcceptResult]:
-        attrs = [{"tandem.worker": "target", "tandem.tree_size": len(it.tree)} for it in items]
-        with self.tracer.batch_phase("verify", [it.seq_id for it in items], attrs) as spans:
+        ids = [it.seq_id for it in items]
+        if self.tracer.untraced(ids):  # no spans to open (RequestTracer.untraced)
             results = await self.target.verify(items)
-            self.tracer.counted_steps([it.seq_id for it in items])
+            self.tracer.counted_steps(ids)
+            return results
+        attrs = [{"tandem.worker": "target", "tandem.tree_size": len(it.tree)} for it in items]
+        with self.tracer.batch_phase("verify", ids, attrs) as spans:
+            results = await self.target.verify(items)
+            self.tracer.counted_steps(ids)
             for span, res in zip(spans, results):
                 if span is not None:
                     span.set_attributes(
@@ -272,6 +294,10 @@ class TracedTarget:
         """Prefill chunks + verifies in one forward: one verify-phase span per request of either kind."""
         self.tracer.admitted([it.seq_id for it in prefills if not it.resume])
         ids = [it.seq_id for it in prefills] + [it.seq_id for it in verifies]
+        if self.tracer.untraced(ids):
+            prefilled, results = await target_step(self.target, prefills, verifies)
+            self.tracer.counted_steps([it.seq_id for it in verifies])
+            return prefilled, results
         attrs = [{"tandem.worker": "target", "tandem.prefill_chunk": it.max_tokens} for it in prefills]
         attrs += [{"tandem.worker": "target", "tandem.tree_size": len(it.tree)} for it in verifies]
         with self.tracer.batch_phase("verify", ids, attrs):
@@ -308,8 +334,11 @@ class TracedDraft:
             await self.draft.prefill(items)
 
     async def speculate(self, items: list[SpecItem]) -> list[TokenTree]:
+        ids = [it.seq_id for it in items]
+        if self.tracer.untraced(ids):  # no spans to open (RequestTracer.untraced)
+            return await self.draft.speculate(items)
         attrs = [_shape_attrs(it) for it in items]
-        with self.tracer.batch_phase("speculate", [it.seq_id for it in items], attrs) as spans:
+        with self.tracer.batch_phase("speculate", ids, attrs) as spans:
             trees = await self.draft.speculate(items)
             for span, tree in zip(spans, trees):
                 if span is not None:
