@@ -34,6 +34,7 @@ from opentelemetry import context as otel_context
 
 from services.plan_spans import trace_carrier
 from services.scheduler.grpc_workers import WorkerProtocolError, WorkerRpcError
+from services.scheduler.wait_deadline import WaitDeadline
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 _BREAKS = (TimeoutError, grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError, ConnectionError)
@@ -64,6 +65,7 @@ class PlanStream:
         self._lock = asyncio.Lock()
         self._step = 0
         self._ahead: int | None = None  # the step of a plan sent whose outcome is not read yet
+        self._deadline = WaitDeadline()  # asyncio.timeout's behaviour, one timer for every wait (wait_deadline.py)
         self.num_opened = 0  # calls opened so far (1 + reconnects)
         self.bytes_out = 0  # plan bytes written, all time
         self.bytes_in = 0  # outcome bytes read, all time
@@ -83,7 +85,7 @@ class PlanStream:
                 raise RuntimeError(f"{self.role} {self.method}: an exchange while plan {self._ahead} awaits its outcome")
             call = self._prepare(plan)
             try:
-                async with asyncio.timeout(self.timeout_s):  # one deadline for write and read; no task, unlike wait_for
+                with self._deadline.within(self.timeout_s):  # one deadline for write and read; no task, unlike wait_for
                     await call.write(plan)
                     reply = await call.read()
             except _BREAKS as err:
@@ -95,7 +97,7 @@ class PlanStream:
         """Write one plan (opening the call if needed); its outcome is ``receive(step)``'s, in plan order."""
         call = self._prepare(plan)
         try:
-            async with asyncio.timeout(self.timeout_s):
+            with self._deadline.within(self.timeout_s):
                 await call.write(plan)
         except _BREAKS as err:
             raise self._broken(err) from None
@@ -107,7 +109,7 @@ class PlanStream:
         if call is None:  # dropped since the plan left (a failed write)
             raise WorkerRpcError(self.role, self.method, rpc_error(grpc.StatusCode.UNAVAILABLE, "the step stream broke"))
         try:
-            async with asyncio.timeout(self.timeout_s):
+            with self._deadline.within(self.timeout_s):
                 reply = await call.read()
         except _BREAKS as err:
             raise self._broken(err) from None
