@@ -11,7 +11,8 @@ is host work: the part of a step that a GPU does not speed up. Per step of
 
 for plain decode, a 4-token chain and a 6-node tree, at batch 1 and 16, and per
 ``DraftEngine.speculate`` of a greedy 4-token draft chain (``draft4``: four draft
-forwards; the static path runs them in one body, draft_chain_step.py), both paths
+forwards) and a beam of depth 3 and width 2 (``beam6``: three forwards; the static
+paths run them in one body, draft_chain_step.py, draft_tree_step.py), both paths
 interleaved in each repeat (``shared/profiling/host_work.py`` says how each is counted;
 on CPU the static path's body runs eagerly inside ``graph_body()``). ``--json`` prints
 one JSON object with a list of rows.
@@ -44,7 +45,7 @@ SHAPES = {  # op -> tree parents
     "chain4": [-1, 0, 1, 2],
     "tree6": [-1, -1, 0, 0, 1, 2],
 }
-DRAFT_OPS = {"draft4": 4}  # op -> chain length drafted per speculate call
+DRAFT_OPS = {"draft4": dict(chain_len=4), "beam6": dict(tree_depth=3, tree_width=2)}  # op -> the speculate shape
 CONTEXT = 64
 
 
@@ -79,9 +80,9 @@ def make_draft(model, static: bool, batch: int) -> DraftEngine:
 
 
 def draft_call(engine: DraftEngine, op: str, batch: int, g: torch.Generator, last: list) -> None:
-    """One speculate call: the target kept half of each last chain and added a bonus token."""
+    """One speculate call: the target kept the first node of each last draft and added a bonus token."""
     bonus = torch.randint(0, engine.runner.vocab_size, (batch,), generator=g).tolist()
-    items = [SpecItem(f"s{i}", last[i][: len(last[i]) // 2] + [bonus[i]], chain_len=DRAFT_OPS[op]) for i in range(batch)]
+    items = [SpecItem(f"s{i}", last[i][:1] + [bonus[i]], **DRAFT_OPS[op]) for i in range(batch)]
     last[:] = [t.token_ids for t in engine.speculate(items)]
 
 
@@ -233,8 +234,9 @@ def write_results(folder: Path, meta: dict, rows: list[dict]) -> None:
         "",
         "The 30-layer, hidden-64 Llama of `bench/host_overhead.py` (random weights, one thread): a step's cost is",
         "its host work. Goals per verify step: ops outside the captured body <= 100 + 10 B, host syncs = 1,",
-        "Python calls <= 300 + 30 B. `draft4` is one draft call of a greedy 4-token chain (four draft forwards; the",
-        "static path runs them in one body, `shared/engine/draft_chain_step.py`), held to one host sync. On CPU the static path's body runs eagerly inside `graph_body()`, the",
+        "Python calls <= 300 + 30 B. `draft4` is one draft call of a greedy 4-token chain (four draft forwards),",
+        "`beam6` one of a beam of depth 3 and width 2 (three forwards); the static paths run them in one body",
+        "(`shared/engine/draft_chain_step.py`, `draft_tree_step.py`), held to one host sync. On CPU the static path's body runs eagerly inside `graph_body()`, the",
         "region the CUDA path captures; ops and calls inside it are not counted (`shared/profiling/host_work.py`).",
         "Both paths run interleaved in each repeat; the sync sites of the eager path are in results.json.",
         "",

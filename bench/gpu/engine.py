@@ -9,9 +9,10 @@ Llama-3.1-8B), in bfloat16 (and the 135M one in float32 too). Per shape it measu
     verify       engine time per step, graph and eager side by side (interleaved, medians of
                  ``--steps``), at B = 1, 8, 32, 64 and Q = 1 (decode), 4 (a 3-token chain + bonus)
     floor        weight bytes / the device's measured copy bandwidth: what one forward must cost
-    draft        (the 135M shape, as a draft model) one speculate call of a greedy 4-token chain, the
-                 static chain (one CUDA graph for the four forwards) and the eager drafters side by side
-                 at B = 1, 8, 32, and whether both drafted the same tokens (float32)
+    draft        (the 135M shape, as a draft model) one speculate call of a greedy 4-token chain and of a
+                 beam of depth 3 and width 2, the static drafts (one CUDA graph for all the call's
+                 forwards) and the eager drafters side by side at B = 1, 8, 32, and whether both drafted
+                 the same tokens (float32)
 
 and writes ``engine.json`` to DIR. It needs torch, transformers, numpy and pydantic only
 (``--wheels DIR`` installs pydantic from carried wheels first, offline).
@@ -135,10 +136,11 @@ def verify_times(model, steps: int) -> list[dict]:
 
 
 DRAFT_BATCHES = (1, 8, 32)
+DRAFT_SHAPES = {"chain4": dict(chain_len=4), "beam3x2": dict(tree_depth=3, tree_width=2)}
 
 
-def draft_times(model, steps: int, k: int = 4) -> dict:
-    """Draft chains of k through ``DraftEngine.speculate``: graph vs eager ms per call, and equal tokens."""
+def draft_times(model, steps: int) -> dict:
+    """Draft calls through ``DraftEngine.speculate``: graph vs eager ms per call, and equal tokens."""
     import torch
 
     from shared.engine.config import EngineConfig
@@ -149,7 +151,7 @@ def draft_times(model, steps: int, k: int = 4) -> dict:
     vocab = model.config.vocab_size
     rows, equal, calls = [], 0, 0
     g = torch.Generator().manual_seed(3)
-    for batch in DRAFT_BATCHES:
+    for (name, spec), batch in ((d, b) for d in DRAFT_SHAPES.items() for b in DRAFT_BATCHES):
         config = lambda static: EngineConfig(num_blocks=batch * 24 + 64, block_size=16, static_step=static,  # noqa: E731
                                              attention_backend="sdpa")  # fmt: skip
         engines = {p: DraftEngine(ModelRunner(model, config(p == "graph"))) for p in ("eager", "graph")}
@@ -163,7 +165,7 @@ def draft_times(model, steps: int, k: int = 4) -> dict:
             drafted = {}
             for p, e in engines.items():  # interleaved; both keep the graph path's chains (the same sequences)
                 keep = last["graph"]
-                items = [SpecItem(f"d{i}", keep[i][:2] + [bonus[i]], chain_len=k) for i in range(batch)]
+                items = [SpecItem(f"d{i}", keep[i][:1] + [bonus[i]], **spec) for i in range(batch)]
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 drafted[p] = [t.token_ids for t in e.speculate(items)]
@@ -174,9 +176,10 @@ def draft_times(model, steps: int, k: int = 4) -> dict:
             calls += 1
             last = {p: drafted["graph"] for p in engines}
         for p, t in times.items():
-            rows.append({"path": p, "batch": batch, "k": k, "ms": statistics.median(t), "min_ms": min(t), "max_ms": max(t)})
-        replays = engines["graph"].chains.graphs.replays if engines["graph"].chains else 0
-        rows[-1]["replays"] = replays
+            rows.append({"path": p, "batch": batch, "draft": name, "ms": statistics.median(t), "min_ms": min(t),
+                         "max_ms": max(t)})  # fmt: skip
+        pool = engines["graph"].chains.graphs if engines["graph"].chains else None
+        rows[-1]["replays"] = pool.replays if pool is not None else 0  # CUDA graph replays so far (0 on CPU)
         del engines
         torch.cuda.empty_cache()
     return {"rows": rows, "calls_equal": equal, "calls": calls}
@@ -223,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             entry["greedy_float32"] = greedy_check(model, prompts, 32)
             entry["draft_float32"] = draft_times(model, args.steps)
             for r in entry["draft_float32"]["rows"]:
-                print(f"{shape:14} draft {r['path']:5} B={r['batch']:<3} k={r['k']}  {r['ms']:8.2f} ms/call", flush=True)
+                print(f"{shape:14} {r['draft']:8} {r['path']:5} B={r['batch']:<3} {r['ms']:8.2f} ms/call", flush=True)
             del model
         model = build(shape, torch.bfloat16)
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -26,33 +26,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from shared.engine import graph_buckets, step_plan
-from shared.engine.step_plan import SeqStep, StepShape
+from shared.engine.step_plan import AfterFirstForward, SeqStep, StepShape
 
 MAX_GRAPH_CHAIN = 16  # longest chain a CUDA graph is captured for (longer chains run the same body eagerly)
 
 
 @dataclass(frozen=True)
-class ChainShape:
+class ChainShape(AfterFirstForward):
     """The sizes that fix a chain's staging layout: forward 0's shape and the chain's length."""
 
     first: StepShape  # forward 0 (fed committed tokens); its kv_cap covers the chain's last forward
     length: int  # k >= 1: tokens drafted per sequence
 
     @property
-    def batch(self) -> int:
-        return self.first.batch
-
-    @property
     def size(self) -> int:
         return self.first.size + 2 * (self.length - 1) * self.first.batch
-
-    @property
-    def q(self) -> int:  # graph_buckets' view of a step (cuda_graphs.py logs it)
-        return self.first.q
-
-    @property
-    def kv_cap(self) -> int:
-        return self.first.kv_cap
 
     @property
     def chains(self) -> bool:

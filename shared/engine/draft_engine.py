@@ -3,9 +3,10 @@
 Every speculate call first commits the tokens the target accepted since the
 last call, which keeps the KV entries of the matching draft path and drops
 the rest (rollback), then runs all drafters of the batch one forward per step.
-A call whose drafters are all greedy chains of one length on a plain draft model
-runs them as one static chain instead (draft_chain_step.py: k forwards in one
-body, the next token picked on the device, one host read; a CUDA graph on a GPU).
+A call whose drafters are all greedy chains of one length, or all greedy trees of
+one shape (beam or expansion), on a plain draft model runs them as one static
+draft instead (draft_chain_step.py, draft_tree_step.py: every forward in one body,
+the next tokens picked on the device, one host read; a CUDA graph on a GPU).
 
 Elastic memory (Nightjar §5): ``offload`` drops every live sequence, moves
 the weights to host memory (pinned, so ``reload`` can copy them back by DMA;
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from shared.engine import chunks, cuda_graphs, draft_chain_step, grammar_mask, spec_checks
+from shared.engine import chunks, cuda_graphs, grammar_mask, spec_checks, static_draft
+from shared.engine.draft_chain_step import DraftChainStep
+from shared.engine.draft_tree_step import DraftTreeStep, tree_fan
 from shared.engine.drafting import BeamDrafter, ChainDrafter, ExpansionDrafter
 from shared.engine.errors import ContextLengthError, InvalidRequestError, WeightsOffloadedError
 from shared.engine.runner import ModelRunner, Work
@@ -37,10 +40,12 @@ class DraftEngine:
         self.costs: list[ForwardCost] = []  # forwards of the last call
         self.offloaded = False
         self.grammars = None  # grammar.GrammarBook: structured output (the factory sets it when there is a tokenizer)
-        # greedy chains of one length as one static body (draft_chain_step.py); None: every chain runs eagerly
-        self.chains: draft_chain_step.DraftChainStep | None = None
-        if runner.config.static_step and draft_chain_step.runner_supported(runner):
-            self.chains = draft_chain_step.DraftChainStep(runner, graphs=cuda_graphs.pool_for(runner))
+        # greedy chains of one length, trees of one shape, as one static body; None: every drafter runs eagerly
+        self.chains: DraftChainStep | None = None
+        self.trees: DraftTreeStep | None = None
+        if runner.config.static_step and static_draft.runner_supported(runner):
+            graphs = cuda_graphs.pool_for(runner)  # one pool (and scratch block) for both kinds
+            self.chains, self.trees = DraftChainStep(runner, graphs), DraftTreeStep(runner, graphs)
 
     # ------------------------------------------------------------------ elastic memory (Nightjar §5)
     def offload(self) -> tuple[int, int]:
@@ -148,7 +153,7 @@ class DraftEngine:
             seq = self.runner.get(it.seq_id)
             self._apply(seq, it)
             seqs.append(seq)
-        static = self._static_chains(items, seqs)
+        static = self._static_drafts(items, seqs)
         if static is not None:
             return static
         drafters: list[ChainDrafter | BeamDrafter | ExpansionDrafter] = []
@@ -173,16 +178,25 @@ class DraftEngine:
                          out.vocab_ids)  # fmt: skip
         return [grammar_mask.prune_draft(d.seq, d.tree) for d in drafters]
 
-    def _static_chains(self, items: list[SpecItem], seqs) -> list[TokenTree] | None:
-        """The call's chains through the static path when they all qualify (``draft_chain_step.applies``): the
-        items that draft nothing get empty trees; None: the eager drafters run."""
-        if self.chains is None or any(it.tree_depth or it.tree_expansion for it in items):
+    def _static_drafts(self, items: list[SpecItem], seqs) -> list[TokenTree] | None:
+        """The call's drafts through a static path when they all qualify (one chain length or one tree shape,
+        ``static_draft.applies``): the items that draft nothing get empty trees; None: the eager drafters run."""
+        if self.chains is None:
             return None
-        drafting = [(i, it, seq) for i, (it, seq) in enumerate(zip(items, seqs)) if it.chain_len > 0]
-        if not draft_chain_step.applies(self.runner, [s for _, _, s in drafting], [it.chain_len for _, it, _ in drafting]):
+        drafting = [(i, it, seq) for i, (it, seq) in enumerate(zip(items, seqs))
+                    if it.chain_len > 0 or it.tree_expansion or (it.tree_depth > 0 and it.tree_width > 0)]  # fmt: skip
+        shapes = {(it.chain_len, it.tree_depth, it.tree_width, tuple(it.tree_expansion)) for _, it, _ in drafting}
+        if len(shapes) != 1 or not static_draft.applies(self.runner, [s for _, _, s in drafting]):
             return None
-        trees, self.costs = self.chains.run([s for _, _, s in drafting], drafting[0][1].chain_len,
-                                            [it.confidence_threshold for _, it, _ in drafting])  # fmt: skip
+        first, ready = drafting[0][1], [s for _, _, s in drafting]
+        if first.chain_len:
+            thresholds = [it.confidence_threshold for _, it, _ in drafting]
+            trees, self.costs = self.chains.run(ready, first.chain_len, thresholds)
+        else:
+            beam, fan = tree_fan(first.tree_depth, first.tree_width, tuple(first.tree_expansion))
+            if max(fan) > self.runner.vocab_size:
+                return None  # more children than tokens: the eager drafters take what there is
+            trees, self.costs = self.trees.run(ready, beam, fan)
         out = [TokenTree() for _ in items]
         for (i, _, _), tree in zip(drafting, trees):
             out[i] = tree

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from shared.engine.step_plan import ancestors
 from shared.engine.types import SamplingParams
 
 
@@ -51,18 +52,21 @@ class SpecTree:
         self.depths.append(0 if parent_id < 0 else self.depths[parent_id] + 1)
         return j
 
-    def add_chain(self, token_ids: list[int]) -> None:
-        """Nodes 0..m-1 of an empty tree as a chain (node j's parent j - 1): the ancestor bits in one write."""
+    def add_nodes(self, token_ids: list[int], parent_ids: list[int]) -> None:
+        """Nodes 0..m-1 of an empty tree at once (parents precede children): the ancestor bits in one write."""
         if self.token_ids:
-            raise ValueError("add_chain starts a tree: this one has nodes")
+            raise ValueError("add_nodes starts a tree: this one has nodes")
         m = len(token_ids)
+        if not m:
+            return
+        anc, depths = ancestors(parent_ids)  # [m, m] uint8
         if m > self.anc.shape[0]:
             self.anc = torch.zeros(max(8, 2 * m), max(8, 2 * m), dtype=torch.bool)
         self.anc[:m] = False
-        self.anc[:m, :m] = _lower_triangle(m)
+        self.anc[:m, :m] = torch.from_numpy(anc).bool()
         self.token_ids.extend(token_ids)
-        self.parent_ids.extend(range(-1, m - 1))
-        self.depths.extend(range(m))
+        self.parent_ids.extend(parent_ids)
+        self.depths.extend(depths)
 
     def child(self, parent_id: int, token_id: int) -> int | None:
         for j, (p, t) in enumerate(zip(self.parent_ids, self.token_ids)):
@@ -75,11 +79,6 @@ class SpecTree:
         self.parent_ids.clear()
         self.depths.clear()
         self.pruned.clear()
-
-
-def _lower_triangle(m: int) -> torch.Tensor:
-    """[m, m] bool: j is i or an ancestor of i in a chain (j <= i)."""
-    return torch.ones(m, m, dtype=torch.bool).tril_()
 
 
 @dataclass

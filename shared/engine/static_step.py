@@ -33,6 +33,7 @@ from shared.engine.device_sampling import (accept_sampled_batch, batched_probs, 
 from shared.engine.errors import ContextLengthError, OutOfBlocksError
 from shared.engine.runner import ModelRunner
 from shared.engine.sequence import Sequence
+from shared.engine.staging_buffer import StagingBuffer
 from shared.engine.types import AcceptResult, ForwardCost, VerifyItem
 from shared.engine.verify_rows import plain, sampled_only, verify_sequence
 from shared.profiling.host_work import graph_body
@@ -50,8 +51,7 @@ class StaticStep:
         self.runner = runner
         self.attn = StaticBatchAttention(runner.cache)
         self.graphs = graphs  # cuda_graphs.GraphPool on CUDA, None: the body runs eagerly
-        self._host: torch.Tensor | None = None  # [size] int64 staging (pinned on CUDA)
-        self._dev: torch.Tensor | None = None  # [size] int64 the staged step on the device
+        self._staging = StagingBuffer(runner.device)  # the staged step, host and device
         self.num_host_accept = 0  # steps whose acceptance ran on the host (sampling, processed logits, logprobs)
         wanted = runner.config.device_sampling
         self.device_sampling = runner.device.type == "cuda" if wanted is None else wanted  # sampled steps on the device
@@ -204,16 +204,7 @@ class StaticStep:
 
     def stage(self, flat: np.ndarray) -> torch.Tensor:
         """Copy the staged step to the device in one non-blocking copy; returns the device view [size]."""
-        size = flat.size
-        if self._dev is None or self._dev.numel() < size:
-            device = self.runner.device
-            self._dev = torch.empty(max(size, 2 * (0 if self._dev is None else self._dev.numel())), dtype=torch.long, device=device)
-            self._host = torch.empty(self._dev.numel(), dtype=torch.long, pin_memory=device.type == "cuda")
-        host = self._host[:size]
-        host.numpy()[:] = flat  # the previous step's copy has finished: its outcome was read
-        dev = self._dev[:size]
-        dev.copy_(host, non_blocking=True)
-        return dev
+        return self._staging.stage(flat)
 
     def body(self, flat: torch.Tensor, shape: step_plan.StepShape) -> torch.Tensor:
         """The captured region: staged step [size] -> outcome [B, 2 + M]. Device ops only, no host reads."""

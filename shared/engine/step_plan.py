@@ -73,6 +73,25 @@ class StepShape:
         return start + size
 
 
+class AfterFirstForward:
+    """A step of several forwards (a static draft: chain_plan.ChainShape, draft_tree_step.TreeShape) seen by
+    the graph pool as its first forward's batch, rows per sequence and context."""
+
+    first: StepShape
+
+    @property
+    def batch(self) -> int:
+        return self.first.batch
+
+    @property
+    def q(self) -> int:
+        return self.first.q
+
+    @property
+    def kv_cap(self) -> int:
+        return self.first.kv_cap
+
+
 @lru_cache(maxsize=1024)
 def _offsets(batch: int, rows: int, q: int, nodes: int, blocks: int) -> dict[str, tuple[int, int, tuple[int, ...]]]:
     shape = StepShape(batch=batch, rows=rows, q=q, nodes=nodes, blocks=blocks, kv_cap=0, chains=True)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from shared.engine import chain_plan, cuda_graphs, draft_chain_step, step_plan
+from shared.engine import chain_plan, cuda_graphs, draft_chain_step, draft_tree_step, static_draft, step_plan
 from shared.engine.draft_engine import DraftEngine
 from shared.engine.sequence import SpecTree
 from shared.engine.errors import ContextLengthError, OutOfBlocksError
@@ -160,14 +160,15 @@ def test_build_pads_to_a_bucket_with_the_scratch_block():
 
 def test_the_graph_pool_captures_the_traced_body():
     """What the CUDA path captures is the body the CPU path marks as graph_body (the host-work proxy's region)."""
-    run = inspect.getsource(draft_chain_step.DraftChainStep.run)
+    run = inspect.getsource(static_draft.StaticDraft._run)
     assert "self.graphs.run(self, steps, shape)" in run and "with graph_body():" in run
     assert "self.body(flat, shape)" in run
     pool = inspect.getsource(cuda_graphs.GraphPool)
     assert "step.body(static_in, bucket)" in pool and "step.build(steps, bucket, scratch)" in pool
-    body = inspect.getsource(draft_chain_step.DraftChainStep.body)
-    for read in (".tolist()", ".item()", ".cpu()", "numpy"):
-        assert read not in body
+    for kind in (draft_chain_step.DraftChainStep, draft_tree_step.DraftTreeStep):
+        body = inspect.getsource(kind.body)
+        for read in (".tolist()", ".item()", ".cpu()", "numpy", "int(", "float("):
+            assert read not in body
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -184,6 +185,11 @@ def test_cuda_graph_chain_equals_eager_on_gpu():
         got, want = fast.speculate(copy.deepcopy(items)), eager.speculate(copy.deepcopy(items))
         assert [t.token_ids for t in got] == [t.token_ids for t in want]
     assert fast.chains.graphs.replays >= 3
+    for step in range(3):  # a beam tree through the same pool
+        items = [SpecItem(k, [step + 2], tree_depth=3, tree_width=2) for k in prompts]
+        got, want = fast.speculate(copy.deepcopy(items)), eager.speculate(copy.deepcopy(items))
+        assert [(t.token_ids, t.parent_ids) for t in got] == [(t.token_ids, t.parent_ids) for t in want]
+    assert fast.trees.runs == 3 and fast.chains.graphs.replays >= 5
     fast.offload()
     fast.reload()
     fast.prefill([PrefillItem(k, p) for k, p in prompts.items()])
@@ -191,18 +197,20 @@ def test_cuda_graph_chain_equals_eager_on_gpu():
     fast.runner.check_accounting()
 
 
-@pytest.mark.parametrize("m", [0, 1, 3, 8, 9, 20])
-def test_a_chain_added_at_once_equals_node_by_node(m):
+@pytest.mark.parametrize("parents", [[], [-1], [-1, 0, 1], list(range(-1, 8)), [-1, -1, 0, 0, 1, 3, 3, 2, 7],
+                                     list(range(-1, 19))])
+def test_nodes_added_at_once_equal_node_by_node(parents):
+    m = len(parents)
     fast, slow = SpecTree(), SpecTree()
     for t in (fast, slow):  # rows are reused across trees: an earlier tree leaves bits behind
         for j in range(6):
             t.add(j, j - 1 if j % 2 else -1)
         t.clear()
-    fast.add_chain(list(range(m)))
-    for j in range(m):
-        slow.add(j, j - 1)
+    fast.add_nodes(list(range(m)), parents)
+    for j, p in enumerate(parents):
+        slow.add(j, p)
     assert (fast.token_ids, fast.parent_ids, fast.depths) == (slow.token_ids, slow.parent_ids, slow.depths)
     assert torch.equal(fast.anc[:m, :m], slow.anc[:m, :m]) and not fast.anc[:m, m:].any()
     if m:
         with pytest.raises(ValueError):  # it starts a tree; it does not extend one
-            slow.add_chain([1])
+            slow.add_nodes([1], [-1])

@@ -1,0 +1,159 @@
+"""Beam and expansion draft trees with one host read: every level's forward in one body, chosen on the device.
+
+AdaServe's beam of depth d and width w (§4.3 step 1) and SpecInfer's per-node expansion
+<e_0, ..., e_{d-1}> (drafting.py) are d forwards: the root's (the fed committed tokens),
+then one per level 0..d-2, each running that level's nodes. Only the tokens and (for a
+beam) the parents are data-dependent; the positions (n + level) and the KV slots
+(n + node index) follow from the level sizes, so the body derives them from forward 0's
+segments (committed count n, block table) on the device::
+
+    forward 0    fed tokens -> root probs [B, V] -> level 0: top-w (beam) / top-e_0 (expansion)
+    forward s    level s-1's L nodes at n + s - 1, each seeing the committed prefix and its ancestors
+                 (ancestor bits [B, M, M] kept on the device: a child's row is its parent's plus itself)
+                 -> probs [B, L, V] -> level s: a beam keeps the w children of highest path probability
+                 over all L x V; an expansion keeps the top-e_s children of every node
+    one read     [B, 3M]: node tokens, parents, draft probabilities (M = every level's nodes)
+
+The same tokens, parents and probabilities as the eager drafters (greedy sequences: the
+draft's plain softmax), and the same KV state after: levels 0..d-2 are the sequence's
+tree nodes (the last level is never run). Sampled sequences (tempered probabilities),
+grammars and mixed shapes in one call take the eager drafters.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from shared.engine import graph_buckets, step_plan
+from shared.engine.sequence import Sequence
+from shared.engine.static_draft import StaticDraft
+from shared.engine.step_plan import AfterFirstForward, StepShape
+from shared.engine.types import ForwardCost, TokenTree
+
+MAX_GRAPH_NODES = 64  # largest tree a CUDA graph is captured for (larger trees run the same body eagerly)
+
+
+@dataclass(frozen=True)
+class TreeShape(AfterFirstForward):
+    """Forward 0's shape and the tree's levels: a beam (every level ``width`` nodes) or an expansion."""
+
+    first: StepShape  # its kv_cap covers the last level run
+    beam: bool
+    fan: tuple[int, ...]  # beam: (w,) * d; expansion: (e_0, .., e_{d-1})
+
+    @property
+    def levels(self) -> list[int]:
+        return level_sizes(self.beam, self.fan)
+
+    @property
+    def nodes(self) -> int:  # M
+        return sum(self.levels)
+
+    @property
+    def nodes_run(self) -> int:  # levels 0..d-2: the nodes whose KV the call writes
+        return sum(self.levels[:-1])
+
+    @property
+    def size(self) -> int:
+        return self.first.size
+
+    @property
+    def chains(self) -> bool:
+        return False
+
+
+def level_sizes(beam: bool, fan: tuple[int, ...]) -> list[int]:
+    """Nodes per level, L_0 .. L_{d-1}: a beam's width each; an expansion's running product."""
+    return list(fan) if beam else [math.prod(fan[: s + 1]) for s in range(len(fan))]
+
+
+def tree_fan(depth: int, width: int, expansion: tuple[int, ...]) -> tuple[bool, tuple[int, ...]]:
+    """(beam?, fan) of a SpecItem's tree: an expansion when it has one, else a beam of ``width`` per level."""
+    return (False, tuple(expansion)) if expansion else (True, (width,) * depth)
+
+
+class DraftTreeStep(StaticDraft):
+    what = "draft tree"
+
+    def shape_of(self, steps: list[step_plan.SeqStep], beam: bool, fan: tuple[int, ...]) -> TreeShape:
+        first = step_plan.shape_of(steps, self.runner.cache.block_size, chains=True)
+        shape = TreeShape(first, beam, fan)
+        kv = max(len(s.token_ids) for s in steps) + shape.nodes_run
+        return TreeShape(StepShape(first.batch, first.rows, first.q, first.nodes, first.blocks, kv, True), beam, fan)
+
+    # the graph pool's view of a step kind (cuda_graphs.GraphPool)
+    def bucket(self, shape: TreeShape) -> TreeShape | None:
+        if shape.nodes > MAX_GRAPH_NODES:
+            return None
+        first = graph_buckets.bucket_for(shape.first, self.runner.cache.block_size, self.runner.max_context)
+        return None if first is None else TreeShape(first, shape.beam, shape.fan)
+
+    def build(self, steps: list[step_plan.SeqStep], shape: TreeShape, scratch_block: int = 0) -> np.ndarray:
+        return step_plan.build(steps, shape.first, self.runner.cache.block_size, scratch_block)
+
+    @torch.inference_mode()  # the trees' ancestor bits may be inference tensors (made in an eager forward)
+    def run(self, seqs: list[Sequence], beam: bool, fan: tuple[int, ...]) -> tuple[list[TokenTree], list[ForwardCost]]:
+        """Draft the tree ``(beam, fan)`` (``tree_fan``) for every sequence; trees and d forward costs."""
+        levels = level_sizes(beam, fan)
+        rows, shape, seconds = self._run(seqs, sum(levels[:-1]), lambda steps: self.shape_of(steps, beam, fan))
+        m = shape.nodes
+        trees = []
+        for seq, row in zip(seqs, rows):
+            tokens, parents = [int(t) for t in row[:m]], [int(p) for p in row[m : 2 * m]]
+            seq.tree.add_nodes(tokens[: shape.nodes_run], parents[: shape.nodes_run])
+            trees.append(TokenTree(tokens, parents, row[2 * m :]))
+        return trees, self.costs(seconds, len(fan), len(seqs), shape.first.rows, [len(seqs) * n for n in levels[:-1]])
+
+    def body(self, flat: torch.Tensor, shape: TreeShape) -> torch.Tensor:
+        """The captured region: staged forward 0 [size] -> [B, 3M] float64 (tokens, parents, probabilities)."""
+        first, batch, levels = shape.first, shape.batch, shape.levels
+        m, run, device = shape.nodes, max(1, shape.nodes_run), flat.device
+        seg = {name: flat[a : a + n].view(dims) for name, (a, n, dims) in first.offsets().items()}
+        n, table = seg["ncommit"], seg["table"]  # [B], [B, NB]
+        bs = self.runner.cache.block_size
+        probs = self._forward_root(seg, first.kv_cap)[:, None]  # [B, 1, V]: the root is level -1's one node
+        path = torch.ones(batch, 1, device=device)  # [B, 1] path probability of each node of the last level
+        anc = torch.zeros(batch, m, m, dtype=torch.long, device=device)  # [B, M, M] ancestor-or-self bits
+        tokens, parents, picked = [], [], []
+        offset = 0  # first node index of the level being chosen
+        for s, size in enumerate(levels):
+            if s:  # run level s-1 (its nodes at offset - L .. offset - 1) for the probabilities of its children
+                prev = levels[s - 1]
+                base = offset - prev
+                logical = n[:, None] + base + torch.arange(prev, device=device)  # [B, L] KV positions
+                slots = table.gather(1, logical // bs) * bs + logical % bs  # [B, L]
+                rows = torch.arange(batch * prev, device=device)  # [B * L] packed rows
+                self.attn.prepare({"table": table, "prefix": n[:, None].expand(batch, prev), "ncommit": n,
+                                   "kvlen": n + offset, "tree": anc[:, base:offset, :run], "q_index": rows.view(batch, prev),
+                                   "unpad": rows, "new_slots": slots.reshape(-1)}, first.kv_cap)  # fmt: skip
+                pos = (n + s - 1)[:, None].expand(batch, prev).reshape(-1)  # [B * L] position n + depth
+                hidden = self._decode(tokens[-1].reshape(-1), pos)  # [B * L, hidden]
+                probs = self._probs(hidden).view(batch, prev, -1)  # [B, L, V]
+            width = probs.shape[1]  # L: nodes of the level just run (1: the root)
+            vocab = probs.shape[2]
+            if shape.beam:  # the w children of highest path probability over all L x V
+                scores, flat_ids = (path[:, :, None] * probs).flatten(1).topk(size, dim=-1)  # [B, w] each
+                token, parent = flat_ids % vocab, flat_ids // vocab  # [B, w]
+                prob = probs.flatten(1).gather(1, flat_ids)  # [B, w]
+                path = scores
+            else:  # the top-e_s children of every node of the level, node by node
+                prob, token = probs.topk(size // width, dim=-1)  # [B, L, e_s] each
+                parent = torch.arange(width, device=device)[None, :, None].expand_as(token)  # [B, L, e_s]
+                prob, token, parent = prob.flatten(1), token.flatten(1), parent.flatten(1)  # [B, L_s]
+            parent = parent + (offset - width) if s else torch.full_like(parent, -1)  # tree indices, -1 the root
+            own = torch.zeros(size, m, dtype=torch.long, device=device)  # [L_s, M]
+            own[:, offset : offset + size] = torch.eye(size, dtype=torch.long, device=device)
+            if s:
+                anc[:, offset : offset + size] = anc.gather(1, parent[:, :, None].expand(batch, size, m)) + own
+            else:
+                anc[:, :size] = own
+            tokens.append(token)
+            parents.append(parent)
+            picked.append(prob)
+            offset += size
+        return torch.cat([torch.cat(tokens, 1).double(), torch.cat(parents, 1).double(),
+                          torch.cat(picked, 1).double()], 1)  # fmt: skip  [B, 3M]
