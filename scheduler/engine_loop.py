@@ -430,21 +430,23 @@ class Scheduler:
         report: StepReport,
     ) -> None:
         now = self.clock.now()
+        features, outcomes, running = self.features, report.outcomes, RequestState.RUNNING
         for req, shape, tree, res in zip(batch, shapes, trees, results):
-            if req.state is not RequestState.RUNNING:  # aborted during the step
+            if req.state is not running:  # aborted during the step
                 continue
             if not res.tokens:
                 self._fail([req], "target verify returned no token", None, report)
                 continue
-            if len(tree):
+            drafted = len(tree)
+            if drafted:
                 record_acceptance(req, tree, res)
-            if self.features is not None and not self.features.on_verify(req, res):
+            if features is not None and not features.on_verify(req, res):
                 self.link.drop(req)  # its held features were dropped: rebuilt from a recomputation if it speculates
             keep_logprobs(req, res)
             emitted = self._commit_tokens(req, res.tokens, now)
-            report.outcomes.append(RequestOutcome(
-                request_id=req.id, shape=shape if len(tree) else SpecShape.none(), num_drafted=len(tree),
-                num_accepted=res.num_accepted if len(tree) else 0, num_emitted=len(emitted),
+            outcomes.append(RequestOutcome(
+                request_id=req.id, shape=shape if drafted else SpecShape.none(), num_drafted=drafted,
+                num_accepted=res.num_accepted if drafted else 0, num_emitted=len(emitted),
                 finish_reason=req.finish_reason, num_pruned=res.num_pruned))  # fmt: skip
 
     # ------------------------------------------------------------------ tokens and endings

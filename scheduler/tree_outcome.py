@@ -6,22 +6,46 @@ from scheduler.request import Request
 from shared.engine.types import AcceptResult, PrefillResult, TokenTree
 
 
+_CHAINS: dict[int, list[int]] = {}  # node count -> a chain's parent ids [-1, 0, 1, ...]
+
+
+def is_chain(parent_ids) -> bool:
+    """Whether the parent ids are a chain's (node i's parent is i - 1): what most steps draft. One list
+    comparison in C, so the per-node loops below run only for real trees (and never on tensors)."""
+    if type(parent_ids) is not list:
+        return False
+    n = len(parent_ids)
+    chain = _CHAINS.get(n)
+    if chain is None:
+        chain = list(range(-1, n - 1))
+        if n <= 256:
+            _CHAINS[n] = chain
+    return parent_ids == chain
+
+
 def record_acceptance(req: Request, tree: TokenTree, res: AcceptResult) -> None:
     """Per-depth drafted/accepted counters and the step's totals (the policies read them)."""
-    depth: list[int] = []
-    for p in tree.parent_ids:
-        depth.append(0 if p == -1 else depth[p] + 1)
-    max_depth = max(depth) + 1
-    for counts in (req.position_drafted, req.position_accepted):
-        counts.extend([0] * (max_depth - len(counts)))
+    parents = tree.parent_ids
+    if parents and is_chain(parents):
+        max_depth = len(parents)
+    else:
+        depth: list[int] = []
+        for p in parents:
+            depth.append(0 if p == -1 else depth[p] + 1)
+        max_depth = max(depth) + 1
+    drafted, accepted = req.position_drafted, req.position_accepted
+    for counts in (drafted, accepted):
+        if len(counts) < max_depth:
+            counts.extend([0] * (max_depth - len(counts)))
     for d in range(max_depth):
-        req.position_drafted[d] += 1
-    for d in range(res.num_accepted):
-        req.position_accepted[d] += 1
-    req.accepted_lens.append(res.num_accepted)
+        drafted[d] += 1
+    num_accepted = res.num_accepted
+    for d in range(num_accepted):
+        accepted[d] += 1
+    req.accepted_lens.append(num_accepted)
     req.drafted_depths.append(max_depth)
     req.num_drafted_tokens += len(tree)
-    req.num_accepted_tokens += res.num_accepted
+    req.num_accepted_tokens += num_accepted
 
 
 def keep_logprobs(req: Request, res: AcceptResult | PrefillResult) -> None:
@@ -41,4 +65,4 @@ def tree_ok(tree: TokenTree) -> bool:
     n = len(tree.token_ids)
     if len(tree.parent_ids) != n or (tree.draft_probs and len(tree.draft_probs) != n):
         return False
-    return all(-1 <= p < i for i, p in enumerate(tree.parent_ids))
+    return is_chain(tree.parent_ids) or all(-1 <= p < i for i, p in enumerate(tree.parent_ids))
