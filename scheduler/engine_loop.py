@@ -41,7 +41,7 @@ from scheduler.draft_link import DraftLink
 from scheduler.elastic_control import ElasticControl
 from scheduler.feature_relay import FeatureRelay
 from scheduler.frontier import FrontierPipeline
-from scheduler.observer_calls import DeferredCalls, call_all, is_deferrable
+from scheduler.observer_calls import DeferredCalls, ObserverSplit, call_all
 from scheduler.prefill_chunks import ChunkedPrefill
 from scheduler.policies.elastic_memory import ElasticDraftMemory
 from scheduler.policies.queue import FCFS, QueuePolicy, reserved_tokens
@@ -88,6 +88,7 @@ class Scheduler:
         self.detokenize = detokenize
         self.observers: list[IterationObserver] = list(observers)
         self.deferred = DeferredCalls()  # observers that run while the next step's workers compute
+        self._observer_split = ObserverSplit()  # which of them are deferrable, known until the list changes
 
         self._waiting: list[Request] = []
         self._running: dict[str, Request] = {}  # insertion order = admission order
@@ -577,8 +578,13 @@ class Scheduler:
         """The policies' hooks and the synchronous observers now; the deferrable ones (Redis, metrics) run while
         the next step's workers compute (observer_calls.py)."""
         finished, self._finished_unnotified = self._finished_unnotified, []
-        hooks = [(obs.on_step, report) for obs in self.observers]
-        hooks += [(obs.on_finish, req) for req in finished for obs in self.observers]
-        await call_all([(self.spec_policy.observe, report), *((self.queue_policy.on_finish, req) for req in finished),
-                        *(h for h in hooks if not is_deferrable(h[0].__self__))])  # fmt: skip
-        self.deferred.submit([h for h in hooks if is_deferrable(h[0].__self__)])
+        now, later = self._observer_split(self.observers)
+        calls = [(self.spec_policy.observe, report), *((self.queue_policy.on_finish, req) for req in finished)]
+        calls += [(obs.on_step, report) for obs in now]
+        if finished:
+            calls += [(obs.on_finish, req) for req in finished for obs in now]
+        await call_all(calls)
+        deferred = [(obs.on_step, report) for obs in later]
+        if finished:
+            deferred += [(obs.on_finish, req) for req in finished for obs in later]
+        self.deferred.submit(deferred)

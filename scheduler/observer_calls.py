@@ -33,7 +33,7 @@ async def call_all(calls: Iterable[Call]) -> None:
     for fn, arg in calls:
         try:
             out = fn(arg)
-            if inspect.isawaitable(out):
+            if out is not None and inspect.isawaitable(out):  # most hooks return None: no ABC check for it
                 await out
         except Exception:  # noqa: BLE001 - an observer never stops the loop
             log.exception("observer %r failed", fn)
@@ -41,6 +41,25 @@ async def call_all(calls: Iterable[Call]) -> None:
 
 def is_deferrable(observer: object) -> bool:
     return bool(getattr(observer, "deferrable", False))
+
+
+class ObserverSplit:
+    """The observers as (synchronous, deferrable), in their order; worked out again only when the list changes.
+
+    The loop asks every step; the observers (and whether each is ``deferrable``, a class attribute) rarely
+    change, so one tuple comparison replaces a bound method and an attribute lookup per observer and hook."""
+
+    def __init__(self) -> None:
+        self._of: tuple = ()
+        self._split: tuple[tuple, tuple] = ((), ())
+
+    def __call__(self, observers: Iterable[object]) -> tuple[tuple, tuple]:
+        current = tuple(observers)
+        if len(current) != len(self._of) or any(a is not b for a, b in zip(current, self._of)):  # by identity
+            self._of = current
+            self._split = (tuple(o for o in current if not is_deferrable(o)),
+                           tuple(o for o in current if is_deferrable(o)))  # fmt: skip
+        return self._split
 
 
 class DeferredCalls:

@@ -156,6 +156,7 @@ class TandemMetrics:
             "prefix_cache_hit_tokens_total", "Prompt tokens of chunked prefills the target's prefix cache served.",
             namespace=ns, registry=reg,
         )  # fmt: skip
+        self._queue_depth_children: dict[str, Gauge] = {}
         self.running_requests = Gauge("running_requests", "Requests holding KV cache.", namespace=ns, registry=reg)
         self.grammar_seconds_total = Counter(
             "grammar_seconds_total", "Host time the model services spent on structured-output grammars (matcher "
@@ -292,7 +293,10 @@ class TandemMetrics:
                 self.admission_events_total.labels(event).inc(n)
 
     def set_load(self, *, waiting: int, running: int, queue: str = "all") -> None:
-        self.queue_depth.labels(queue).set(waiting)
+        child = self._queue_depth_children.get(queue)
+        if child is None:  # ``labels`` costs a lock and a tuple: looked up once per queue
+            child = self._queue_depth_children[queue] = self.queue_depth.labels(queue)
+        child.set(waiting)
         self.running_requests.set(running)
 
     def exposition(self) -> tuple[bytes, str]:

@@ -28,6 +28,7 @@ class MetricsObserver:
         self._feature_bytes = (0, 0, 0)  # the relay's all-time (in, out, pushed) at the last step
         self._prefill = (0, 0)  # chunked prefill's all-time (chunks, cached tokens) at the last step
         self._grammar_ns = {"target": 0, "draft": 0}  # the workers' all-time grammar time at the last step
+        self._inner: dict[int, tuple[object, object]] = {}  # id(worker) -> (worker, what holds its grammar_ns)
 
     def on_submit(self, request: Request) -> None:
         self._set_load()
@@ -67,10 +68,20 @@ class MetricsObserver:
 
     def _observe_grammar(self) -> None:
         for service, worker in (("target", self.scheduler.target), ("draft", self.scheduler.draft)):
-            total = getattr(getattr(worker, "worker", worker), "grammar_ns", 0)  # a link wraps its worker
+            total = getattr(self._unwrapped(worker), "grammar_ns", 0)
             if isinstance(total, int) and total > self._grammar_ns[service]:
                 self.metrics.grammar_seconds_total.labels(service=service).inc((total - self._grammar_ns[service]) / 1e9)
                 self._grammar_ns[service] = total
+
+    def _unwrapped(self, worker):
+        """A link's worker (it wraps one), or the worker; asked once per worker object: through the tracing and
+        ledger wrappers a missing ``worker`` attribute costs an AttributeError raised through each."""
+        known = self._inner.get(id(worker))
+        if known is not None and known[0] is worker:
+            return known[1]
+        inner = getattr(worker, "worker", worker)
+        self._inner[id(worker)] = (worker, inner)
+        return inner
 
     def on_finish(self, request: Request) -> None:
         self.metrics.observe_request(
