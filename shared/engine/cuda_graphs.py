@@ -82,6 +82,11 @@ class GraphPool:
         self.runner.reserved.discard(self.scratch_block)
         self.scratch_block = self._allocator = None
 
+    def forget(self, kind: str) -> None:
+        """Drop the graphs of one step kind (its persistent buffers moved)."""
+        for key in [key for key in self.graphs if key[0] == kind]:
+            del self.graphs[key]
+
     def run(self, step, steps: list, shape) -> torch.Tensor:
         """Replay the graph of ``shape``'s bucket for ``step`` (captured on first use); eager where none fits."""
         runner = self.runner

@@ -27,17 +27,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from shared.engine import chain_plan, static_draft, step_plan
+from shared.engine import chain_plan, step_plan
 from shared.engine.chain_plan import ChainShape
-from shared.engine.runner import ModelRunner
 from shared.engine.sequence import Sequence
 from shared.engine.static_draft import StaticDraft
 from shared.engine.types import ForwardCost, TokenTree
-
-
-def applies(runner: ModelRunner, seqs: list[Sequence], lengths: list[int]) -> bool:
-    """Can these chains take the static path? One length >= 1, and ``static_draft.applies``."""
-    return bool(lengths) and len(set(lengths)) == 1 and lengths[0] >= 1 and static_draft.applies(runner, seqs)
 
 
 class DraftChainStep(StaticDraft):
@@ -65,17 +59,28 @@ class DraftChainStep(StaticDraft):
         tail = flat[first.size :].view(2, k - 1, batch)  # [2, k - 1, B] positions, slots
         token, prob = self._pick(self._forward_root(seg, first.kv_cap))  # [B], [B]
         tokens, probs = [token], [prob]
-        rows = torch.arange(batch, device=flat.device)  # [B] forward i's packed row of sequence b
-        step_seg = {"table": seg["table"], "tree": torch.zeros(batch, 1, 1, dtype=torch.long, device=flat.device),
-                    "q_index": rows[:, None], "unpad": rows}  # fmt: skip
+        step_seg = self._step_segments(seg["table"])
         for i in range(k - 1):
-            pos = tail[0, i]  # [B]
-            step_seg.update(prefix=pos[:, None] + 1, ncommit=pos + 1, kvlen=pos + 1, new_slots=tail[1, i])
-            self.attn.prepare(step_seg, first.kv_cap)
+            pos = self._prepare_step(step_seg, tail, i, first.kv_cap)  # [B]
             token, prob = self._pick(self._probs(self._decode(token, pos)))  # [B], [B]
             tokens.append(token)
             probs.append(prob)
         return torch.cat([torch.stack(tokens, 1).double(), torch.stack(probs, 1).double()], 1)  # [B, 2k]
+
+    @staticmethod
+    def _step_segments(table: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The attention segments forwards 1..k-1 share: the block tables [B, NB], one row per sequence."""
+        batch = table.shape[0]
+        rows = torch.arange(batch, device=table.device)  # [B] forward i's packed row of sequence b
+        tree = torch.zeros(batch, 1, 1, dtype=torch.long, device=table.device)  # [B, 1, 1] no tree nodes
+        return {"table": table, "tree": tree, "q_index": rows[:, None], "unpad": rows}
+
+    def _prepare_step(self, step_seg: dict, tail: torch.Tensor, i: int, kv_cap: int) -> torch.Tensor:
+        """Forward i + 1's attention from its staged positions and slots (tail [2, k - 1, B]); its positions [B]."""
+        pos = tail[0, i]  # [B] n + i
+        step_seg.update(prefix=pos[:, None] + 1, ncommit=pos + 1, kvlen=pos + 1, new_slots=tail[1, i])
+        self.attn.prepare(step_seg, kv_cap)
+        return pos
 
     @staticmethod
     def _pick(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

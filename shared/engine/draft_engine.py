@@ -180,22 +180,24 @@ class DraftEngine:
 
     def _static_drafts(self, items: list[SpecItem], seqs) -> list[TokenTree] | None:
         """The call's drafts through a static path when they all qualify (one chain length or one tree shape,
-        ``static_draft.applies``): the items that draft nothing get empty trees; None: the eager drafters run."""
+        ``StaticDraft.applies``): the items that draft nothing get empty trees; None: the eager drafters run."""
         if self.chains is None:
             return None
         drafting = [(i, it, seq) for i, (it, seq) in enumerate(zip(items, seqs))
                     if it.chain_len > 0 or it.tree_expansion or (it.tree_depth > 0 and it.tree_width > 0)]  # fmt: skip
         shapes = {(it.chain_len, it.tree_depth, it.tree_width, tuple(it.tree_expansion)) for _, it, _ in drafting}
-        if len(shapes) != 1 or not static_draft.applies(self.runner, [s for _, _, s in drafting]):
+        if len(shapes) != 1:
             return None
         first, ready = drafting[0][1], [s for _, _, s in drafting]
         if first.chain_len:
+            if not self.chains.applies(ready):
+                return None
             thresholds = [it.confidence_threshold for _, it, _ in drafting]
             trees, self.costs = self.chains.run(ready, first.chain_len, thresholds)
         else:
             beam, fan = tree_fan(first.tree_depth, first.tree_width, tuple(first.tree_expansion))
-            if max(fan) > self.runner.vocab_size:
-                return None  # more children than tokens: the eager drafters take what there is
+            if self.trees is None or max(fan) > self.runner.vocab_size or not self.trees.applies(ready):
+                return None  # (more children than tokens: the eager drafters take what there is)
             trees, self.costs = self.trees.run(ready, beam, fan)
         out = [TokenTree() for _ in items]
         for (i, _, _), tree in zip(drafting, trees):

@@ -115,7 +115,9 @@ class FeatureBlock:
 
         dtype = getattr(torch, self.dtype)
         flat = torch.frombuffer(bytearray(self.data), dtype=dtype) if self.data else torch.empty(0, dtype=dtype)
-        return flat.view(self.num_rows, self.width).to(device) if device is not None else flat.view(self.num_rows, self.width)
+        rows = flat.view(self.num_rows, self.width)
+        # from pageable memory a non-blocking copy is staged at once (the bytes may go) and waits for no kernel
+        return rows.to(device, non_blocking=True) if device is not None else rows
 
     @staticmethod
     def from_tensor(rows, start: int, dtype: str) -> "FeatureBlock":

@@ -28,14 +28,6 @@ from shared.engine.types import ForwardCost
 from shared.profiling.host_work import graph_body
 
 
-def applies(runner: ModelRunner, seqs: list[Sequence]) -> bool:
-    """Can these sequences draft on a static path? A plain runner (static_step.supported), greedy sequences
-    with no grammar and no tree yet."""
-    if not seqs or not runner_supported(runner):
-        return False
-    return all(s.sampling.greedy and s.grammar is None and not len(s.tree) for s in seqs)
-
-
 class StaticDraft:
     """A static draft kind: subclasses give ``shape_of``, ``bucket``, ``build``, ``body`` and ``_finish``."""
 
@@ -51,14 +43,31 @@ class StaticDraft:
     def stage(self, flat: np.ndarray) -> torch.Tensor:
         return self._staging.stage(flat)
 
+    def applies(self, seqs: list[Sequence]) -> bool:
+        """Can these sequences draft on this path? Greedy, no grammar, no tree yet (the runner was checked when
+        the draft engine made this step kind: static_step.supported, or the EAGLE head's own check)."""
+        return bool(seqs) and all(s.sampling.greedy and s.grammar is None and not len(s.tree) for s in seqs)
+
+    # hooks for a head that reads more than tokens (eagle/static_chain.py)
+    def _check(self, seqs: list[Sequence]) -> None:
+        """Raise before anything changes when a sequence cannot run."""
+
+    def _inputs(self, seqs: list[Sequence], steps: list[step_plan.SeqStep]) -> None:
+        """Fill the body's other static inputs (the fed rows' features) once the block tables are grown."""
+
+    def _outputs(self, seqs: list[Sequence], shape) -> None:
+        """Take what the body left beside its outcome (the head's outputs) after the read."""
+
     @torch.inference_mode()
     def _run(self, seqs: list[Sequence], nodes_run: int, shape_of):
         """Plan, stage, run the body, read once; (rows of the outcome, its shape, seconds). ``nodes_run``: tree
         nodes each sequence's KV takes (the body writes them at n .. n + nodes_run - 1)."""
         start = time.perf_counter()
+        self._check(seqs)
         cached = [s.num_cached for s in seqs]
         steps = self._plan(seqs, nodes_run)  # grows block tables; nothing else mutated yet
         try:
+            self._inputs(seqs, steps)
             shape = shape_of(steps)
             if self.graphs is not None:
                 outcome = self.graphs.run(self, steps, shape)  # device
@@ -72,9 +81,12 @@ class StaticDraft:
                 s.num_cached = c
             raise
         self.runs += 1
-        for seq in seqs:
+        runner = self.runner
+        for seq, attached, step in zip(seqs, cached, steps):
             seq.num_cached = len(seq.token_ids)
-            prefix_blocks.register(self.runner.cache, seq)
+            runner._ran(seq, attached, step.num_cached)  # as after the eager forward (what KV the prefix index may take)
+            prefix_blocks.register(runner.cache, seq, runner._registrable(seq))
+        self._outputs(seqs, shape)
         return rows, shape, time.perf_counter() - start
 
     def _plan(self, seqs: list[Sequence], nodes_run: int) -> list[step_plan.SeqStep]:

@@ -204,19 +204,24 @@ class EagleRunner(ModelRunner):
             self._batch = []
 
     def _work_inputs(self, seq: Sequence, fed_pos: torch.Tensor, node_ids: torch.Tensor) -> None:
+        if len(fed_pos):
+            self.check_fed_rows(seq, int(fed_pos[0]), int(fed_pos[-1]))
+        self._batch.append((seq, fed_pos, node_ids))
+
+    def check_fed_rows(self, seq: Sequence, first: int, last: int) -> None:
+        """Raise InvalidRequestError unless positions ``first .. last`` have their input rows."""
         st = self.state[seq.seq_id]
-        if len(fed_pos) and int(fed_pos[-1]) >= st.num_rows:
+        if last >= st.num_rows:
             raise InvalidRequestError(
                 f"sequence {seq.seq_id!r}: no target features for position {st.num_rows} onward; a feature draft "
                 f"needs the target's features of every committed token it runs"
             )
-        if len(fed_pos) and max(int(fed_pos[0]), 1) < st.first_row:
+        if max(first, 1) < st.first_row:
             raise InvalidRequestError(
-                f"sequence {seq.seq_id!r}: no target features for positions {max(int(fed_pos[0]), 1)}.."
+                f"sequence {seq.seq_id!r}: no target features for positions {max(first, 1)}.."
                 f"{st.first_row - 1}: they start at f_{st.first_row - 1}, and the prefix cache no longer holds "
                 f"the positions before it; send the features from position 0"
             )
-        self._batch.append((seq, fed_pos, node_ids))
 
     def _ran(self, seq: Sequence, attached_from: int, first_fed: int) -> None:
         st = self.state[seq.seq_id]
