@@ -25,7 +25,6 @@ tier, e.g. "tight"/"loose"/"none"), ``finish_reason``, ``position`` (capped at
 
 from __future__ import annotations
 
-import collections
 import threading
 from collections.abc import Sequence
 from wsgiref.simple_server import WSGIServer
@@ -210,17 +209,19 @@ class TandemMetrics:
         if not steps:
             return
         proposed = accepted = pruned = 0
-        lengths: collections.Counter[int] = collections.Counter()
-        depths: collections.Counter[int] = collections.Counter()  # min(depth, max_positions)
-        reached: collections.Counter[int] = collections.Counter()  # accepted positions: min(accepted, depth, max)
+        lengths: dict[int, int] = {}  # counts in plain dicts: a collections.Counter costs more to make than to fill
+        depths: dict[int, int] = {}  # min(depth, max_positions)
+        reached: dict[int, int] = {}  # accepted positions: min(accepted, depth, max)
         cap = self.max_positions
         for num_proposed, num_accepted, depth, num_pruned in steps:
             proposed += num_proposed
             accepted += num_accepted
             pruned += num_pruned
-            lengths[num_accepted + 1] += 1
-            depths[min(depth, cap)] += 1
-            reached[min(num_accepted, depth, cap)] += 1
+            lengths[num_accepted + 1] = lengths.get(num_accepted + 1, 0) + 1
+            key = min(depth, cap)
+            depths[key] = depths.get(key, 0) + 1
+            key = min(num_accepted, depth, cap)
+            reached[key] = reached.get(key, 0) + 1
         self.draft_tokens_proposed_total.inc(proposed)
         self.draft_tokens_accepted_total.inc(accepted)
         if pruned:
@@ -261,7 +262,10 @@ class TandemMetrics:
 
     def observe_speculation(self, ks: list[int]) -> None:
         """The k chosen for every request of one step."""
-        for k, n in collections.Counter(ks).items():
+        counts: dict[int, int] = {}
+        for k in ks:
+            counts[k] = counts.get(k, 0) + 1
+        for k, n in counts.items():
             observe_n(self.speculation_length, k, n)
         if ks:
             self.step_speculation_length.set(sum(ks) / len(ks))

@@ -120,6 +120,9 @@ def pack_trees(trees: Sequence[TokenTree]) -> common_pb2.PackedTrees:
         parents += tree.parent_ids
         has_probs.append(1 if tree.draft_probs else 0)
         probs += tree.draft_probs
+        if not tree.child_dists:  # greedy drafts (most): no distributions to sort through
+            num_dists.append(0)
+            continue
         dists = [(row, tree.child_dists[row]) for row in sorted(tree.child_dists) if tree.child_dists[row] is not None]
         num_dists.append(len(dists))
         for row, dist in dists:

@@ -26,6 +26,13 @@ def test_trees_round_trip_with_and_without_probabilities_and_child_distributions
             r: (d.token_ids, d.probs) for r, d in tree.child_dists.items()}
 
 
+def test_trees_without_distributions_after_one_with_them_keep_their_rows_apart():
+    trees = [TREES[3], *TREES[:3], TokenTree([4], [-1], [], {0: None})]  # a None distribution: as none at all
+    back = unpack_trees(pack_trees(trees), len(trees), relay=True)
+    assert [sorted(t.child_dists) for t in back] == [[0, 2], [], [], [], []]
+    assert [t.token_ids for t in back] == [t.token_ids for t in trees]
+
+
 def test_the_engines_side_gets_tensors():
     (tree,) = unpack_trees(pack_trees(TREES[3:]), 1)
     assert tree.child_dists[0].token_ids.tolist() == [9, 11] and tree.child_dists[0].probs.tolist() == [0.75, 0.25]
