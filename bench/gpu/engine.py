@@ -8,6 +8,8 @@ Llama-3.1-8B), in bfloat16 (and the 135M one in float32 too). Per shape it measu
                  margin there (a near-tie is bf16 noise, not a bug)
     verify       engine time per step, graph and eager side by side (interleaved, medians of
                  ``--steps``), at B = 1, 8, 32, 64 and Q = 1 (decode), 4 (a 3-token chain + bonus)
+    sampled      the same for sampled requests (temperature 0.8, a 3-token chain + bonus) at B = 1, 8, 32:
+                 forward, probabilities and the walk in one graph (sampled_step.py) against eager
     floor        weight bytes / the device's measured copy bandwidth: what one forward must cost
     draft        (the 135M shape, as a draft model) one speculate call of a greedy 4-token chain and of a
                  beam of depth 3 and width 2, the static drafts (one CUDA graph for all the call's
@@ -185,6 +187,39 @@ def draft_times(model, steps: int) -> dict:
     return {"rows": rows, "calls_equal": equal, "calls": calls}
 
 
+def sampled_verify_times(model, steps: int) -> list[dict]:
+    """Sampled verify steps (device acceptance), graph and eager side by side: ms per step."""
+    import torch
+
+    from shared.engine.types import PrefillItem, SamplingParams, TokenTree, VerifyItem
+
+    vocab = model.config.vocab_size
+    rows = []
+    g = torch.Generator().manual_seed(5)
+    for batch in DRAFT_BATCHES:
+        engines = {p: engine_for(model, True, batch * 24 + 64) for p in ("eager", "graph")}
+        engines["eager"].static.graphs = None  # the same static body (device acceptance), run eagerly
+        prompts = torch.randint(0, vocab, (batch, CONTEXT), generator=g).tolist()
+        for e in engines.values():
+            e.prefill([PrefillItem(f"s{i}", p, SamplingParams(temperature=0.8, seed=i)) for i, p in enumerate(prompts)])
+        times = {p: [] for p in engines}
+        for step in range(steps + 3):
+            toks = torch.randint(0, vocab, (batch, 3), generator=g).tolist()
+            items = [VerifyItem(f"s{i}", TokenTree(toks[i], [-1, 0, 1])) for i in range(batch)]
+            for p, e in engines.items():
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                e.verify(items)
+                torch.cuda.synchronize()
+                if step >= 3:
+                    times[p].append(1e3 * (time.perf_counter() - t0))
+        for p, t in times.items():
+            rows.append({"path": p, "batch": batch, "q": 4, "ms": statistics.median(t), "min_ms": min(t), "max_ms": max(t)})
+        del engines
+        torch.cuda.empty_cache()
+    return rows
+
+
 def copy_bandwidth() -> float:
     """Bytes per second of a device-to-device copy (read + write counted), best of 5."""
     import torch
@@ -235,8 +270,12 @@ def main(argv: list[str] | None = None) -> int:
         prompts = torch.randint(0, model.config.vocab_size, (2, 24), generator=gen).tolist()
         entry["greedy_bfloat16"] = greedy_check(model, prompts, 32)
         entry["verify"] = verify_times(model, args.steps)
+        entry["sampled_verify"] = sampled_verify_times(model, args.steps)
+        for r in entry["sampled_verify"]:
+            print(f"{shape:14} sampled {r['path']:5} B={r['batch']:<3} Q=4  {r['ms']:8.2f} ms/step", flush=True)
         result["shapes"][shape] = entry
-        print(json.dumps({shape: {k: v for k, v in entry.items() if k != "verify"}}, indent=1), flush=True)
+        print(json.dumps({shape: {k: v for k, v in entry.items() if k not in ("verify", "sampled_verify")}}, indent=1),
+              flush=True)  # fmt: skip
         for r in entry["verify"]:
             print(f"{shape:14} {r['path']:5} B={r['batch']:<3} Q={r['q']}  {r['ms']:8.2f} ms/step", flush=True)
         del model

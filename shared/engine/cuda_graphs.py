@@ -52,9 +52,12 @@ class _Graph:
 
 
 class GraphPool:
-    def __init__(self, runner):
+    def __init__(self, runner, capture: bool = True):
+        """``capture=False`` (tests on CPU): every step runs its bucket's padded body eagerly, the graph path's
+        bucketing, padding and scratch block without a CUDA graph."""
         self.runner = runner
-        self.pool = torch.cuda.graph_pool_handle()
+        self.capture = capture
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.graphs: OrderedDict[tuple[str, object], _Graph] = OrderedDict()  # (step kind, bucket) -> graph
         self.scratch_block: int | None = None
         self._allocator = None  # the allocator the scratch block came from (a reallocated pool has a new one)
@@ -100,6 +103,11 @@ class GraphPool:
             flat = step.stage(step.build(steps, shape, scratch))
             with graph_body():
                 return step.body(flat, shape)
+        if not self.capture:  # the padded bucket, run eagerly
+            self.replays += 1
+            flat = step.stage(step.build(steps, bucket, scratch))
+            with graph_body():
+                return step.body(flat, bucket)[: len(steps)]
         key = (type(step).__name__, bucket)
         entry = self.graphs.get(key)
         if entry is None:

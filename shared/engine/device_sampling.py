@@ -70,12 +70,16 @@ def batched_probs(logits: torch.Tensor, params: list[SamplingParams] | dict) -> 
     return torch.where(c["greedy"][:, None, None], one_hot, probs)
 
 
+def host_uniforms(generators: list[torch.Generator], num_nodes: int) -> torch.Tensor:
+    """[B, M + 1] float32 on the host: each request's node tests, then its bonus draw, from its own generator."""
+    return torch.stack([torch.rand(num_nodes + 1, generator=g) for g in generators])
+
+
 def draw_uniforms(generators: list[torch.Generator], num_nodes: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Each request's uniforms for one step from its own generator: (u_node [B, M], u_bonus [B]) on ``device``.
 
     Every request draws M + 1 whatever its tree, so its stream of draws depends on its own steps only."""
-    u = torch.stack([torch.rand(num_nodes + 1, generator=g) for g in generators])  # [B, M + 1] on the host
-    u = u.to(device, non_blocking=True)
+    u = host_uniforms(generators, num_nodes).to(device, non_blocking=True)  # [B, M + 1]
     return u[:, :num_nodes], u[:, num_nodes]
 
 

@@ -28,8 +28,10 @@ import torch
 from shared.engine import graph_buckets, prefix_blocks, step_plan
 from shared.engine.attention.static_batch import StaticBatchAttention
 from shared.engine.device_acceptance import accept_greedy_batch, node_status
-from shared.engine.device_sampling import (accept_sampled_batch, batched_probs, draw_uniforms, sampled_inputs,
-                                           sampling_columns, tried_status)  # fmt: skip
+from shared.engine import sampled_plan
+from shared.engine.device_sampling import host_uniforms, tried_status
+from shared.engine.sampled_plan import SampledInput
+from shared.engine.sampled_step import SampledStep
 from shared.engine.errors import ContextLengthError, OutOfBlocksError
 from shared.engine.runner import ModelRunner
 from shared.engine.sequence import Sequence
@@ -55,6 +57,7 @@ class StaticStep:
         self.num_host_accept = 0  # steps whose acceptance ran on the host (sampling, processed logits, logprobs)
         wanted = runner.config.device_sampling
         self.device_sampling = runner.device.type == "cuda" if wanted is None else wanted  # sampled steps on the device
+        self.sampled = SampledStep(self)  # the sampled steps' body, a step kind of the graph pool
 
     # the graph pool's view of a step kind (cuda_graphs.GraphPool)
     def bucket(self, shape: step_plan.StepShape) -> step_plan.StepShape | None:
@@ -126,25 +129,23 @@ class StaticStep:
         return results, self._cost(start, steps, shape)
 
     def _run_device_sampled(self, seqs, verifies, steps, cached, start) -> tuple[list[AcceptResult], ForwardCost]:
-        """Sampling with nothing else to process: acceptance as batched tensor ops (device_sampling.py) after the
-        forward, and one host read of the outcome, as for greedy steps."""
+        """Sampling with nothing else to process: the forward, the batch's probabilities and the walk in one body
+        (sampled_step.py; a CUDA graph where the step fits a bucket), and one host read, as for greedy steps."""
         runner = self.runner
         try:
             chains = all(v.tree.parent_ids == list(range(-1, len(v.tree.parent_ids) - 1)) for v in verifies)
             shape = step_plan.shape_of(steps, runner.cache.block_size, chains)
-            vocab = runner.vocab_size  # the trees' q were checked against it (TargetEngine._validate)
-            flat = self.stage(step_plan.build(steps, shape, runner.cache.block_size))
-            # the walk's inputs go to the device before the forward is queued: a copy after it would wait for it
-            nodes, device = max(len(v.tree.token_ids) for v in verifies), runner.device
-            inputs = sampled_inputs([v.tree for v in verifies], nodes, vocab, device)
-            u_node, u_bonus = draw_uniforms([s.generator for s in seqs], nodes, device)
-            columns = sampling_columns([s.sampling for s in seqs], vocab, device)
-            with graph_body():
-                seg, logits = self._forward(flat, shape)  # [B, 1 + M, vocab]
-                probs = batched_probs(logits[:, : 1 + nodes], columns)  # [B, 1 + nodes, vocab]
-                outcome = accept_sampled_batch(probs, *inputs, u_node, u_bonus)  # [B, 2 + nodes]
-                if not shape.chains:
-                    self._move_path(seg, outcome)
+            nodes = max(len(v.tree.token_ids) for v in verifies)
+            # each request's uniforms from its own generator: nodes + 1 whatever its tree (device_sampling.py)
+            uniforms = host_uniforms([s.generator for s in seqs], nodes).numpy()  # [B, nodes + 1]
+            inp = SampledInput(steps, [v.tree for v in verifies], uniforms, [s.sampling for s in seqs])
+            sampled = sampled_plan.shape_of(shape, inp, runner.vocab_size)
+            if self.graphs is not None:
+                outcome = self.graphs.run(self.sampled, inp, sampled)  # [B, 2 + M] device
+            else:
+                flat = self.stage(self.sampled.build(inp, sampled))
+                with graph_body():
+                    outcome = self.sampled.body(flat, sampled)
             rows = outcome.tolist()  # the step's one host read
         except BaseException:
             for s, c in zip(seqs, cached):

@@ -53,23 +53,25 @@ class EagleChainStep(DraftChainStep):
     def _inputs(self, seqs: list[Sequence], steps: list[SeqStep]) -> None:
         state = self.runner.state
         rows = torch.cat([state[s.seq_id].fused[st.num_cached : len(s.token_ids)] for s, st in zip(seqs, steps)])
-        self._fit(rows.shape[0], len(seqs))
+        self._room(rows.shape[0], len(seqs), 1)
         self.feats[: rows.shape[0]].copy_(rows)  # [T, H]
 
-    def _fit(self, rows: int, batch: int) -> None:
-        """Grow the persistent buffers past what a step needs (graphs that read the old ones are dropped)."""
-        grow = rows > self.feats.shape[0] or batch > self.outs.shape[0]
-        if grow:
-            self.feats = self.feats.new_zeros(max(rows, self.feats.shape[0]), self.feats.shape[1])
-            self.outs = self.outs.new_zeros(max(batch, self.outs.shape[0]), self.outs.shape[1], self.outs.shape[2])
-            if self.graphs is not None:
-                self.graphs.forget(type(self).__name__)
+    def _room(self, rows: int, batch: int, k: int) -> None:
+        """Grow the persistent buffers, keeping what they hold, past what a step needs (graphs that read the old
+        ones are dropped; on CUDA they start at the largest bucket's size, so a graphed step never grows them)."""
+        feats, outs = self.feats, self.outs
+        if rows > feats.shape[0]:
+            self.feats = feats.new_zeros(rows, feats.shape[1])
+            self.feats[: feats.shape[0]] = feats
+        if batch > outs.shape[0] or k > outs.shape[1]:
+            self.outs = outs.new_zeros(max(batch, outs.shape[0]), max(k, outs.shape[1]), outs.shape[2])
+        if (self.feats is not feats or self.outs is not outs) and self.graphs is not None:
+            self.graphs.forget(type(self).__name__)
 
     def body(self, flat: torch.Tensor, shape: ChainShape) -> torch.Tensor:
         """The captured region: staged chain [size] (+ the fed rows' features) -> [B, 2k] float64."""
         first, k, batch = shape.first, shape.length, shape.batch
-        if k > self.outs.shape[1]:  # eager only (no bucket holds a chain this long): room for its outputs
-            self.outs = self.outs.new_zeros(self.outs.shape[0], k, self.outs.shape[2])
+        self._room(first.rows, batch, k)  # eager steps only (a bucket's sizes fit the buffers from the start)
         seg = {name: flat[a : a + n].view(dims) for name, (a, n, dims) in first.offsets().items()}
         tail = flat[first.size :].view(2, k - 1, batch)  # [2, k - 1, B] positions, slots
         self.attn.prepare(seg, first.kv_cap)
