@@ -61,10 +61,13 @@ class QueuePolicy:
     def schedule(
         self, waiting: Sequence[Request], running: Sequence[Request], capacity: Capacity, now: float
     ) -> Admission:
+        ordered = self.order(waiting, now)
+        if not ordered:  # nothing waits (most steps): no need to sum the running requests' reservations
+            return Admission(admit=[])
         num_running = len(running)
         tokens = sum(reserved_tokens(r) for r in running)
         admit = []
-        for req in self.order(waiting, now):
+        for req in ordered:
             need = reserved_tokens(req)
             if num_running >= capacity.max_batch_size or tokens + need > capacity.max_tokens_in_flight:
                 break
