@@ -52,20 +52,33 @@ class DraftChainStep(StaticDraft):
         trees = [self._finish(s, row, length, t) for s, row, t in zip(seqs, rows, thresholds)]
         return trees, self.costs(seconds, length, len(seqs), shape.first.rows, [len(seqs)] * (length - 1))
 
-    def body(self, flat: torch.Tensor, shape: ChainShape) -> torch.Tensor:
+    def body(self, flat: torch.Tensor, shape) -> torch.Tensor:
         """The captured region: staged chain [size] -> [B, 2k] float64 (k tokens, then their probabilities)."""
-        first, k, batch = shape.first, shape.length, shape.batch
+        chain = shape.chain if hasattr(shape, "chain") else shape  # a sampled chain's shape wraps the chain's
+        first, k, batch = chain.first, chain.length, chain.batch
         seg = {name: flat[a : a + n].view(dims) for name, (a, n, dims) in first.offsets().items()}
-        tail = flat[first.size :].view(2, k - 1, batch)  # [2, k - 1, B] positions, slots
-        token, prob = self._pick(self._forward_root(seg, first.kv_cap))  # [B], [B]
-        tokens, probs = [token], [prob]
+        tail = flat[first.size : chain.size].view(2, k - 1, batch)  # [2, k - 1, B] positions, slots
+        ctx = self._context(flat, shape)
+        self.attn.prepare(seg, first.kv_cap)
+        picks = [self._choose(self._decode(seg["ids"], seg["pos"])[seg["root_row"]], 0, ctx)]  # (token [B], ...)
         step_seg = self._step_segments(seg["table"])
         for i in range(k - 1):
             pos = self._prepare_step(step_seg, tail, i, first.kv_cap)  # [B]
-            token, prob = self._pick(self._probs(self._decode(token, pos)))  # [B], [B]
-            tokens.append(token)
-            probs.append(prob)
-        return torch.cat([torch.stack(tokens, 1).double(), torch.stack(probs, 1).double()], 1)  # [B, 2k]
+            picks.append(self._choose(self._decode(picks[-1][0], pos), i + 1, ctx))
+        return self._outcome(picks)
+
+    # what a chain picks per forward (sampled_chain_step.py samples)
+    def _context(self, flat: torch.Tensor, shape) -> object:
+        """The body's per-call inputs beyond the plan (none for greedy chains)."""
+        return None
+
+    def _choose(self, hidden: torch.Tensor, i: int, ctx) -> tuple[torch.Tensor, ...]:
+        """hidden [B, H] of forward i -> (token [B], its draft probability [B])."""
+        return self._pick(self._probs(hidden))
+
+    def _outcome(self, picks: list[tuple[torch.Tensor, ...]]) -> torch.Tensor:
+        """[B, 2k] float64: the k tokens, then their probabilities."""
+        return torch.cat([torch.stack([p[0] for p in picks], 1).double(), torch.stack([p[1] for p in picks], 1).double()], 1)
 
     @staticmethod
     def _step_segments(table: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -23,6 +23,7 @@ import torch
 from shared.engine import chunks, cuda_graphs, grammar_mask, spec_checks, static_draft
 from shared.engine.draft_chain_step import DraftChainStep
 from shared.engine.draft_tree_step import DraftTreeStep, tree_fan
+from shared.engine.sampled_chain_step import SampledDraftChain
 from shared.engine.drafting import BeamDrafter, ChainDrafter, ExpansionDrafter
 from shared.engine.errors import ContextLengthError, InvalidRequestError, WeightsOffloadedError
 from shared.engine.runner import ModelRunner, Work
@@ -42,10 +43,12 @@ class DraftEngine:
         self.grammars = None  # grammar.GrammarBook: structured output (the factory sets it when there is a tokenizer)
         # greedy chains of one length, trees of one shape, as one static body; None: every drafter runs eagerly
         self.chains: DraftChainStep | None = None
+        self.sampled_chains: SampledDraftChain | None = None  # chains where a request samples
         self.trees: DraftTreeStep | None = None
         if runner.config.static_step and static_draft.runner_supported(runner):
-            graphs = cuda_graphs.pool_for(runner)  # one pool (and scratch block) for both kinds
+            graphs = cuda_graphs.pool_for(runner)  # one pool (and scratch block) for every kind
             self.chains, self.trees = DraftChainStep(runner, graphs), DraftTreeStep(runner, graphs)
+            self.sampled_chains = SampledDraftChain(runner, graphs)
 
     # ------------------------------------------------------------------ elastic memory (Nightjar §5)
     def offload(self) -> tuple[int, int]:
@@ -190,10 +193,11 @@ class DraftEngine:
             return None
         first, ready = drafting[0][1], [s for _, _, s in drafting]
         if first.chain_len:
-            if not self.chains.applies(ready):
+            chains = self.chains if self.chains.applies(ready) else self.sampled_chains
+            if chains is None or not chains.applies(ready):
                 return None
             thresholds = [it.confidence_threshold for _, it, _ in drafting]
-            trees, self.costs = self.chains.run(ready, first.chain_len, thresholds)
+            trees, self.costs = chains.run(ready, first.chain_len, thresholds)
         else:
             beam, fan = tree_fan(first.tree_depth, first.tree_width, tuple(first.tree_expansion))
             if self.trees is None or max(fan) > self.runner.vocab_size or not self.trees.applies(ready):

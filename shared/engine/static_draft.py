@@ -59,9 +59,10 @@ class StaticDraft:
         """Take what the body left beside its outcome (the head's outputs) after the read."""
 
     @torch.inference_mode()
-    def _run(self, seqs: list[Sequence], nodes_run: int, shape_of):
+    def _run(self, seqs: list[Sequence], nodes_run: int, shape_of, inputs_of=None):
         """Plan, stage, run the body, read once; (rows of the outcome, its shape, seconds). ``nodes_run``: tree
-        nodes each sequence's KV takes (the body writes them at n .. n + nodes_run - 1)."""
+        nodes each sequence's KV takes (the body writes them at n .. n + nodes_run - 1); ``inputs_of(steps)``:
+        what ``build`` stages when it is more than the step plans (a sampled chain's parameters)."""
         start = time.perf_counter()
         self._check(seqs)
         cached = [s.num_cached for s in seqs]
@@ -69,10 +70,11 @@ class StaticDraft:
         try:
             self._inputs(seqs, steps)
             shape = shape_of(steps)
+            staged = steps if inputs_of is None else inputs_of(steps)
             if self.graphs is not None:
-                outcome = self.graphs.run(self, steps, shape)  # device
+                outcome = self.graphs.run(self, staged, shape)  # device
             else:
-                flat = self.stage(self.build(steps, shape))
+                flat = self.stage(self.build(staged, shape))
                 with graph_body():
                     outcome = self.body(flat, shape)
             rows = outcome.tolist()  # the call's one host read

@@ -161,13 +161,17 @@ def test_build_pads_to_a_bucket_with_the_scratch_block():
 def test_the_graph_pool_captures_the_traced_body():
     """What the CUDA path captures is the body the CPU path marks as graph_body (the host-work proxy's region)."""
     run = inspect.getsource(static_draft.StaticDraft._run)
-    assert "self.graphs.run(self, steps, shape)" in run and "with graph_body():" in run
+    assert "self.graphs.run(self, staged, shape)" in run and "with graph_body():" in run
     assert "self.body(flat, shape)" in run
     pool = inspect.getsource(cuda_graphs.GraphPool)
     assert "step.body(static_in, bucket)" in pool and "step.build(steps, bucket, scratch)" in pool
-    for kind in (draft_chain_step.DraftChainStep, draft_tree_step.DraftTreeStep):
-        body = inspect.getsource(kind.body)
-        for read in (".tolist()", ".item()", ".cpu()", "numpy", "int(", "float("):
+    from shared.engine import sampled_chain_step
+
+    sampled = sampled_chain_step.SampledDraftChain
+    for kind in (draft_chain_step.DraftChainStep, draft_tree_step.DraftTreeStep, sampled._choose, sampled._outcome,
+                 sampled._context):  # fmt: skip
+        body = inspect.getsource(getattr(kind, "body", kind))
+        for read in (".tolist()", ".item()", ".cpu()", "numpy", " int(", " float(", "(int(", "(float("):
             assert read not in body
 
 
