@@ -200,7 +200,7 @@ class DraftEngine:
             trees, self.costs = chains.run(ready, first.chain_len, thresholds)
         else:
             beam, fan = tree_fan(first.tree_depth, first.tree_width, tuple(first.tree_expansion))
-            if self.trees is None or max(fan) > self.runner.vocab_size or not self.trees.applies(ready):
+            if self.trees is None or max(fan) > self.trees.columns or not self.trees.applies(ready):
                 return None  # (more children than tokens: the eager drafters take what there is)
             trees, self.costs = self.trees.run(ready, beam, fan)
         out = [TokenTree() for _ in items]

@@ -108,6 +108,23 @@ class DraftTreeStep(StaticDraft):
             trees.append(TokenTree(tokens, parents, row[2 * m :]))
         return trees, self.costs(seconds, len(fan), len(seqs), shape.first.rows, [len(seqs) * n for n in levels[:-1]])
 
+    # what a level runs (eagle/static_tree.py feeds the head its parents' outputs)
+    def _root_probs(self, seg: dict[str, torch.Tensor], first: StepShape) -> torch.Tensor:
+        """Forward 0: the root's draft probabilities [B, V]."""
+        return self._forward_root(seg, first.kv_cap)
+
+    def _level_probs(self, ids: torch.Tensor, pos: torch.Tensor, above: torch.Tensor | None) -> torch.Tensor:
+        """A level's forward: ids, pos [B * L] -> probabilities [B * L, V]; ``above`` [B, L]: each node's parent
+        within the level before (None: the root)."""
+        return self._probs(self._decode(ids, pos))
+
+    def _ids(self, columns: torch.Tensor) -> torch.Tensor:
+        """Token ids of the probabilities' columns (the identity but for a reduced vocabulary)."""
+        return columns
+
+    def _level_outputs(self, shape: TreeShape) -> None:
+        """Keep what the levels' forwards made beside the tree (an EAGLE head's outputs)."""
+
     def body(self, flat: torch.Tensor, shape: TreeShape) -> torch.Tensor:
         """The captured region: staged forward 0 [size] -> [B, 3M] float64 (tokens, parents, probabilities)."""
         first, batch, levels = shape.first, shape.batch, shape.levels
@@ -115,7 +132,7 @@ class DraftTreeStep(StaticDraft):
         seg = {name: flat[a : a + n].view(dims) for name, (a, n, dims) in first.offsets().items()}
         n, table = seg["ncommit"], seg["table"]  # [B], [B, NB]
         bs = self.runner.cache.block_size
-        probs = self._forward_root(seg, first.kv_cap)[:, None]  # [B, 1, V]: the root is level -1's one node
+        probs = self._root_probs(seg, first)[:, None]  # [B, 1, V]: the root is level -1's one node
         path = torch.ones(batch, 1, device=device)  # [B, 1] path probability of each node of the last level
         anc = torch.zeros(batch, m, m, dtype=torch.long, device=device)  # [B, M, M] ancestor-or-self bits
         tokens, parents, picked = [], [], []
@@ -131,8 +148,8 @@ class DraftTreeStep(StaticDraft):
                                    "kvlen": n + offset, "tree": anc[:, base:offset, :run], "q_index": rows.view(batch, prev),
                                    "unpad": rows, "new_slots": slots.reshape(-1)}, first.kv_cap)  # fmt: skip
                 pos = (n + s - 1)[:, None].expand(batch, prev).reshape(-1)  # [B * L] position n + depth
-                hidden = self._decode(tokens[-1].reshape(-1), pos)  # [B * L, hidden]
-                probs = self._probs(hidden).view(batch, prev, -1)  # [B, L, V]
+                above = parents[-1] - (base - levels[s - 2]) if s > 1 else None  # [B, L] parent within its level
+                probs = self._level_probs(tokens[-1].reshape(-1), pos, above).view(batch, prev, -1)  # [B, L, V]
             width = probs.shape[1]  # L: nodes of the level just run (1: the root)
             vocab = probs.shape[2]
             if shape.beam:  # the w children of highest path probability over all L x V
@@ -151,9 +168,10 @@ class DraftTreeStep(StaticDraft):
                 anc[:, offset : offset + size] = anc.gather(1, parent[:, :, None].expand(batch, size, m)) + own
             else:
                 anc[:, :size] = own
-            tokens.append(token)
+            tokens.append(self._ids(token))
             parents.append(parent)
             picked.append(prob)
             offset += size
+        self._level_outputs(shape)
         return torch.cat([torch.cat(tokens, 1).double(), torch.cat(parents, 1).double(),
                           torch.cat(picked, 1).double()], 1)  # fmt: skip  [B, 3M]

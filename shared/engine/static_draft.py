@@ -39,6 +39,8 @@ class StaticDraft:
         self.graphs = graphs  # cuda_graphs.GraphPool on CUDA, None: the body runs eagerly
         self._staging = StagingBuffer(runner.device)
         self.runs = 0
+        ids = getattr(runner, "logit_ids", None)
+        self.columns = runner.vocab_size if ids is None else len(ids)  # what a draft's probabilities range over
 
     def stage(self, flat: np.ndarray) -> torch.Tensor:
         return self._staging.stage(flat)

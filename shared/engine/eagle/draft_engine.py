@@ -14,15 +14,18 @@ Every check (dtype, width, position range, an unknown sequence) runs before
 anything changes, so bad features cost the caller an INVALID_ARGUMENT and
 nothing else. Chain and beam drafting are the token draft's own drafters,
 unchanged: the runner feeds each new node the head's output at its parent. A call
-of greedy chains of one length runs as one static chain instead (static_chain.py:
-the head's k forwards in one body, one host read; a CUDA graph on a GPU).
+of greedy chains of one length, or greedy trees of one shape, runs as one static
+draft instead (static_chain.py, static_tree.py: the head's forwards in one body, one
+host read; a CUDA graph on a GPU).
 """
 
 from __future__ import annotations
 
 from shared.engine import cuda_graphs, prefix_blocks
 from shared.engine.draft_engine import DraftEngine
-from shared.engine.eagle import static_chain
+from shared.engine.eagle import static_inputs
+from shared.engine.eagle.static_chain import EagleChainStep
+from shared.engine.eagle.static_tree import EagleTreeStep
 from shared.engine.eagle.runner import EagleRunner
 from shared.engine.errors import InvalidRequestError
 from shared.engine.types import PrefillItem, SpecItem
@@ -33,8 +36,10 @@ class FeatureDraftEngine(DraftEngine):
 
     def __init__(self, runner: EagleRunner, **limits):
         super().__init__(runner, **limits)
-        if runner.config.static_step and static_chain.supported(runner):  # greedy chains; trees stay eager
-            self.chains = static_chain.EagleChainStep(runner, cuda_graphs.pool_for(runner))
+        if runner.config.static_step and static_inputs.supported(runner):  # greedy chains and trees
+            graphs = cuda_graphs.pool_for(runner)
+            self.chains = EagleChainStep(runner, graphs)
+            self.trees = EagleTreeStep(runner, graphs)
 
     @property
     def spec(self):

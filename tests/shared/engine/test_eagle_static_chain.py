@@ -9,6 +9,7 @@ import torch
 
 from shared.engine.config import EngineConfig
 from shared.engine.eagle.static_chain import EagleChainStep
+from shared.engine.eagle.static_tree import EagleTreeStep
 from shared.engine.errors import InvalidRequestError
 from shared.engine.factory import build_feature_draft_engine, build_target_engine
 from shared.engine.types import PrefillItem, SpecItem, VerifyItem
@@ -35,7 +36,7 @@ def engines(dirs):
     target, _ = build_target_engine(target_dir, device="cpu", engine_config=config(True), with_tokenizer=False)
     fast, slow = (build_feature_draft_engine(head_dir, target_dir=target_dir, device="cpu", engine_config=config(s))
                   for s in (True, False))  # fmt: skip
-    assert isinstance(fast.chains, EagleChainStep) and slow.chains is None and fast.trees is None
+    assert isinstance(fast.chains, EagleChainStep) and isinstance(fast.trees, EagleTreeStep) and slow.chains is None
     return target, fast, slow
 
 
@@ -74,6 +75,20 @@ def test_static_eagle_chain_equals_eager_through_verify_rounds(dirs):
         outs = target.verify([VerifyItem(s, t) for s, t in zip(PROMPTS, got)], features=fast.spec)
         pending = {s: (o.tokens, o.features) for s, o in zip(PROMPTS, outs)}
     assert fast.chains.runs == 6
+
+
+@pytest.mark.parametrize("shape", [dict(tree_depth=3, tree_width=2), dict(tree_depth=3, tree_width=3, tree_expansion=(1, 3, 1))])
+def test_static_eagle_trees_equal_eager_through_verify_rounds(dirs, shape):
+    """Beams and expansions: each level's nodes fed their parents' outputs, the same trees and head outputs."""
+    target, fast, slow, pending = prefilled(dirs)
+    for _ in range(4):
+        items = [SpecItem(s, pending[s][0], features=pending[s][1], **shape) for s in PROMPTS]
+        got, want = fast.speculate(copy.deepcopy(items)), slow.speculate(copy.deepcopy(items))
+        assert [t.parent_ids for t in got] == [t.parent_ids for t in want]
+        same(fast, slow, got, want)
+        outs = target.verify([VerifyItem(s, t) for s, t in zip(PROMPTS, got)], features=fast.spec)
+        pending = {s: (o.tokens, o.features) for s, o in zip(PROMPTS, outs)}
+    assert fast.trees.runs == 4
 
 
 def test_optimistic_commits_run_on_the_heads_outputs_then_the_targets_rows(dirs):

@@ -113,23 +113,24 @@ def test_static_drafts_padded_to_buckets_equal_exact_ones(shape):
     bucketed.runner.check_accounting()
 
 
-def test_eagle_chains_padded_to_buckets_equal_exact_ones(tmp_path):
+@pytest.mark.parametrize("shape", [dict(chain_len=3), dict(tree_depth=3, tree_width=2)], ids=["chain", "beam"])
+def test_eagle_drafts_padded_to_buckets_equal_exact_ones(tmp_path, shape):
     target_dir = save_tiny(tmp_path / "target", "llama", num_layers=3, seed=0)
     head_dir = save_tiny_eagle(tmp_path / "head", target_dir, draft_vocab_size=256)
     config = EngineConfig(num_blocks=128, block_size=4, cpu_prepack=False)
     target, _ = build_target_engine(target_dir, device="cpu", engine_config=config, with_tokenizer=False)
     exact, bucketed = (build_feature_draft_engine(head_dir, target_dir=target_dir, device="cpu", engine_config=config)
                        for _ in range(2))  # fmt: skip
-    pool = padded(bucketed, bucketed.chains)
+    pool = padded(bucketed, bucketed.chains, bucketed.trees)
     prompts = {"a": [3, 14, 15, 92], "b": [65, 35], "c": [89, 79, 32, 38, 46, 26, 43, 7, 7, 9]}
     res = target.prefill([PrefillItem(k, p) for k, p in prompts.items()], features=exact.spec)
     for d in (exact, bucketed):
         d.prefill([PrefillItem(k, p, features=r.features.rows(0, len(p) - 1)) for (k, p), r in zip(prompts.items(), res)])
     pending = {k: ([r.first_token], r.features.rows(len(p) - 1, len(p))) for (k, p), r in zip(prompts.items(), res)}
     for _ in range(4):
-        items = [SpecItem(s, pending[s][0], chain_len=3, features=pending[s][1]) for s in prompts]
+        items = [SpecItem(s, pending[s][0], features=pending[s][1], **shape) for s in prompts]
         got, want = bucketed.speculate(copy.deepcopy(items)), exact.speculate(copy.deepcopy(items))
-        assert [t.token_ids for t in got] == [t.token_ids for t in want]
+        assert [(t.token_ids, t.parent_ids) for t in got] == [(t.token_ids, t.parent_ids) for t in want]
         outs = target.verify([VerifyItem(s, t) for s, t in zip(prompts, got)], features=exact.spec)
         pending = {s: (o.tokens, o.features) for s, o in zip(prompts, outs)}
     assert pool.replays == 4
