@@ -183,7 +183,7 @@ def machine() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.host_overhead", description=__doc__.split("\n")[0])
     parser.add_argument("--batches", default="1,16")
-    parser.add_argument("--ops", default="decode,chain4,tree6,draft4")
+    parser.add_argument("--ops", default="decode,chain4,tree6,draft4,beam6")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=15, help="timed steps per measurement (median)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

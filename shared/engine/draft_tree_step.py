@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from shared.engine import graph_buckets, step_plan
+from shared.engine import graph_buckets, staged_columns, step_plan
+from shared.engine.device_sampling import batched_probs
 from shared.engine.sequence import Sequence
 from shared.engine.static_draft import StaticDraft
 from shared.engine.step_plan import AfterFirstForward, StepShape
@@ -44,6 +45,7 @@ class TreeShape(AfterFirstForward):
     first: StepShape  # its kv_cap covers the last level run
     beam: bool
     fan: tuple[int, ...]  # beam: (w,) * d; expansion: (e_0, .., e_{d-1})
+    filters: tuple[bool, bool, bool] | None = None  # a request samples: which filters any wants (staged_columns)
 
     @property
     def levels(self) -> list[int]:
@@ -58,12 +60,23 @@ class TreeShape(AfterFirstForward):
         return sum(self.levels[:-1])
 
     @property
-    def size(self) -> int:
-        return self.first.size
+    def size(self) -> int:  # forward 0's plan, then the sampling columns when a request samples
+        return self.first.size + (0 if self.filters is None else staged_columns.NUM * self.first.batch)
 
     @property
     def chains(self) -> bool:
         return False
+
+
+@dataclass
+class TreeInput:
+    """What a tree's staging holds beyond the step plans: each request's sampling parameters."""
+
+    steps: list[step_plan.SeqStep]
+    params: list  # SamplingParams per sequence
+
+    def __len__(self) -> int:
+        return len(self.steps)
 
 
 def level_sizes(beam: bool, fan: tuple[int, ...]) -> list[int]:
@@ -79,27 +92,39 @@ def tree_fan(depth: int, width: int, expansion: tuple[int, ...]) -> tuple[bool, 
 class DraftTreeStep(StaticDraft):
     what = "draft tree"
 
-    def shape_of(self, steps: list[step_plan.SeqStep], beam: bool, fan: tuple[int, ...]) -> TreeShape:
+    def applies(self, seqs: list[Sequence]) -> bool:
+        """Greedy or sampling sequences (a tree's children are the top choices either way) with no grammar."""
+        return bool(seqs) and all(s.grammar is None and not len(s.tree) for s in seqs)
+
+    def shape_of(self, steps: list[step_plan.SeqStep], beam: bool, fan: tuple[int, ...], filters=None) -> TreeShape:
         first = step_plan.shape_of(steps, self.runner.cache.block_size, chains=True)
-        shape = TreeShape(first, beam, fan)
-        kv = max(len(s.token_ids) for s in steps) + shape.nodes_run
-        return TreeShape(StepShape(first.batch, first.rows, first.q, first.nodes, first.blocks, kv, True), beam, fan)
+        kv = max(len(s.token_ids) for s in steps) + sum(level_sizes(beam, fan)[:-1])
+        return TreeShape(StepShape(first.batch, first.rows, first.q, first.nodes, first.blocks, kv, True), beam, fan, filters)
 
     # the graph pool's view of a step kind (cuda_graphs.GraphPool)
     def bucket(self, shape: TreeShape) -> TreeShape | None:
         if shape.nodes > MAX_GRAPH_NODES:
             return None
         first = graph_buckets.bucket_for(shape.first, self.runner.cache.block_size, self.runner.max_context)
-        return None if first is None else TreeShape(first, shape.beam, shape.fan)
+        return None if first is None else TreeShape(first, shape.beam, shape.fan, shape.filters)
 
-    def build(self, steps: list[step_plan.SeqStep], shape: TreeShape, scratch_block: int = 0) -> np.ndarray:
-        return step_plan.build(steps, shape.first, self.runner.cache.block_size, scratch_block)
+    def build(self, inp: TreeInput | list, shape: TreeShape, scratch_block: int = 0) -> np.ndarray:
+        steps = inp.steps if isinstance(inp, TreeInput) else inp
+        flat = np.empty(shape.size, dtype=np.int64)
+        flat[: shape.first.size] = step_plan.build(steps, shape.first, self.runner.cache.block_size, scratch_block)
+        if shape.filters is not None:
+            params = inp.params if isinstance(inp, TreeInput) else []
+            staged_columns.fill(flat[shape.first.size :], params, self.runner.vocab_size)
+        return flat
 
     @torch.inference_mode()  # the trees' ancestor bits may be inference tensors (made in an eager forward)
     def run(self, seqs: list[Sequence], beam: bool, fan: tuple[int, ...]) -> tuple[list[TokenTree], list[ForwardCost]]:
         """Draft the tree ``(beam, fan)`` (``tree_fan``) for every sequence; trees and d forward costs."""
         levels = level_sizes(beam, fan)
-        rows, shape, seconds = self._run(seqs, sum(levels[:-1]), lambda steps: self.shape_of(steps, beam, fan))
+        params = [s.sampling for s in seqs]
+        filters = None if all(p.greedy for p in params) else staged_columns.filters(params, self.runner.vocab_size)
+        rows, shape, seconds = self._run(seqs, sum(levels[:-1]), lambda steps: self.shape_of(steps, beam, fan, filters),
+                                         lambda steps: TreeInput(steps, params))  # fmt: skip
         m = shape.nodes
         trees = []
         for seq, row in zip(seqs, rows):
@@ -109,14 +134,23 @@ class DraftTreeStep(StaticDraft):
         return trees, self.costs(seconds, len(fan), len(seqs), shape.first.rows, [len(seqs) * n for n in levels[:-1]])
 
     # what a level runs (eagle/static_tree.py feeds the head its parents' outputs)
-    def _root_probs(self, seg: dict[str, torch.Tensor], first: StepShape) -> torch.Tensor:
-        """Forward 0: the root's draft probabilities [B, V]."""
-        return self._forward_root(seg, first.kv_cap)
+    def _root_logits(self, seg: dict[str, torch.Tensor], first: StepShape) -> torch.Tensor:
+        """Forward 0: the root's logits [B, V]."""
+        return self._logits(self._root_hidden(seg, first.kv_cap))
 
-    def _level_probs(self, ids: torch.Tensor, pos: torch.Tensor, above: torch.Tensor | None) -> torch.Tensor:
-        """A level's forward: ids, pos [B * L] -> probabilities [B * L, V]; ``above`` [B, L]: each node's parent
-        within the level before (None: the root)."""
-        return self._probs(self._decode(ids, pos))
+    def _level_logits(self, ids: torch.Tensor, pos: torch.Tensor, above: torch.Tensor | None) -> torch.Tensor:
+        """A level's forward: ids, pos [B * L] -> logits [B * L, V]; ``above`` [B, L]: each node's parent within
+        the level before (None: the root)."""
+        return self._logits(self._decode(ids, pos))
+
+    @staticmethod
+    def _tree_probs(logits: torch.Tensor, columns: dict | None) -> torch.Tensor:
+        """logits [B, R, V] -> drafting._draft_probs per request: the plain softmax when greedy, else its own
+        temperature, top-k, top-p and min-p (batched_probs)."""
+        soft = torch.softmax(logits, dim=-1)  # [B, R, V]
+        if columns is None:
+            return soft
+        return torch.where(columns["greedy"][:, None, None], soft, batched_probs(logits, columns))
 
     def _ids(self, columns: torch.Tensor) -> torch.Tensor:
         """Token ids of the probabilities' columns (the identity but for a reduced vocabulary)."""
@@ -132,7 +166,8 @@ class DraftTreeStep(StaticDraft):
         seg = {name: flat[a : a + n].view(dims) for name, (a, n, dims) in first.offsets().items()}
         n, table = seg["ncommit"], seg["table"]  # [B], [B, NB]
         bs = self.runner.cache.block_size
-        probs = self._root_probs(seg, first)[:, None]  # [B, 1, V]: the root is level -1's one node
+        columns = None if shape.filters is None else staged_columns.read(flat[first.size : shape.size], shape.filters)
+        probs = self._tree_probs(self._root_logits(seg, first)[:, None], columns)  # [B, 1, V]: the root, level -1
         path = torch.ones(batch, 1, device=device)  # [B, 1] path probability of each node of the last level
         anc = torch.zeros(batch, m, m, dtype=torch.long, device=device)  # [B, M, M] ancestor-or-self bits
         tokens, parents, picked = [], [], []
@@ -149,7 +184,8 @@ class DraftTreeStep(StaticDraft):
                                    "unpad": rows, "new_slots": slots.reshape(-1)}, first.kv_cap)  # fmt: skip
                 pos = (n + s - 1)[:, None].expand(batch, prev).reshape(-1)  # [B * L] position n + depth
                 above = parents[-1] - (base - levels[s - 2]) if s > 1 else None  # [B, L] parent within its level
-                probs = self._level_probs(tokens[-1].reshape(-1), pos, above).view(batch, prev, -1)  # [B, L, V]
+                logits = self._level_logits(tokens[-1].reshape(-1), pos, above).view(batch, prev, -1)  # [B, L, V]
+                probs = self._tree_probs(logits, columns)
             width = probs.shape[1]  # L: nodes of the level just run (1: the root)
             vocab = probs.shape[2]
             if shape.beam:  # the w children of highest path probability over all L x V

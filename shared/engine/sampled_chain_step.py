@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from shared.engine import chain_plan
+from shared.engine import chain_plan, staged_columns
 from shared.engine.chain_plan import ChainShape
 from shared.engine.device_sampling import batched_probs
 from shared.engine.draft_chain_step import DraftChainStep
@@ -33,7 +33,6 @@ from shared.engine.sequence import Sequence
 from shared.engine.step_plan import AfterFirstForward, SeqStep
 from shared.engine.types import ForwardCost, SparseDist, TokenTree
 
-COLUMNS = ("greedy", "top_k", "temp", "top_p", "min_p")  # [B] each; temp, top_p, min_p as float64 bits
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,7 @@ class SampledChainShape(AfterFirstForward):
 
     @property
     def size(self) -> int:  # the chain, five [B] columns, the uniforms [B, k]
-        return self.chain.size + (len(COLUMNS) + self.chain.length) * self.chain.batch
+        return self.chain.size + (staged_columns.NUM + self.chain.length) * self.chain.batch
 
 
 @dataclass
@@ -93,17 +92,10 @@ class SampledDraftChain(DraftChainStep):
         flat = np.zeros(shape.size, dtype=np.int64)
         chain, batch, k = shape.chain, shape.batch, shape.length
         flat[: chain.size] = chain_plan.build(steps, chain, self.runner.cache.block_size, scratch_block)
-        cols = flat[chain.size : chain.size + len(COLUMNS) * batch].reshape(len(COLUMNS), batch)
-        u = flat[chain.size + len(COLUMNS) * batch :].reshape(batch, k).view(np.float64)  # [B, k]
-        floats = cols[2:].view(np.float64)  # [3, B] temp, top_p, min_p
-        cols[0], cols[1] = 1, self.runner.vocab_size  # padded sequences: greedy
-        floats[0], floats[1], floats[2] = 1.0, 1.0, 0.0
+        staged_columns.fill(flat[chain.size : chain.size + staged_columns.NUM * batch],
+                            inp.params if isinstance(inp, SampledChainInput) else [], self.runner.vocab_size)
+        u = flat[chain.size + staged_columns.NUM * batch :].reshape(batch, k).view(np.float64)  # [B, k]
         u[:] = 0.5
-        vocab = self.runner.vocab_size
-        for b, p in enumerate(inp.params if isinstance(inp, SampledChainInput) else []):
-            cols[0, b], cols[1, b] = int(p.greedy), p.top_k if 0 < p.top_k < vocab else vocab
-            floats[0, b] = 1.0 if p.greedy else np.float32(p.temperature)
-            floats[1, b], floats[2, b] = np.float32(p.top_p), np.float32(p.min_p)
         if steps:
             u[: len(steps)] = inp.uniforms
         return flat
@@ -114,8 +106,7 @@ class SampledDraftChain(DraftChainStep):
         vocab = self.runner.vocab_size
         entries = min(self.runner.config.draft_top_k, vocab)
         params = [s.sampling for s in seqs]
-        filters = (any(0 < p.top_k < vocab for p in params), any(p.top_p < 1.0 for p in params),
-                   any(p.min_p > 0.0 for p in params))  # fmt: skip
+        filters = staged_columns.filters(params, vocab)
         uniforms = np.stack([np.full(length, 0.5, np.float32) if s.sampling.greedy
                              else torch.rand(length, generator=draft_generator(s)).numpy() for s in seqs])  # fmt: skip
         bs = self.runner.cache.block_size
@@ -131,11 +122,8 @@ class SampledDraftChain(DraftChainStep):
 
     def _context(self, flat: torch.Tensor, shape: SampledChainShape) -> dict:
         batch, k, start = shape.batch, shape.length, shape.chain.size
-        cols = flat[start : start + len(COLUMNS) * batch].view(len(COLUMNS), batch)
-        floats = cols[2:].view(torch.float64).float()  # [3, B]
-        u = flat[start + len(COLUMNS) * batch : shape.size].view(batch, k).view(torch.float64).float()  # [B, k]
-        columns = {"greedy": cols[0] > 0, "top_k": cols[1], "temp": floats[0], "top_p": floats[1], "min_p": floats[2],
-                   "any": shape.filters}  # fmt: skip
+        columns = staged_columns.read(flat[start : start + staged_columns.NUM * batch], shape.filters)
+        u = flat[start + staged_columns.NUM * batch : shape.size].view(batch, k).view(torch.float64).float()  # [B, k]
         return {"columns": columns, "u": u, "entries": shape.entries}
 
     def _choose(self, hidden: torch.Tensor, i: int, ctx: dict) -> tuple[torch.Tensor, ...]:

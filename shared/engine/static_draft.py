@@ -139,12 +139,19 @@ class StaticDraft:
         out = self.runner.decoder(input_ids=ids[None], position_ids=pos[None], use_cache=False, tandem_backend=self.attn)
         return out.last_hidden_state[0]
 
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [R, hidden] -> float32 logits [R, vocab]."""
+        return self.runner.lm_head(hidden).float()
+
     def _probs(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [R, hidden] -> the draft's probabilities [R, vocab] (drafting._draft_probs, greedy)."""
-        return torch.softmax(self.runner.lm_head(hidden).float(), dim=-1)
+        return torch.softmax(self._logits(hidden), dim=-1)
+
+    def _root_hidden(self, seg: dict[str, torch.Tensor], kv_cap: int) -> torch.Tensor:
+        """Forward 0 from step_plan segments: the fed committed tokens -> the root's hidden state [B, hidden]."""
+        self.attn.prepare(seg, kv_cap)
+        return self._decode(seg["ids"], seg["pos"])[seg["root_row"]]  # [B, hidden]
 
     def _forward_root(self, seg: dict[str, torch.Tensor], kv_cap: int) -> torch.Tensor:
-        """Forward 0 from step_plan segments: the fed committed tokens -> the root's probabilities [B, vocab]."""
-        self.attn.prepare(seg, kv_cap)
-        hidden = self._decode(seg["ids"], seg["pos"])  # [T, hidden]
-        return self._probs(hidden[seg["root_row"]])
+        """Forward 0: the root's probabilities [B, vocab]."""
+        return self._probs(self._root_hidden(seg, kv_cap))

@@ -66,8 +66,12 @@ class EagleInputs:
         """ids, pos [T], feats [T, H] -> the head's pre-norm outputs [T, H] on the prepared attention."""
         return self.runner.head(ids[None], feats[None], pos[None], backend=self.attn)[0]
 
+    def _head_logits(self, out: torch.Tensor) -> torch.Tensor:
+        """Pre-norm outputs [R, H] -> float32 logits over the draft vocabulary [R, V']."""
+        return self._logits(self.runner.head.norm(out))
+
     def _head_probs(self, out: torch.Tensor) -> torch.Tensor:
-        """Pre-norm outputs [R, H] -> draft probabilities over the draft vocabulary [R, V']."""
+        """Pre-norm outputs [R, H] -> greedy draft probabilities over the draft vocabulary [R, V']."""
         return self._probs(self.runner.head.norm(out))
 
     def _ids(self, columns: torch.Tensor) -> torch.Tensor:

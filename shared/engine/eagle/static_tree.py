@@ -25,13 +25,13 @@ class EagleTreeStep(EagleInputs, DraftTreeStep):
         self._levels: list[torch.Tensor] = []  # [B, 1, H] the root's output, then [B, L, H] per level run
         return super().body(flat, shape)
 
-    def _root_probs(self, seg: dict[str, torch.Tensor], first: StepShape) -> torch.Tensor:
+    def _root_logits(self, seg: dict[str, torch.Tensor], first: StepShape) -> torch.Tensor:
         self.attn.prepare(seg, first.kv_cap)
         h = self._head(seg["ids"], self.feats[: first.rows], seg["pos"])[seg["root_row"]]  # [B, H]
         self._levels = [h[:, None]]
-        return self._head_probs(h)
+        return self._head_logits(h)
 
-    def _level_probs(self, ids: torch.Tensor, pos: torch.Tensor, above: torch.Tensor | None) -> torch.Tensor:
+    def _level_logits(self, ids: torch.Tensor, pos: torch.Tensor, above: torch.Tensor | None) -> torch.Tensor:
         last = self._levels[-1]  # [B, L', H] the outputs of the level above (the root's: L' = 1)
         batch, hidden = last.shape[0], last.shape[2]
         width = ids.shape[0] // batch  # L: nodes of the level run now
@@ -41,7 +41,7 @@ class EagleTreeStep(EagleInputs, DraftTreeStep):
             feats = last.gather(1, above[:, :, None].expand(batch, width, hidden))  # [B, L, H]
         out = self._head(ids, feats.reshape(-1, hidden), pos)  # [B * L, H]
         self._levels.append(out.view(batch, width, hidden))
-        return self._head_probs(out)
+        return self._head_logits(out)
 
     def _level_outputs(self, shape: TreeShape) -> None:
         self._keep_outputs(torch.cat(self._levels, 1))  # [B, 1 + nodes run, H]

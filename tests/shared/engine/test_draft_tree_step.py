@@ -74,6 +74,26 @@ def test_static_tree_equals_eager_over_rounds(arch, shape):
     assert fast.runner.cache.num_free_blocks == fast.runner.cache.num_blocks
 
 
+@pytest.mark.parametrize("shape", ["beam-3x2", "expansion-2-1-2"])
+def test_sampling_requests_trees_rank_by_their_own_probabilities(shape):
+    """A sampling request's tree is its top choices by its tempered, filtered probabilities: the eager tree exactly,
+    greedy requests beside it on the plain softmax."""
+    model = build_tiny("llama", vocab_size=VOCAB, seed=16, hidden_size=32, num_layers=2)
+    fast, eager = pair(model)
+    params = {"g": SamplingParams(), "t": SamplingParams(temperature=0.7, seed=1),
+              "k": SamplingParams(temperature=1.3, top_k=9, seed=2), "p": SamplingParams(temperature=0.9, top_p=0.8, min_p=0.02)}
+    for e in (fast, eager):
+        e.prefill([PrefillItem(s, [2 + i, 5, 8], p) for i, (s, p) in enumerate(params.items())])
+    for step in range(4):
+        items = [SpecItem(s, [step + 3], **SHAPES[shape]) for s in params]
+        got, want = fast.speculate(copy.deepcopy(items)), eager.speculate(copy.deepcopy(items))
+        for a, b in zip(got, want):
+            assert (a.token_ids, a.parent_ids, a.child_dists) == (b.token_ids, b.parent_ids, {})
+            assert a.draft_probs == pytest.approx(b.draft_probs, abs=1e-6)
+        fast.runner.check_accounting()
+    assert fast.trees.runs == 4
+
+
 def test_one_host_sync_per_tree_call():
     model = build_tiny("llama", vocab_size=VOCAB, seed=12, hidden_size=32, num_layers=2)
     fast, _ = pair(model)
@@ -91,7 +111,6 @@ def test_calls_it_does_not_take():
     fast.prefill([PrefillItem("a", [1, 2, 3]), PrefillItem("b", [4, 5]),
                   PrefillItem("s", [6, 7], sampling=SamplingParams(temperature=0.7, seed=2))])  # fmt: skip
     fast.speculate([SpecItem("a", [9], tree_depth=2, tree_width=2), SpecItem("b", [9], tree_depth=3, tree_width=2)])
-    fast.speculate([SpecItem("a", [9], tree_depth=2, tree_width=2), SpecItem("s", [9], tree_depth=2, tree_width=2)])
     assert fast.trees.runs == 0
     small = DraftEngine(make_runner(build_tiny("llama", vocab_size=8, seed=13, hidden_size=32, num_layers=1)))
     small.prefill([PrefillItem("a", [1, 2, 3])])

@@ -154,3 +154,21 @@ def test_captured_sampled_steps_equal_eager_ones_on_gpu():
         got, want = graphed.verify(copy.deepcopy(items)), eager.verify(copy.deepcopy(items))
         assert [r.tokens for r in got] == [r.tokens for r in want]
     assert graphed.static.graphs.replays >= 4
+
+
+def test_sampling_requests_trees_padded_to_buckets_equal_exact_ones():
+    model = build_tiny("llama", vocab_size=VOCAB, seed=4, hidden_size=32, num_layers=2)
+    exact, bucketed = (DraftEngine(make_runner(copy.deepcopy(model), static_step=True)) for _ in range(2))
+    pool = padded(bucketed, bucketed.chains, bucketed.trees, bucketed.sampled_chains)
+    params = [SamplingParams(temperature=0.8, top_k=11, seed=1), SamplingParams(), SamplingParams(temperature=1.2, top_p=0.9, seed=3)]
+    for e in (exact, bucketed):
+        e.prefill([PrefillItem(f"t{i}", [3 + i, 4, 5 + 2 * i], p) for i, p in enumerate(params)])
+    for step in range(3):
+        items = [SpecItem(f"t{i}", [step + 1], tree_depth=3, tree_width=2) for i in range(len(params))]
+        got, want = bucketed.speculate(copy.deepcopy(items)), exact.speculate(copy.deepcopy(items))
+        assert [(t.token_ids, t.parent_ids) for t in got] == [(t.token_ids, t.parent_ids) for t in want]
+    seeded = [SpecItem(f"t{i}", [9], chain_len=3) for i in range(len(params))]  # a sampled chain, padded: seeds hold
+    got, want = bucketed.speculate(copy.deepcopy(seeded)), exact.speculate(copy.deepcopy(seeded))
+    assert [t.token_ids for t in got] == [t.token_ids for t in want]
+    assert pool.replays == 4
+    bucketed.runner.check_accounting()
