@@ -458,6 +458,7 @@ class ServiceSettings(BaseModel):
         return EngineConfig(
             kv_grow_blocks=self.kv_grow_blocks, cpu_prepack=self.cpu_prepack,
             cpu_prepack_min_rows=self.cpu_prepack_min_rows, attention_backend=self.attention_backend,
+            graph_warmup=True,  # a service captures its common CUDA graphs before it serves (GPU only)
             **{k: v for k, v in fields.items() if v is not None}
         )
 

@@ -58,6 +58,12 @@ class EngineConfig(BaseModel):
         "(static_step.py: the step staged in one copy, acceptance on the device, one host read; CUDA graphs on a GPU); "
         "off = every step through the eager forward.",
     )
+    graph_warmup: bool = Field(
+        False,
+        description="On a GPU, capture the static step's CUDA graphs for decode and 4-token verifies at every batch "
+        "bucket when the engine starts (cuda_graphs.GraphPool.warm); off = each bucket is captured on first use. "
+        "The model services turn it on (ServiceSettings.engine_config); tests and benchmarks leave it off.",
+    )
     device_sampling: bool | None = Field(
         None,
         description="Sampled verify steps on the static path: acceptance as batched tensor ops on the device, one host "

@@ -10,8 +10,10 @@ A pool serves any step kind that offers ``bucket(shape)`` (the bucket that holds
 a step, or None), ``build(steps, shape, scratch_block)`` (its staging array) and
 ``body(static_in, shape)`` (the device work): the target's verify step
 (``static_step.StaticStep``) and the draft's greedy chain (``draft_chain_step``).
-Graphs are captured on first use of a bucket (capture time and pool memory are
-logged) and kept up to ``MAX_GRAPHS``, least recently used dropped first. They
+Graphs are captured at service start for the common shapes (``warm``: the target's
+decode and 4-token verify at every batch bucket and the first context bucket, largest
+first) and on first use of any other bucket (capture time and pool memory are
+logged), and kept up to ``MAX_GRAPHS``, least recently used dropped first. They
 read the KV pool's tensor, so a pool that is reallocated or resized (Nightjar's
 offload) drops them all. One KV block is kept aside as the padding's scratch space
 (``step_plan.build``); the runner's accounting knows it (``ModelRunner.reserved``).
@@ -84,6 +86,20 @@ class GraphPool:
             self.runner.cache.allocator.free([self.scratch_block])
         self.runner.reserved.discard(self.scratch_block)
         self.scratch_block = self._allocator = None
+
+    def warm(self, step, buckets: list) -> None:
+        """Capture ``buckets`` of ``step`` now, largest first, so no step stalls on a capture later (at service
+        start: the common decode and verify shapes at the first context bucket). Logs the total."""
+        if not self.capture:
+            return
+        scratch = self.reserve()
+        start = time.perf_counter()
+        before = torch.cuda.memory_reserved(self.runner.device)
+        todo = [b for b in sorted(set(buckets), key=lambda b: b.size, reverse=True) if (type(step).__name__, b) not in self.graphs]
+        for bucket in todo:
+            self._capture(step, (type(step).__name__, bucket), scratch)
+        log.info("captured %d CUDA graphs of %s at start in %.1f s (+%.1f MiB reserved)", len(todo), type(step).__name__,
+                 time.perf_counter() - start, (torch.cuda.memory_reserved(self.runner.device) - before) / 2**20)  # fmt: skip
 
     def forget(self, kind: str) -> None:
         """Drop the graphs of one step kind (its persistent buffers moved)."""

@@ -66,6 +66,18 @@ class StaticStep:
     def build(self, steps: list[step_plan.SeqStep], shape: step_plan.StepShape, scratch_block: int = 0) -> np.ndarray:
         return step_plan.build(steps, shape, self.runner.cache.block_size, scratch_block)
 
+    def warm_buckets(self, rows: tuple[int, ...] = (1, 5)) -> list[step_plan.StepShape]:
+        """The buckets captured at start: rows per sequence ``rows`` (decode; a 4-token chain and its bonus) at
+        every batch bucket, at the first context bucket."""
+        out = []
+        for q in rows:
+            for b in graph_buckets.BATCH_BUCKETS:
+                exact = step_plan.StepShape(batch=b, rows=b * q, q=q, nodes=max(1, q - 1), blocks=1, kv_cap=1, chains=True)
+                bucket = self.bucket(exact)
+                if bucket is not None:
+                    out.append(bucket)
+        return out
+
     @torch.inference_mode()
     def run(self, verifies: list[VerifyItem]) -> tuple[list[AcceptResult], ForwardCost]:
         """One verify step (items already validated by ``TargetEngine._validate``). All greedy: acceptance on

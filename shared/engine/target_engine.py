@@ -66,6 +66,9 @@ class TargetEngine:
         self.static: StaticStep | None = None
         if runner.config.static_step and static_step.supported(runner):
             self.static = StaticStep(runner, graphs=cuda_graphs.pool_for(runner))
+            if self.static.graphs is not None and runner.config.graph_warmup:
+                with torch.inference_mode():
+                    self.static.graphs.warm(self.static, self.static.warm_buckets())
         self.early_exit: EarlyExitController | None = None
         self.set_early_exit(early_exit)
         self.pending: set[str] = set()  # sequences in the middle of a chunked prefill (no verify until it ends)

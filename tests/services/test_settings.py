@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from services.settings import ServiceSettings, ngram_name, parse_ngram_spec
+from shared.engine.config import EngineConfig
 from shared.engine.errors import ModelLoadError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +48,7 @@ def test_engine_config_keeps_engine_defaults_for_unset_fields():
     assert ServiceSettings().engine_config().num_blocks is None
     config = ServiceSettings(num_blocks=9, block_size=4).engine_config()
     assert (config.num_blocks, config.block_size) == (9, 4)
+    assert config.graph_warmup and not EngineConfig().graph_warmup  # services capture their graphs at start
 
 
 def test_attention_backend_setting():

@@ -172,3 +172,25 @@ def test_sampling_requests_trees_padded_to_buckets_equal_exact_ones():
     assert [t.token_ids for t in got] == [t.token_ids for t in want]
     assert pool.replays == 4
     bucketed.runner.check_accounting()
+
+
+def test_start_captures_the_common_buckets_largest_first(monkeypatch):
+    """What a GPU captures when the target starts: decode and 4-token verifies at every batch bucket, largest
+    first, each once (the capture itself is CUDA's; recorded here)."""
+    import torch
+
+    from shared.engine import graph_buckets
+
+    engine = TargetEngine(make_runner(build_tiny("llama", vocab_size=VOCAB, seed=7), static_step=True))
+    pool = GraphPool(engine.runner, capture=False)
+    pool.capture = True  # the capture is recorded instead of made
+    captured = []
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
+    monkeypatch.setattr(pool, "_capture", lambda step, key, scratch: (captured.append(key[1]), pool.graphs.__setitem__(key, None)))
+    buckets = engine.static.warm_buckets()
+    assert {(b.batch, b.q) for b in buckets} == {(b, q) for b in graph_buckets.BATCH_BUCKETS for q in (1, 5)}
+    pool.warm(engine.static, buckets)
+    assert len(captured) == len(buckets) and [b.size for b in captured] == sorted((b.size for b in captured), reverse=True)
+    pool.warm(engine.static, buckets)
+    assert len(captured) == len(buckets)  # captured once
+    assert all(k[0] == "StaticStep" for k in pool.graphs)
