@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from shared.engine.runner import Work
-from shared.engine.sampling import draft_dist, make_generator, probs_from_logits, sample_sparse
+from shared.engine.sampling import draft_dist, inverse_cdf, make_generator, probs_from_logits
 from shared.engine.sequence import Sequence
 from shared.engine.types import SamplingParams, SparseDist, TokenTree
 
@@ -64,6 +64,8 @@ class ChainDrafter:
         self.top_k = top_k
         self.tree = TokenTree()
         self.done = length <= 0
+        # a sampling chain's uniforms, drawn at once (the static chain's draws: sampled_chain_step.py)
+        self.uniforms = None if seq.sampling.greedy or self.done else torch.rand(length, generator=draft_generator(seq))
 
     def next_work(self) -> Work:
         k = len(self.tree)
@@ -85,7 +87,8 @@ class ChainDrafter:
             dist = draft_dist(logits, params, self.top_k)
             if vocab_ids is not None:
                 dist = SparseDist(token_ids=vocab_ids[dist.token_ids.cpu()], probs=dist.probs)
-            token = sample_sparse(dist, draft_generator(self.seq))
+            column = int(inverse_cdf(dist.probs.float()[None], self.uniforms[row : row + 1])[0])  # q by inverse CDF
+            token = int(dist.token_ids[column])
             prob = float(dist.probs[dist.token_ids == token].sum())
         self.tree.token_ids.append(token)
         self.tree.parent_ids.append(row - 1)

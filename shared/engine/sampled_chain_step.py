@@ -12,9 +12,10 @@ Here every forward of the chain does it on the device::
     greedy requests: argmax of the plain softmax and its probability (drafting._draft_probs)
 
 and the one read brings back every forward's token, probability, ids and mass
-([B, k (2 + 2K)]). The draws differ from the eager drafter's (``torch.multinomial``
-on the host), so a seed gives another sample of the same distribution on each path,
-as the target's device sampling does; the reported q is exactly the one sampled from.
+([B, k (2 + 2K)]). The eager drafter draws the same way (the call's k uniforms drawn at
+once from the request's draft generator, ``sampling.inverse_cdf``), so a request's
+proposals are the same whichever path its call took, and a seed fixes them whatever
+shares its batch; the reported q is exactly the one sampled from.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from shared.engine.chain_plan import ChainShape
 from shared.engine.device_sampling import batched_probs
 from shared.engine.draft_chain_step import DraftChainStep
 from shared.engine.drafting import draft_generator
+from shared.engine.sampling import inverse_cdf
 from shared.engine.sequence import Sequence
 from shared.engine.step_plan import AfterFirstForward, SeqStep
 from shared.engine.types import ForwardCost, SparseDist, TokenTree
@@ -66,13 +68,6 @@ class SampledChainInput:
 
     def __len__(self) -> int:
         return len(self.steps)
-
-
-def draw(mass: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """mass [B, K] (rows sum to 1, most probable first), u [B] in [0, 1) -> the drawn column [B]: inverse CDF."""
-    cdf = mass.cumsum(-1)  # [B, K]
-    at = (cdf <= u[:, None] * cdf[:, -1:]).sum(-1).clamp_max(mass.shape[1] - 1)  # [B] first cdf past u
-    return torch.where(mass.gather(1, at[:, None])[:, 0] > 0, at, torch.zeros_like(at))  # rounding at the tail
 
 
 class SampledDraftChain(DraftChainStep):
@@ -132,7 +127,7 @@ class SampledDraftChain(DraftChainStep):
         p = batched_probs(logits[:, None], ctx["columns"])[:, 0]  # [B, V] each request's target-style probabilities
         top, ids = p.topk(ctx["entries"], dim=-1)  # [B, K] each, most probable first
         mass = top / top.sum(-1, keepdim=True)  # [B, K]
-        at = draw(mass, ctx["u"][:, i])  # [B]
+        at = inverse_cdf(mass, ctx["u"][:, i])  # [B]
         soft = torch.softmax(logits, dim=-1)  # [B, V] greedy requests: the plain softmax's argmax
         best = soft.argmax(-1)  # [B]
         greedy = ctx["columns"]["greedy"]

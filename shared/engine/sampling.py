@@ -100,6 +100,15 @@ def draft_dist(logits_row: torch.Tensor, params: SamplingParams, top_k: int = DR
     return SparseDist(token_ids=top_ids.long(), probs=top_probs / top_probs.sum())
 
 
+def inverse_cdf(mass: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """mass [B, K] (rows sum to 1, most probable first; zeros only at the end), u [B] in [0, 1) -> the drawn column
+    [B]: the first whose cumulative mass passes u. The draft's draw on the host and on the device alike
+    (drafting.ChainDrafter, sampled_chain_step.py), so a request's proposals do not depend on which path ran."""
+    cdf = mass.cumsum(-1)  # [B, K]
+    at = (cdf <= u[:, None] * cdf[:, -1:]).sum(-1).clamp_max(mass.shape[1] - 1)  # [B] first cdf past u
+    return torch.where(mass.gather(1, at[:, None])[:, 0] > 0, at, torch.zeros_like(at))  # rounding at the tail
+
+
 def sample_sparse(dist: SparseDist, generator: torch.Generator) -> int:
     """Draw one token id from a ``SparseDist``."""
     index = torch.multinomial(dist.probs.float().to(generator.device), 1, generator=generator).item()

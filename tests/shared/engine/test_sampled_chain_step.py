@@ -1,5 +1,5 @@
 """Sampled draft chains on the device: the q each token was drawn from is draft_dist's at that prefix, draws
-follow q, a seed fixes the chain, greedy requests beside sampled ones get exactly the eager chain."""
+follow q, a seed fixes the chain, and the chains are the eager drafter's, draw for draw."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from scipy.stats import chisquare
 
 from shared.engine.draft_engine import DraftEngine
-from shared.engine.sampled_chain_step import draw
+from shared.engine.sampling import inverse_cdf as draw
 from shared.engine.sampling import draft_dist
 from shared.engine.types import PrefillItem, SamplingParams, SpecItem
 from shared.models.tiny import build_tiny
@@ -37,7 +37,10 @@ def test_each_q_is_draft_dist_at_its_prefix_and_greedy_rows_are_exact():
         got, want = fast.speculate(copy.deepcopy(items)), slow.speculate(copy.deepcopy(items))
         assert fast.sampled_chains.runs == step + 1
         assert (got[0].token_ids, not got[0].child_dists) == (want[0].token_ids, True)  # greedy: the eager chain
-        assert got[0].draft_probs == pytest.approx(want[0].draft_probs, abs=1e-6)
+        for a, b in zip(got, want):  # the same uniforms, the same inverse CDF: the eager drafter's draws
+            assert a.token_ids == b.token_ids
+            assert a.draft_probs == pytest.approx(b.draft_probs, abs=1e-6)
+            assert a.child_dists.keys() == b.child_dists.keys()
         for seq_id, tree in zip(PARAMS, got):
             seq = fast.runner.get(seq_id)
             context = seq.token_ids + tree.token_ids
@@ -53,7 +56,6 @@ def test_each_q_is_draft_dist_at_its_prefix_and_greedy_rows_are_exact():
                 torch.testing.assert_close(dist.probs, ref.probs, atol=1e-5, rtol=1e-4)
                 assert token in dist.token_ids.tolist()
                 assert tree.draft_probs[j] == pytest.approx(float(dist.probs[dist.token_ids == token].sum()), abs=1e-6)
-        # both keep every drafted token as theirs (a different sample each): commit the static chain's to both
         for e in (fast, slow):
             e.speculate([SpecItem(s, t.token_ids + [5], chain_len=0) for s, t in zip(PARAMS, got)])
     fast.runner.check_accounting()
