@@ -114,7 +114,7 @@ class DraftTreeStep(StaticDraft):
         flat[: shape.first.size] = step_plan.build(steps, shape.first, self.runner.cache.block_size, scratch_block)
         if shape.filters is not None:
             params = inp.params if isinstance(inp, TreeInput) else []
-            staged_columns.fill(flat[shape.first.size :], params, self.runner.vocab_size)
+            staged_columns.fill(flat[shape.first.size :], params, self.columns)
         return flat
 
     @torch.inference_mode()  # the trees' ancestor bits may be inference tensors (made in an eager forward)
@@ -122,7 +122,7 @@ class DraftTreeStep(StaticDraft):
         """Draft the tree ``(beam, fan)`` (``tree_fan``) for every sequence; trees and d forward costs."""
         levels = level_sizes(beam, fan)
         params = [s.sampling for s in seqs]
-        filters = None if all(p.greedy for p in params) else staged_columns.filters(params, self.runner.vocab_size)
+        filters = None if all(p.greedy for p in params) else staged_columns.filters(params, self.columns)
         rows, shape, seconds = self._run(seqs, sum(levels[:-1]), lambda steps: self.shape_of(steps, beam, fan, filters),
                                          lambda steps: TreeInput(steps, params))  # fmt: skip
         m = shape.nodes

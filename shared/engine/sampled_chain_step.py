@@ -88,7 +88,7 @@ class SampledDraftChain(DraftChainStep):
         chain, batch, k = shape.chain, shape.batch, shape.length
         flat[: chain.size] = chain_plan.build(steps, chain, self.runner.cache.block_size, scratch_block)
         staged_columns.fill(flat[chain.size : chain.size + staged_columns.NUM * batch],
-                            inp.params if isinstance(inp, SampledChainInput) else [], self.runner.vocab_size)
+                            inp.params if isinstance(inp, SampledChainInput) else [], self.columns)
         u = flat[chain.size + staged_columns.NUM * batch :].reshape(batch, k).view(np.float64)  # [B, k]
         u[:] = 0.5
         if steps:
@@ -98,7 +98,7 @@ class SampledDraftChain(DraftChainStep):
     @torch.inference_mode()  # the trees' ancestor bits may be inference tensors (made in an eager forward)
     def run(self, seqs: list[Sequence], length: int, thresholds: list[float]) -> tuple[list[TokenTree], list[ForwardCost]]:
         """Draft a sampled chain of ``length`` for every sequence (``applies`` was checked)."""
-        vocab = self.runner.vocab_size
+        vocab = self.columns  # an EAGLE head's draft vocabulary, else the model's
         entries = min(self.runner.config.draft_top_k, vocab)
         params = [s.sampling for s in seqs]
         filters = staged_columns.filters(params, vocab)
@@ -123,7 +123,10 @@ class SampledDraftChain(DraftChainStep):
 
     def _choose(self, hidden: torch.Tensor, i: int, ctx: dict) -> tuple[torch.Tensor, ...]:
         """hidden [B, H] -> (token [B], probability [B], q's ids [B, K], q's mass [B, K])."""
-        logits = self.runner.lm_head(hidden).float()  # [B, V]
+        return self._choose_logits(self._logits(hidden), i, ctx)
+
+    def _choose_logits(self, logits: torch.Tensor, i: int, ctx: dict) -> tuple[torch.Tensor, ...]:
+        """logits [B, V] of forward i -> (column [B], probability [B], q's columns [B, K], q's mass [B, K])."""
         p = batched_probs(logits[:, None], ctx["columns"])[:, 0]  # [B, V] each request's target-style probabilities
         top, ids = p.topk(ctx["entries"], dim=-1)  # [B, K] each, most probable first
         mass = top / top.sum(-1, keepdim=True)  # [B, K]

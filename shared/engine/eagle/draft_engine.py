@@ -14,8 +14,8 @@ Every check (dtype, width, position range, an unknown sequence) runs before
 anything changes, so bad features cost the caller an INVALID_ARGUMENT and
 nothing else. Chain and beam drafting are the token draft's own drafters,
 unchanged: the runner feeds each new node the head's output at its parent. A call
-of greedy chains of one length, or greedy trees of one shape, runs as one static
-draft instead (static_chain.py, static_tree.py: the head's forwards in one body, one
+of chains of one length, or trees of one shape (greedy or sampling requests), runs
+as one static draft instead (static_chain.py, static_tree.py: the head's forwards in one body, one
 host read; a CUDA graph on a GPU).
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 from shared.engine import cuda_graphs, prefix_blocks
 from shared.engine.draft_engine import DraftEngine
 from shared.engine.eagle import static_inputs
-from shared.engine.eagle.static_chain import EagleChainStep
+from shared.engine.eagle.static_chain import EagleChainStep, EagleSampledChain
 from shared.engine.eagle.static_tree import EagleTreeStep
 from shared.engine.eagle.runner import EagleRunner
 from shared.engine.errors import InvalidRequestError
@@ -39,6 +39,7 @@ class FeatureDraftEngine(DraftEngine):
         if runner.config.static_step and static_inputs.supported(runner):  # greedy chains and trees
             graphs = cuda_graphs.pool_for(runner)
             self.chains = EagleChainStep(runner, graphs)
+            self.sampled_chains = EagleSampledChain(runner, graphs)
             self.trees = EagleTreeStep(runner, graphs)
 
     @property

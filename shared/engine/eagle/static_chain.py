@@ -12,33 +12,46 @@ from __future__ import annotations
 
 import torch
 
-from shared.engine.chain_plan import ChainShape
 from shared.engine.draft_chain_step import DraftChainStep
 from shared.engine.eagle.static_inputs import EagleInputs, supported  # noqa: F401 - the feature draft's check
+from shared.engine.sampled_chain_step import SampledDraftChain
 
 
 class EagleChainStep(EagleInputs, DraftChainStep):
     what = "EAGLE draft chain"
 
-    def body(self, flat: torch.Tensor, shape: ChainShape) -> torch.Tensor:
-        """The captured region: staged chain [size] (+ the fed rows' features) -> [B, 2k] float64."""
-        first, k, batch = shape.first, shape.length, shape.batch
+    def body(self, flat: torch.Tensor, shape) -> torch.Tensor:
+        """The captured region: staged chain [size] (+ the fed rows' features) -> the outcome (``_outcome``)."""
+        chain = shape.chain if hasattr(shape, "chain") else shape  # a sampled chain's shape wraps the chain's
+        first, k, batch = chain.first, chain.length, chain.batch
         self._room(first.rows, batch, k)  # eager steps only (a bucket's sizes fit the buffers from the start)
         seg = {name: flat[a : a + n].view(dims) for name, (a, n, dims) in first.offsets().items()}
-        tail = flat[first.size :].view(2, k - 1, batch)  # [2, k - 1, B] positions, slots
+        tail = flat[first.size : chain.size].view(2, k - 1, batch)  # [2, k - 1, B] positions, slots
+        ctx = self._context(flat, shape)
         self.attn.prepare(seg, first.kv_cap)
         h = self._head(seg["ids"], self.feats[: first.rows], seg["pos"])[seg["root_row"]]  # [B, H] h_0, the root's
-        token, prob = self._pick(self._head_probs(h))
-        token = self._ids(token)  # [B] the target's token ids
-        tokens, probs, outs = [token], [prob], [h]
+        picks, outs = [self._choose_head(h, 0, ctx)], [h]
         step_seg = self._step_segments(seg["table"])
         for i in range(k - 1):
             pos = self._prepare_step(step_seg, tail, i, first.kv_cap)  # [B]
-            h = self._head(token, h, pos)  # [B, H]: d_i fed its parent's output
-            token, prob = self._pick(self._head_probs(h))
-            token = self._ids(token)
-            tokens.append(token)
-            probs.append(prob)
+            h = self._head(picks[-1][0], h, pos)  # [B, H]: d_i fed its parent's output
+            picks.append(self._choose_head(h, i + 1, ctx))
             outs.append(h)
         self._keep_outputs(torch.stack(outs, 1))  # [B, k, H]
-        return torch.cat([torch.stack(tokens, 1).double(), torch.stack(probs, 1).double()], 1)  # [B, 2k]
+        return self._outcome(picks)
+
+    def _choose_head(self, h: torch.Tensor, i: int, ctx) -> tuple[torch.Tensor, ...]:
+        """The head's output h [B, H] -> (target token id [B], draft probability [B])."""
+        token, prob = self._pick(self._head_probs(h))
+        return self._ids(token), prob
+
+
+class EagleSampledChain(EagleChainStep, SampledDraftChain):
+    """Sampled EAGLE-3 chains: the head's body, each forward's draw as sampled_chain_step.py's, over the draft
+    vocabulary, the q's columns mapped to target ids."""
+
+    what = "sampled EAGLE draft chain"
+
+    def _choose_head(self, h: torch.Tensor, i: int, ctx) -> tuple[torch.Tensor, ...]:
+        token, prob, ids, mass = self._choose_logits(self._head_logits(h), i, ctx)
+        return self._ids(token), prob, self._ids(ids), mass

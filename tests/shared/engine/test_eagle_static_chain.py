@@ -12,7 +12,7 @@ from shared.engine.eagle.static_chain import EagleChainStep
 from shared.engine.eagle.static_tree import EagleTreeStep
 from shared.engine.errors import InvalidRequestError
 from shared.engine.factory import build_feature_draft_engine, build_target_engine
-from shared.engine.types import PrefillItem, SpecItem, VerifyItem
+from shared.engine.types import PrefillItem, SamplingParams, SpecItem, VerifyItem
 from shared.models.tiny import save_tiny, save_tiny_eagle
 from shared.profiling.host_work import HostWorkCounter, engine_device_tensors
 
@@ -139,3 +139,34 @@ def test_the_cuda_graph_chain_equals_the_eager_chain_on_gpu(dirs):
         outs = target.verify([VerifyItem(s, t) for s, t in zip(PROMPTS, got)], features=fast.spec)
         pending = {s: (o.tokens, o.features) for s, o in zip(PROMPTS, outs)}
     assert fast.chains.graphs.replays >= 3
+
+
+@pytest.mark.parametrize("shape", [dict(chain_len=3), dict(tree_depth=3, tree_width=2)], ids=["chain", "beam"])
+def test_sampling_requests_take_the_static_eagle_drafts_and_equal_eager_ones(dirs, shape):
+    """Sampling requests: chains drawn as the eager drafter draws (the same uniforms, inverse CDF over the draft
+    vocabulary, q mapped to target ids), trees ranked by each request's own probabilities."""
+    target_dir, head_dir = dirs
+    target, _ = build_target_engine(target_dir, device="cpu", engine_config=config(True), with_tokenizer=False)
+    fast, slow = (build_feature_draft_engine(head_dir, target_dir=target_dir, device="cpu", engine_config=config(s))
+                  for s in (True, False))  # fmt: skip
+    params = {"a": SamplingParams(temperature=0.8, seed=1), "b": SamplingParams(),
+              "c": SamplingParams(temperature=1.1, top_k=20, top_p=0.9, seed=2)}  # fmt: skip
+    res = target.prefill([PrefillItem(k, PROMPTS[k], params[k]) for k in PROMPTS], features=fast.spec)
+    for d in (fast, slow):
+        d.prefill([PrefillItem(k, PROMPTS[k], params[k], features=r.features.rows(0, len(PROMPTS[k]) - 1))
+                   for k, r in zip(PROMPTS, res)])  # fmt: skip
+    pending = {k: ([r.first_token], r.features.rows(len(PROMPTS[k]) - 1, len(PROMPTS[k]))) for k, r in zip(PROMPTS, res)}
+    ids = set(fast.runner.logit_ids.tolist())
+    for _ in range(4):
+        items = [SpecItem(s, pending[s][0], features=pending[s][1], **shape) for s in PROMPTS]
+        got, want = fast.speculate(copy.deepcopy(items)), slow.speculate(copy.deepcopy(items))
+        assert [t.parent_ids for t in got] == [t.parent_ids for t in want]
+        same(fast, slow, got, want)
+        for a, b in zip(got, want):
+            assert a.child_dists.keys() == b.child_dists.keys()
+            for row, dist in a.child_dists.items():
+                assert dist.token_ids.tolist() == b.child_dists[row].token_ids.tolist() and set(dist.token_ids.tolist()) <= ids
+                torch.testing.assert_close(dist.probs, b.child_dists[row].probs, atol=1e-5, rtol=1e-4)
+        outs = target.verify([VerifyItem(s, t) for s, t in zip(PROMPTS, got)], features=fast.spec)
+        pending = {s: (o.tokens, o.features) for s, o in zip(PROMPTS, outs)}
+    assert (fast.sampled_chains.runs if "chain_len" in shape else fast.trees.runs) == 4
