@@ -61,18 +61,10 @@ def hollow_llama(layers: int = 30, hidden: int = 64, vocab: int = 49152, seed: i
     return LlamaForCausalLM(cfg).eval()
 
 
-def make_engine(model, static: bool, batch: int) -> TargetEngine:
+def make_engine(model, static: bool, batch: int, kind=TargetEngine):
+    """A target (or, with ``kind=DraftEngine``, a draft) on a copy of ``model``, ``batch`` sequences prefilled."""
     config = EngineConfig(num_blocks=batch * 16 + 64, static_step=static, cpu_prepack=False)
-    engine = TargetEngine(ModelRunner(copy.deepcopy(model), config))
-    g = torch.Generator().manual_seed(1)
-    prompts = torch.randint(0, engine.runner.vocab_size, (batch, CONTEXT), generator=g).tolist()
-    engine.prefill([PrefillItem(seq_id=f"s{i}", prompt_ids=p) for i, p in enumerate(prompts)])
-    return engine
-
-
-def make_draft(model, static: bool, batch: int) -> DraftEngine:
-    config = EngineConfig(num_blocks=batch * 16 + 64, static_step=static, cpu_prepack=False)
-    engine = DraftEngine(ModelRunner(copy.deepcopy(model), config))
+    engine = kind(ModelRunner(copy.deepcopy(model), config))
     g = torch.Generator().manual_seed(1)
     prompts = torch.randint(0, engine.runner.vocab_size, (batch, CONTEXT), generator=g).tolist()
     engine.prefill([PrefillItem(seq_id=f"s{i}", prompt_ids=p) for i, p in enumerate(prompts)])
@@ -142,7 +134,7 @@ def run(batches: list[int], ops: list[str], repeats: int, steps: int) -> list[di
             engines = {path: make_engine(model, path == "graph", batch) for path in ("eager", "graph")}
             drafts = {}
             if any(op in DRAFT_OPS for op in ops):
-                drafts = {path: make_draft(model, path == "graph", batch) for path in ("eager", "graph")}
+                drafts = {path: make_engine(model, path == "graph", batch, DraftEngine) for path in ("eager", "graph")}
             for op in ops:
                 for path in ("eager", "graph"):  # interleaved: both paths on the same machine moment
                     if op in DRAFT_OPS:
