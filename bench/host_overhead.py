@@ -82,12 +82,17 @@ def measure_draft(engine: DraftEngine, op: str, batch: int, steps: int) -> dict:
     g = torch.Generator().manual_seed(2)
     last: list = [[] for _ in range(batch)]
     draft_call(engine, op, batch, g, last)  # warm
+    return counted(engine, lambda: draft_call(engine, op, batch, g, last), steps)
+
+
+def counted(engine, call, steps: int) -> dict:
+    """One ``call()`` under the host-work counters, then ``steps`` timed ones (no counters attached)."""
     with HostWorkCounter(engine_device_tensors(engine.runner)) as counter:
-        draft_call(engine, op, batch, g, last)
+        call()
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        draft_call(engine, op, batch, g, last)
+        call()
         times.append(1e3 * (time.perf_counter() - t0))
     return {
         "ops_outside": counter.ops,
@@ -107,22 +112,8 @@ def step_items(engine: TargetEngine, op: str, batch: int, g: torch.Generator) ->
 def measure(engine: TargetEngine, op: str, batch: int, steps: int) -> dict:
     g = torch.Generator().manual_seed(2)
     engine.step([], step_items(engine, op, batch, g))  # warm
-    items = step_items(engine, op, batch, g)
-    with HostWorkCounter(engine_device_tensors(engine.runner)) as counter:
-        engine.step([], items)
-    times = []
-    for _ in range(steps):
-        items = step_items(engine, op, batch, g)
-        t0 = time.perf_counter()
-        engine.step([], items)
-        times.append(1e3 * (time.perf_counter() - t0))
-    return {
-        "ops_outside": counter.ops,
-        "syncs": counter.num_syncs,
-        "python_calls": counter.calls,
-        "ms": statistics.median(times),
-        "sync_sites": dict(counter.syncs.most_common(8)),
-    }
+    items = [step_items(engine, op, batch, g) for _ in range(steps + 1)]  # built before the clock and counters
+    return counted(engine, lambda: engine.step([], items.pop(0)), steps)
 
 
 def run(batches: list[int], ops: list[str], repeats: int, steps: int) -> list[dict]:
