@@ -37,6 +37,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 
 from scheduler.admission import AdmissionControl
+from scheduler.draft_ahead import DraftAhead
 from scheduler.draft_link import DraftLink
 from scheduler.elastic_control import ElasticControl
 from scheduler.feature_relay import FeatureRelay
@@ -119,6 +120,10 @@ class Scheduler:
             else None
         )
         self.frontier = FrontierPipeline(cfg.frontier) if cfg.frontier is not None and draft is not None else None
+        # the next speculate sent as soon as a verify's outcome is in (draft_ahead.py); not beside frontier
+        # pipelining, which overlaps drafting its own way, nor for feature drafts, whose features arrive later
+        self.ahead = DraftAhead() if cfg.draft_ahead and draft is not None and self.frontier is None \
+            and self.features is None else None  # fmt: skip
         self.chunks = ChunkedPrefill(cfg.prefill_chunk if self.frontier is None else 0)
         # admission within the caps, preemption, eviction under KV pressure (admission.py)
         self.admission = AdmissionControl(self.queue_policy, cfg, self.link,
@@ -222,6 +227,8 @@ class Scheduler:
                 self._fail_all(exc)
             if not waited():  # stream consumers and submitters ran while it awaited its workers; else now
                 await asyncio.sleep(0)
+        if self.ahead is not None:
+            self.ahead.cancel()
         await self.deferred.drain()
 
     def stop(self) -> None:
@@ -304,6 +311,8 @@ class Scheduler:
         else:
             results = await self._verify(batch, trees, report) if batch or self.chunks.planned else []
             times.verify = clock.now() - t
+            if self.ahead is not None and results and self.link.usable and not self.link.stale:
+                self.ahead.start(self.draft, batch, shapes, results)  # drafts while this step commits
 
         # 7. commit
         t = clock.now()
@@ -379,18 +388,28 @@ class Scheduler:
     async def _speculate(self, batch: list[Request], shapes: list[SpecShape], report: StepReport) -> list[TokenTree]:
         trees = [TokenTree() for _ in batch]
         spec = [(i, r, s) for i, (r, s) in enumerate(zip(batch, shapes)) if s.speculates]
+        try:
+            ahead = await self.ahead.collect() if self.ahead is not None and self.ahead.pending else {}
+        except Exception as exc:  # noqa: BLE001 - the call sent ahead failed: a draft failure, as below
+            self._draft_failed(exc)
+            return trees
         if not spec:
             return trees
         try:
             t = self.clock.now()  # resync requests the draft lacks (recovery, deferred); timed apart: no drafting cost
             await self.link.sync([r for _, r, _ in spec])
             report.times.draft_sync = self.clock.now() - t
+            if ahead:  # trees drafted while the last step committed (draft_ahead.py), where the plan is unchanged
+                taken = {i: tree for i, r, s in spec if (tree := self.ahead.take(r, s, ahead)) is not None}
+                for i, tree in taken.items():
+                    trees[i] = tree if tree_ok(tree) else TokenTree()
+                spec = [(i, r, s) for i, r, s in spec if i not in taken]
             items = [s.spec_item(r.id, r.tokens_from(r.draft_seen), r.draft_rollback) for _, r, s in spec]
             report.num_catchup_tokens = sum(max(0, len(item.new_tokens) - 1) for item in items)
             if self.features is not None:
                 for item, (_, r, _) in zip(items, spec):
                     item.features = r.features
-            drafted = await self.draft.speculate(items)
+            drafted = await self.draft.speculate(items) if items else []
             if len(drafted) != len(items):
                 raise RuntimeError(f"draft returned {len(drafted)} trees for {len(items)} items")
             if self.features is not None:

@@ -47,6 +47,11 @@ class SchedulerConfig(BaseModel):
         description="Frontier pipelining (FASER §4.3): verify chain speculation in chunks while the draft drafts "
         "the next chunk concurrently; None = serial speculate then verify.",
     )
+    draft_ahead: bool = Field(
+        False,
+        description="Send each request's next speculate as soon as a verify's outcome is in, so the draft drafts "
+        "while the loop commits (draft_ahead.py); not with frontier pipelining or feature-level drafts.",
+    )
     draft_memory: ElasticMemoryConfig | None = Field(
         None,
         description="Offload the draft's weights under KV pressure while nothing speculates, reload when the "

@@ -340,6 +340,11 @@ class ServiceSettings(BaseModel):
         description="Scheduler without a draft, over step streams: send each plain-decode step's plan as soon as "
         "the last outcome is in, so the target's forward runs beside the scheduler's commit (run_ahead.py).",
     )
+    draft_ahead: bool = Field(
+        True,
+        description="Scheduler with a plain draft, over step streams: send each request's next speculate as soon "
+        "as the target's outcome is in, so the draft drafts while the scheduler commits (draft_ahead.py).",
+    )
     feature_path: Literal["direct", "relay"] = Field(
         "direct",
         description="Scheduler, feature-level drafts over step streams: direct (the target pushes each step's "

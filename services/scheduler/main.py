@@ -205,6 +205,7 @@ async def _start(
             draft_memory=draft_memory,
             pool_growth=pool_growth(target_info) if draft_memory is not None else None,
             frontier=_frontier(settings, draft is not None, budget.cost_model, draft_cost),
+            draft_ahead=settings.draft_ahead and settings.worker_protocol == "stream",
             target_recovery=TargetRecoveryConfig(recovery_s=settings.target_recovery_s),
             prefill_pair_cost=pair_cost(target_info.attention_width, target_info.num_layers, target_info.layer_params),
         ),

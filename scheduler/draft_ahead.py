@@ -1,0 +1,151 @@
+"""Draft run-ahead: the next speculate leaves as soon as the target's outcome is in, before the commit.
+
+    step N:    speculate N ─▶ verify N ─▶ outcome N ─┬─▶ speculate ahead: each request that speculated, from
+                                                     │   its committed prefix (accepted tokens + bonus), with
+               commit N, stream tokens, observers ◀──┘   this step's shape; the draft drafts while the loop works
+    step N+1:  plan ─▶ speculate: a request whose plan asks for what was sent takes the tree drafted ahead;
+                       the others are drafted now, as without run-ahead
+
+The draft's step N+1 needs only the tokens the target committed, which the outcome holds, and the
+shape the policy will pick, which is most often the last one (always under a fixed policy). So the
+draft's call runs beside the scheduler's own per-step work (commit, streaming, observers, planning)
+instead of after it, as decode run-ahead does for the target (services/scheduler/run_ahead.py) and
+vLLM's async scheduling and SGLang's overlap scheduler do for a whole step. Unlike frontier pipelining
+(frontier.py) nothing is optimistic: the draft is given true tokens only, so trees work too.
+
+What the loop sees is unchanged; a tree drafted ahead is the tree the draft would draft at step N+1:
+- a hit needs the request still on the draft as the call left it (no failure, drop, resync or
+  preemption since), its committed tokens exactly those sent, and the plan's shape equal to the one sent;
+- otherwise the draft already holds the sent tokens: the loop counts them as seen, gives back those
+  beyond the request's tokens (a stop cut the commit short: ``draft_rollback``), and drafts again from
+  the same prefix (the last token re-fed: rollback 1), so a miss costs one draft call, as without run-ahead;
+- a failed call is a draft failure at step N+1, with the usual recovery (draft_link.py).
+
+Misses cost draft work, so run-ahead pauses where the plans keep changing (an adaptive policy's
+lengths): over the last ``window`` requests sent ahead, more than ``max_miss`` missed -> none are sent
+for ``pause_steps`` steps, then it tries again; each window missed again in a row doubles the pause (up
+to ``max_pause_steps``), and a window that hits sets it back. Feature-level drafts (EAGLE) are not sent ahead: their
+features for the committed tokens are pushed by the target during the step (feature_relay.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass
+
+from scheduler.request import Request, RequestState
+from scheduler.spec_shape import SpecShape
+from shared.engine.types import AcceptResult, SpecItem, TokenTree
+
+
+@dataclass
+class _Sent:
+    req: Request
+    shape: SpecShape  # the shape it was sent with
+    seen_before: int  # req.draft_seen when it left
+    seen_after: int  # tokens of req the draft holds once the call is applied
+
+
+class DraftAhead:
+    def __init__(self, window: int = 64, max_miss: float = 0.25, pause_steps: int = 64,
+                 max_pause_steps: int = 4096) -> None:  # fmt: skip
+        self.window, self.max_miss, self.pause_steps, self.max_pause_steps = window, max_miss, pause_steps, max_pause_steps
+        self._next_pause = pause_steps
+        self._task: asyncio.Task | None = None
+        self._sent: list[_Sent] = []
+        self._shapes: dict[str, SpecShape] = {}  # the collected trees' shapes, by request id
+        self._recent: deque[bool] = deque(maxlen=window)  # per request sent ahead and planned again: a hit?
+        self._paused = 0  # steps left without run-ahead
+        self.num_sent = 0  # requests sent ahead, all time
+        self.num_hits = 0  # trees drafted ahead that the loop took
+        self.num_misses = 0  # requests sent ahead whose next plan asked for another shape
+
+    @property
+    def pending(self) -> bool:
+        return self._task is not None
+
+    @property
+    def paused(self) -> int:
+        """Steps left before requests are sent ahead again (0: sending)."""
+        return self._paused
+
+    def start(self, draft, batch: list[Request], shapes: list[SpecShape], results: list[AcceptResult]) -> None:
+        """After a verify, before its commit: send each request that speculated its next speculate."""
+        if self._paused:
+            self._paused -= 1
+            return
+        sent: list[_Sent] = []
+        items: list[SpecItem] = []
+        for req, shape, res in zip(batch, shapes, results):
+            if not shape.speculates or not req.on_draft or req.draft_rollback or req.state is not RequestState.RUNNING:
+                continue
+            remaining = req.num_remaining - len(res.tokens)
+            shape = shape.capped(max(0, remaining - 1))  # as plan_shapes will cap it near the end
+            if not res.tokens or remaining <= 0 or not shape.speculates:
+                continue  # it ends with this commit, or will not speculate
+            items.append(shape.spec_item(req.id, req.tokens_from(req.draft_seen) + list(res.tokens)))
+            sent.append(_Sent(req, shape, req.draft_seen, req.num_tokens + len(res.tokens)))
+        if not items:
+            return
+        self._sent = sent
+        self.num_sent += len(items)
+        self._task = asyncio.get_running_loop().create_task(draft.speculate(items), name="draft-ahead")
+
+    async def collect(self) -> dict[str, TokenTree]:
+        """The trees drafted ahead, by request id, once the call is back (it raises what the call raised).
+
+        Every request the draft still holds as the call left it is brought up to date (it holds the sent
+        tokens: ``draft_seen``, and ``draft_rollback`` for those a stop cut off); a tree is returned for
+        those whose tokens are exactly the ones sent."""
+        task, sent, self._task, self._sent = self._task, self._sent, None, []
+        self._shapes = {}
+        if task is None:
+            return {}
+        trees = await task
+        if len(trees) != len(sent):
+            raise RuntimeError(f"draft returned {len(trees)} trees for {len(sent)} requests sent ahead")
+        out: dict[str, TokenTree] = {}
+        for s, tree in zip(sent, trees):
+            req = s.req
+            if not req.on_draft or req.draft_seen != s.seen_before or req.draft_rollback:
+                continue  # dropped, failed or resynchronised since: what the draft holds is not known
+            req.draft_seen = min(s.seen_after, req.num_tokens)
+            req.draft_rollback = s.seen_after - req.draft_seen
+            if req.num_tokens == s.seen_after:
+                out[req.id] = tree
+                self._shapes[req.id] = s.shape
+        return out
+
+    def take(self, req: Request, shape: SpecShape, ahead: dict[str, TokenTree]) -> TokenTree | None:
+        """The tree drafted ahead for ``req`` if the loop's plan is the shape sent; None: the draft drafts
+        it now, from the prefix it holds, so the last token is fed again (``draft_rollback`` + 1)."""
+        tree = ahead.pop(req.id, None)
+        if tree is None:
+            return None
+        hit = self._shapes.get(req.id) == shape
+        self._record(hit)
+        if hit:
+            return tree
+        req.draft_seen -= 1
+        req.draft_rollback += 1
+        return None
+
+    def _record(self, hit: bool) -> None:
+        if hit:
+            self.num_hits += 1
+        else:
+            self.num_misses += 1
+        self._recent.append(hit)
+        if len(self._recent) < self.window:
+            return
+        if self._recent.count(False) > self.max_miss * self.window:
+            self._paused, self._next_pause = self._next_pause, min(2 * self._next_pause, self.max_pause_steps)
+        else:
+            self._next_pause = self.pause_steps
+        self._recent.clear()
+
+    def cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self._task, self._sent = None, []
