@@ -1,8 +1,14 @@
-"""What a submitted request's caller reads: its ``TokenEvent``s, in order, through a ``RequestStream``."""
+"""What a submitted request's caller reads: its ``TokenEvent``s, in order, through a ``RequestStream``.
+
+The loop puts an event per request per step, so the stream is a deque and one waiter future, made only
+when the reader finds nothing queued (an ``asyncio.Queue`` makes a future for every ``get`` and wakes
+its reader through more callbacks).
+"""
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,25 +38,46 @@ class RequestStream:
 
     def __init__(self, request: Request) -> None:
         self.request = request
-        self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self._events: deque[TokenEvent] = deque()
+        self._waiter: asyncio.Future[None] | None = None  # the reader's, while it waits for an event
         self._done = False
 
     def _put(self, event: TokenEvent) -> None:
-        self._queue.put_nowait(event)
+        self._events.append(event)
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def __aiter__(self) -> RequestStream:
         return self
 
+    async def _wait(self) -> None:
+        while not self._events:
+            self._waiter = waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                if self._waiter is waiter:  # cancelled while waiting
+                    self._waiter = None
+
     async def __anext__(self) -> TokenEvent:
         if self._done:
             raise StopAsyncIteration
-        event = await self._queue.get()
+        if not self._events:
+            await self._wait()
+        event = self._events.popleft()
         self._done = event.finished
         return event
 
     async def collect(self) -> list[int]:
-        """All output tokens, once the request ends."""
+        """All output tokens, once the request ends (every event queued is taken at each wake-up)."""
         out: list[int] = []
-        async for ev in self:
-            out.extend(ev.token_ids)
+        events = self._events
+        while not self._done:
+            if not events:
+                await self._wait()
+            while events and not self._done:
+                event = events.popleft()
+                out.extend(event.token_ids)
+                self._done = event.finished
         return out
