@@ -1,0 +1,71 @@
+"""RequestStream: a request's events in order, to a reader that waits, is cancelled, or collects them all."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from scheduler.request import FinishReason, Request, RequestState
+from scheduler.request_stream import RequestStream, TokenEvent
+
+
+def _event(index: int, tokens: list[int], finished: bool = False) -> TokenEvent:
+    state = RequestState.FINISHED if finished else RequestState.RUNNING
+    return TokenEvent("r", tokens, index, 0.0, state, finished=finished,
+                      finish_reason=FinishReason.LENGTH if finished else None)  # fmt: skip
+
+
+def _stream() -> RequestStream:
+    return RequestStream(Request(id="r", prompt_ids=[1, 2], max_new_tokens=8))
+
+
+def test_events_come_in_order_and_the_stream_stops_after_the_finished_one():
+    async def main():
+        stream = _stream()
+        got: list[TokenEvent] = []
+
+        async def read():
+            async for ev in stream:
+                got.append(ev)
+
+        reader = asyncio.create_task(read())
+        await asyncio.sleep(0)  # the reader waits on an empty stream
+        stream._put(_event(0, [5]))
+        stream._put(_event(1, [6, 7]))  # two before it wakes: both come, in order
+        await asyncio.sleep(0)
+        stream._put(_event(3, [8], finished=True))
+        await asyncio.wait_for(reader, 1)
+        assert [e.token_ids for e in got] == [[5], [6, 7], [8]] and got[-1].finished
+        with pytest.raises(StopAsyncIteration):
+            await stream.__anext__()
+
+    asyncio.run(main())
+
+
+def test_collect_takes_every_queued_event_and_ignores_none_after_the_end():
+    async def main():
+        stream = _stream()
+        stream._put(_event(0, [5]))
+        task = asyncio.create_task(stream.collect())
+        await asyncio.sleep(0)
+        stream._put(_event(1, [6]))
+        stream._put(_event(2, [7], finished=True))
+        stream._put(_event(3, [99]))  # nothing follows the finished event
+        assert await asyncio.wait_for(task, 1) == [5, 6, 7]
+
+    asyncio.run(main())
+
+
+def test_a_reader_cancelled_while_waiting_leaves_the_stream_usable():
+    async def main():
+        stream = _stream()
+        waiting = asyncio.create_task(stream.__anext__())
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        stream._put(_event(0, [5], finished=True))  # no waiter left to wake: the event stays queued
+        assert (await stream.__anext__()).token_ids == [5]
+
+    asyncio.run(main())
