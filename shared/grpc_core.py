@@ -2,13 +2,8 @@
 
 grpcio 1.80 and later run Python's I/O on gRPC's EventEngine, where reads and writes hop through a
 pool of ``event_engine`` threads; the older iomgr path does them on the polling thread. Which costs
-less depends on the load (docs/services.md, "Step streams"; 2-core Intel Xeon, 2026-12-07):
-
-- one bidirectional ping-pong on loopback (``python -m bench.grpc_floor``, three alternating runs):
-  0.25-0.33 ms on the EventEngine, 0.15-0.18 ms on iomgr;
-- speculative steps over step streams (``python -m bench.step_overhead``): iomgr faster (a chain of 4
-  at batch 8: 1.31 against 1.51 ms), but plain decode with run-ahead slower (batch 64: 1.40 against
-  1.07 ms), where the EventEngine's threads move bytes while the loop works.
+less depends on the load: on a 2-core machine iomgr halved a bare ping-pong and made speculative
+steps faster, but plain decode with run-ahead slower at batch 64 (docs/services.md, "Step streams").
 
 ``TANDEM_GRPC_IO=iomgr`` turns the EventEngine client, listener and callback queue off through gRPC's
 own switch, ``GRPC_EXPERIMENTS`` (unless the environment sets that itself); ``eventengine``, the
