@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from scheduler.request import Request, RequestState
 from scheduler.spec_shape import SpecShape
+from scheduler.tree_outcome import tree_ok
 from shared.engine.types import AcceptResult, SpecItem, TokenTree
 
 
@@ -70,11 +71,13 @@ class DraftAhead:
         """Steps left before requests are sent ahead again (0: sending)."""
         return self._paused
 
-    def start(self, draft, batch: list[Request], shapes: list[SpecShape], results: list[AcceptResult]) -> None:
-        """After a verify, before its commit: send each request that speculated its next speculate."""
+    def start(self, draft, batch: list[Request], shapes: list[SpecShape], results: list[AcceptResult]) -> bool:
+        """After a verify, before its commit: send each request that speculated its next speculate; whether a
+        call was made. The caller yields once right after, so that the call's plan is built and leaves before
+        the commit queues anything for the draft (a release of a request it speculates would precede it)."""
         if self._paused:
             self._paused -= 1
-            return
+            return False
         sent: list[_Sent] = []
         items: list[SpecItem] = []
         for req, shape, res in zip(batch, shapes, results):
@@ -87,10 +90,11 @@ class DraftAhead:
             items.append(shape.spec_item(req.id, req.tokens_from(req.draft_seen) + list(res.tokens)))
             sent.append(_Sent(req, shape, req.draft_seen, req.num_tokens + len(res.tokens)))
         if not items:
-            return
+            return False
         self._sent = sent
         self.num_sent += len(items)
         self._task = asyncio.get_running_loop().create_task(draft.speculate(items), name="draft-ahead")
+        return True
 
     async def collect(self) -> dict[str, TokenTree]:
         """The trees drafted ahead, by request id, once the call is back (it raises what the call raised).
@@ -116,6 +120,19 @@ class DraftAhead:
                 out[req.id] = tree
                 self._shapes[req.id] = s.shape
         return out
+
+    def fill(self, spec: list[tuple[int, Request, SpecShape]], ahead: dict[str, TokenTree], trees: list[TokenTree]):
+        """Put the trees drafted ahead that the plan takes into ``trees`` (malformed ones as empty trees); the
+        (index, request, shape) entries of ``spec`` still to draft."""
+        rest = []
+        for entry in spec:
+            i, req, shape = entry
+            tree = self.take(req, shape, ahead)
+            if tree is None:
+                rest.append(entry)
+            else:
+                trees[i] = tree if tree_ok(tree) else TokenTree()
+        return rest
 
     def take(self, req: Request, shape: SpecShape, ahead: dict[str, TokenTree]) -> TokenTree | None:
         """The tree drafted ahead for ``req`` if the loop's plan is the shape sent; None: the draft drafts

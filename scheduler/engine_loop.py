@@ -312,7 +312,8 @@ class Scheduler:
             results = await self._verify(batch, trees, report) if batch or self.chunks.planned else []
             times.verify = clock.now() - t
             if self.ahead is not None and results and self.link.usable and not self.link.stale:
-                self.ahead.start(self.draft, batch, shapes, results)  # drafts while this step commits
+                if self.ahead.start(self.draft, batch, shapes, results):  # drafts while this step commits
+                    await asyncio.sleep(0)  # its plan leaves now: a release the commit queues must follow it
 
         # 7. commit
         t = clock.now()
@@ -400,10 +401,7 @@ class Scheduler:
             await self.link.sync([r for _, r, _ in spec])
             report.times.draft_sync = self.clock.now() - t
             if ahead:  # trees drafted while the last step committed (draft_ahead.py), where the plan is unchanged
-                taken = {i: tree for i, r, s in spec if (tree := self.ahead.take(r, s, ahead)) is not None}
-                for i, tree in taken.items():
-                    trees[i] = tree if tree_ok(tree) else TokenTree()
-                spec = [(i, r, s) for i, r, s in spec if i not in taken]
+                spec = self.ahead.fill(spec, ahead, trees)  # the requests still to draft
             items = [s.spec_item(r.id, r.tokens_from(r.draft_seen), r.draft_rollback) for _, r, s in spec]
             report.num_catchup_tokens = sum(max(0, len(item.new_tokens) - 1) for item in items)
             if self.features is not None:
@@ -505,19 +503,8 @@ class Scheduler:
         self.link.forget(req)
         stream = self._streams.pop(req.id)
         self._finished_unnotified.append(req)
-        stream._put(
-            TokenEvent(
-                req.id,
-                tokens or [],
-                len(req.output_ids) if index is None else index,
-                now,
-                state,
-                finished=True,
-                finish_reason=reason,
-                error=error,
-                error_code=error_code,
-            )
-        )
+        stream._put(TokenEvent(req.id, tokens or [], len(req.output_ids) if index is None else index, now, state,
+                               finished=True, finish_reason=reason, error=error, error_code=error_code))  # fmt: skip
 
     def _emit(self, req: Request, event: TokenEvent) -> None:
         self._streams[req.id]._put(event)
