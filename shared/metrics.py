@@ -26,7 +26,7 @@ tier, e.g. "tight"/"loose"/"none"), ``finish_reason``, ``position`` (capped at
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from wsgiref.simple_server import WSGIServer
 
 import prometheus_client
@@ -156,6 +156,7 @@ class TandemMetrics:
             namespace=ns, registry=reg,
         )  # fmt: skip
         self._queue_depth_children: dict[str, Gauge] = {}
+        self._draft_state: tuple[bool, int] = (False, 0)  # (offloaded, KV token budget) last set (gauges start at 0)
         self.running_requests = Gauge("running_requests", "Requests holding KV cache.", namespace=ns, registry=reg)
         self.grammar_seconds_total = Counter(
             "grammar_seconds_total", "Host time the model services spent on structured-output grammars (matcher "
@@ -286,9 +287,12 @@ class TandemMetrics:
             self.draft_memory_events_total.labels(event).inc()
         if pool_event is not None:
             self.kv_pool_events_total.labels(pool_event).inc()
-        self.draft_offloaded.set(1.0 if offloaded else 0.0)
-        if kv_token_budget:
-            self.kv_token_budget.set(kv_token_budget)
+        state = (offloaded, kv_token_budget or self._draft_state[1])
+        if state != self._draft_state:  # set on change: a gauge's ``set`` takes a lock, every step
+            self._draft_state = state
+            self.draft_offloaded.set(1.0 if offloaded else 0.0)
+            if state[1]:
+                self.kv_token_budget.set(state[1])
 
     def observe_admission(self, *, preempted: int = 0, resumed: int = 0, evicted: int = 0) -> None:
         """One step's preemptions, resumptions and evictions (scheduler/admission.py)."""
@@ -302,6 +306,12 @@ class TandemMetrics:
             child = self._queue_depth_children[queue] = self.queue_depth.labels(queue)
         child.set(waiting)
         self.running_requests.set(running)
+
+    def read_load(self, waiting: Callable[[], float], running: Callable[[], float], queue: str = "all") -> None:
+        """The queue depth and running requests read from these functions when scraped, instead of set: the
+        scheduler's load changes every step, and nobody reads it between scrapes."""
+        self.queue_depth.labels(queue).set_function(waiting)
+        self.running_requests.set_function(running)
 
     def exposition(self) -> tuple[bytes, str]:
         """(body, content type) of the text exposition format, for a /metrics route of another server."""

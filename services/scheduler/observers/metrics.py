@@ -1,10 +1,10 @@
 """Prometheus metrics from the iteration loop (shared.metrics.TandemMetrics, architecture.md §6).
 
-    on_submit   queue depth
     on_step     per request: draft tokens proposed/accepted, accepted length, per-position acceptance,
                 the chosen k (histogram; the step's mean k as a gauge); draft offloads/reloads,
-                KV pool resizes and the KV token budget; queue depth, running requests
+                KV pool resizes and the KV token budget
     on_finish   TTFT, TPOT, SLO attainment, goodput tokens, finish reason
+    scrapes     queue depth and running requests, read from the scheduler then (``read_load``)
 
 Requests are labelled by SLO class (services.scheduler.slo_class), a bucket
 of their TPOT target, so the label set stays small whatever targets clients send.
@@ -29,9 +29,7 @@ class MetricsObserver:
         self._prefill = (0, 0)  # chunked prefill's all-time (chunks, cached tokens) at the last step
         self._grammar_ns = {"target": 0, "draft": 0}  # the workers' all-time grammar time at the last step
         self._inner: dict[int, tuple[object, object]] = {}  # id(worker) -> (worker, what holds its grammar_ns)
-
-    def on_submit(self, request: Request) -> None:
-        self._set_load()
+        metrics.read_load(waiting=lambda: len(scheduler.waiting), running=lambda: len(scheduler.running))
 
     def on_step(self, report: StepReport) -> None:
         plain = 0  # outcomes without a draft: counted together (most of a batch when nothing speculates)
@@ -64,7 +62,6 @@ class MetricsObserver:
             kv_token_budget=report.kv_token_budget,
         )
         self._observe_grammar()
-        self._set_load()
 
     def _observe_grammar(self) -> None:
         for service, worker in (("target", self.scheduler.target), ("draft", self.scheduler.draft)):
@@ -93,7 +90,3 @@ class MetricsObserver:
             slo_ttft_ms=request.slo.ttft_ms,
             slo_class=slo_class(request.slo),
         )
-        self._set_load()
-
-    def _set_load(self) -> None:
-        self.metrics.set_load(waiting=len(self.scheduler.waiting), running=len(self.scheduler.running))

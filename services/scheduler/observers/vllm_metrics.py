@@ -83,11 +83,11 @@ class VllmMetricsObserver:
         self.success = Counter("vllm:request_success", "Finished requests.", label + ["finished_reason"], registry=reg)
         for reason in ("stop", "length", "abort", "error"):
             self.success.labels(self.model, reason)
-        self._children = _Children(self)  # this model's series, looked up once (``labels`` costs a lock and a dict)
-        self._set_load()
-
-    def on_submit(self, request: Request) -> None:
-        self._set_load()
+        self._children = c = _Children(self)  # this model's series, looked up once (``labels``: a lock and a dict)
+        # the load, read from the scheduler when scraped: it changes every step and nobody reads it in between
+        c.running.set_function(lambda: len(scheduler.running))
+        c.waiting.set_function(lambda: len(scheduler.waiting))
+        c.kv_usage.set_function(self._kv_usage)
 
     def on_step(self, report: StepReport) -> None:
         c = self._children
@@ -110,7 +110,6 @@ class VllmMetricsObserver:
                     c.accepted_at(position).inc(at_least)
         if report.num_emitted:
             c.generation_tokens.inc(report.num_emitted)
-        self._set_load()
 
     def on_finish(self, request: Request) -> None:
         c = self._children
@@ -124,11 +123,10 @@ class VllmMetricsObserver:
             observe(b - a)
         c.prompt_tokens.inc(len(request.prompt_ids))
         self.success.labels(self.model, _REASONS.get(request.finish_reason, "error")).inc()
-        self._set_load()
 
-    def _set_load(self) -> None:
-        s, c = self.scheduler, self._children
-        c.running.set(len(s.running))
-        c.waiting.set(len(s.waiting))
+    def _kv_usage(self) -> float:
+        """Share of the KV token budget the running and resident requests reserve (read when scraped, from the
+        scraping thread: the tuples of requests are copies, made under the GIL in one C call each)."""
+        s = self.scheduler
         held = sum(reserved_tokens(r) for r in s.running) + sum(reserved_tokens(r) for r in s.waiting if r.resident)
-        c.kv_usage.set(min(1.0, held / s.max_tokens_in_flight) if s.max_tokens_in_flight else 0.0)
+        return min(1.0, held / s.max_tokens_in_flight) if s.max_tokens_in_flight else 0.0

@@ -94,3 +94,34 @@ def _settings(model_dir):
     from services.settings import ServiceSettings
 
     return ServiceSettings(model=str(model_dir), port=0, device="cpu", num_blocks=64, block_size=4)
+
+
+def test_the_load_gauges_are_read_from_the_scheduler_when_scraped():
+    """Queue depth, running requests and KV usage are read at the scrape (``set_function``), not set every step:
+    a submitted request shows at once, with no step run and no observer called."""
+    from scheduler.engine_loop import Scheduler, SchedulerConfig
+    from scheduler.request import Request
+    from scheduler.testing import FakeTarget, ToyLM
+    from services.scheduler.observers.metrics import MetricsObserver
+    from services.scheduler.observers.vllm_metrics import VllmMetricsObserver
+    from shared.metrics import TandemMetrics
+
+    metrics = TandemMetrics()
+    sched = Scheduler(FakeTarget(ToyLM()), config=SchedulerConfig(max_tokens_in_flight=1000))
+    MetricsObserver(metrics, sched)
+    VllmMetricsObserver(metrics.registry, sched, "toy")
+    read = metrics.registry.get_sample_value
+    label = {"model_name": "toy"}
+    assert read("vllm:num_requests_waiting", label) == 0 and read("tandem_queue_depth", {"queue": "all"}) == 0
+    for i in range(3):
+        sched.submit(Request(id=f"r{i}", prompt_ids=[1, 2, 3], max_new_tokens=7))
+    assert read("vllm:num_requests_waiting", label) == 3 and read("tandem_queue_depth", {"queue": "all"}) == 3
+    assert read("vllm:num_requests_running", label) == 0 == read("tandem_running_requests")
+
+    async def one_step():
+        await sched.step()
+
+    asyncio.run(one_step())  # admits all three: each reserves prompt + max_new_tokens = 10 of the 1000
+    assert read("vllm:num_requests_running", label) == 3 == read("tandem_running_requests")
+    assert read("vllm:num_requests_waiting", label) == 0
+    assert read("vllm:kv_cache_usage_perc", label) == pytest.approx(0.03)
