@@ -15,6 +15,7 @@ queued and flushed between calls, never while a draft call is in flight.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable
 
@@ -124,6 +125,30 @@ class DraftLink:
             await self.worker.release(ids)
         except Exception as exc:  # noqa: BLE001 - the draft is down; the ids are released on recovery
             self.failed(exc, holders, also_stale=ids)
+
+    async def release_stale_when_idle(self, wakeup: asyncio.Event) -> None:
+        """The loop idles with ids a failed draft may still hold (``stale``): once the retry time comes (or at
+        once, if the draft is up), release them, as ``sync`` would before the next speculate, so a failure at
+        the end of the traffic leaves nothing on the draft. Returns early when ``wakeup`` is set (work came:
+        its steps resync as usual); a failed release counts as a failure (the backoff grows)."""
+        delay = 0.0 if self.up else max(0.0, self.retry_at - self.clock.now())
+        if delay:
+            woken = asyncio.ensure_future(wakeup.wait())
+            slept = asyncio.ensure_future(self.clock.sleep(delay))
+            await asyncio.wait((woken, slept), return_when=asyncio.FIRST_COMPLETED)
+            for task in (woken, slept):
+                task.cancel()
+            if wakeup.is_set():
+                return
+            self.probe()
+        ids = sorted(self.stale)
+        try:
+            await self.worker.release(ids)
+        except Exception as exc:  # noqa: BLE001 - still down: tried again after the (longer) backoff
+            self.failed(exc, ())
+            return
+        self.stale.difference_update(ids)
+        self.recovered()
 
     async def sync(self, requests: list[Request]) -> None:
         """Before a speculate: release stale ids, re-prefill the requests the draft does not hold. Raises."""

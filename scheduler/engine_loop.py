@@ -217,7 +217,10 @@ class Scheduler:
             if not self.has_work():
                 self.deferred.start()
                 self._wakeup.clear()
-                await self._wakeup.wait()
+                if self.link.stale:  # a draft failure left sequences there: released once it answers again
+                    await self.link.release_stale_when_idle(self._wakeup)
+                else:
+                    await self._wakeup.wait()
                 continue
             waited = self._yields.mark(loop)
             try:
