@@ -246,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     cases = default_cases()
     if args.cases:
         cases = [(p[0], int(p[1]), int(p[2]) if len(p) > 2 else 0) for p in (c.split(":") for c in args.cases.split(","))]
-    rows = asyncio.run(run(cases, args.repeats, args.steps))
+    from shared.event_loop import run_loop
+
+    rows = run_loop(run(cases, args.repeats, args.steps))  # the scheduler's loop, as deployed
     from bench.run_info import cpu_model
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()

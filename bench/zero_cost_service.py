@@ -9,7 +9,6 @@ work_ns=N calls=M" (what the benchmark subtracts as compute).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 
@@ -17,6 +16,7 @@ from services import engine_host
 from services.model_main import serve
 from services.settings import ServiceSettings
 from shared.engine.features import FeatureSpec
+from shared.event_loop import run_loop
 
 
 class _StatsHost(engine_host.EngineHost):
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     engine_host.EngineHost.load = classmethod(load)
     settings = ServiceSettings.from_env()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(serve(settings, role))
+    run_loop(serve(settings, role))
 
 
 if __name__ == "__main__":

@@ -98,12 +98,12 @@ class Role(StrEnum):
 @app.command()
 def serve(role: Annotated[Role, typer.Argument(help="Which service to run.")]) -> None:
     """Run one service until SIGTERM/SIGINT, configured by TANDEM_* environment variables."""
-    import asyncio
     import logging
 
     from services.settings import ServiceSettings
 
     from shared.engine.errors import ModelLoadError
+    from shared.event_loop import run_loop
 
     settings = _settings_or_exit(role)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -111,11 +111,11 @@ def serve(role: Annotated[Role, typer.Argument(help="Which service to run.")]) -
         if role is Role.scheduler:
             from services.scheduler.main import serve as serve_scheduler
 
-            asyncio.run(serve_scheduler(settings))
+            run_loop(serve_scheduler(settings))
         else:
             from services.model_main import serve as serve_model
 
-            asyncio.run(serve_model(settings, role.value))
+            run_loop(serve_model(settings, role.value))
     except ModelLoadError as exc:  # a model the settings name that cannot be served: a setting, not a crash
         _bad_setting(role, str(exc))
 

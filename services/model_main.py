@@ -17,6 +17,7 @@ import grpc.aio
 from services.runtime import RunningService, serve_until_stopped, start_model_service
 from services.settings import ServiceSettings
 from shared.rpc.server import DRAFT_SERVICE, TARGET_SERVICE
+from shared.event_loop import run_loop
 
 if TYPE_CHECKING:  # torch loads with the engine, after the settings and certificates are checked
     from services.engine_host import EngineHost
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"usage: python -m services.model_main {'|'.join(ROLES)}")
     settings = ServiceSettings.from_env()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(serve(settings, args[0]))  # type: ignore[arg-type]
+    run_loop(serve(settings, args[0]))  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

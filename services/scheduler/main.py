@@ -82,6 +82,7 @@ from shared.state.ownership import Heartbeat, fail_orphaned, new_instance_id
 from shared.state.redis_server import start_redis
 from shared.state.store import AsyncStateStore, StoreConfig
 from shared.telemetry import TandemTracerProvider
+from shared.event_loop import run_loop
 
 log = logging.getLogger(__name__)
 
@@ -500,4 +501,4 @@ async def _close_all(closers: list[Callable[[], Any]]) -> None:
 if __name__ == "__main__":
     settings = ServiceSettings.from_env()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(serve(settings))
+    run_loop(serve(settings))
