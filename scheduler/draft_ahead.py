@@ -73,8 +73,8 @@ class DraftAhead:
 
     def start(self, draft, batch: list[Request], shapes: list[SpecShape], results: list[AcceptResult]) -> bool:
         """After a verify, before its commit: send each request that speculated its next speculate; whether a
-        call was made. The caller yields once right after, so that the call's plan is built and leaves before
-        the commit queues anything for the draft (a release of a request it speculates would precede it)."""
+        call was made. The caller yields once right after, so that the call leaves before the commit runs (a
+        release the commit queues for a sequence the call speculates waits for the next plan: stream_workers.py)."""
         if self._paused:
             self._paused -= 1
             return False

@@ -316,7 +316,7 @@ class Scheduler:
             times.verify = clock.now() - t
             if self.ahead is not None and results and self.link.usable and not self.link.stale:
                 if self.ahead.start(self.draft, batch, shapes, results):  # drafts while this step commits
-                    await asyncio.sleep(0)  # its plan leaves now: a release the commit queues must follow it
+                    await asyncio.sleep(0)  # its plan leaves now, so the draft drafts while this step commits
 
         # 7. commit
         t = clock.now()

@@ -310,7 +310,10 @@ class StreamDraftWorker(_BareStream, GrpcDraftWorker):
         chains = pack_chain_items(items)  # most steps: columns for the whole batch (chain_packing.py)
         plan = draft_pb2.DraftPlan(chains=chains) if chains is not None else draft_pb2.DraftPlan(
             items=[_spec_item_to_pb(i) for i in items])  # fmt: skip
-        reply = await self._send(plan)
+        # a release queued for a sequence this plan speculates waits for the next plan: the draft applies a plan's
+        # releases first, and the sequence must still be there for its speculate (draft_ahead.py sends ahead)
+        held = {i.seq_id for i in items}.intersection(self.releases.ids) if self.releases.ids else ()
+        reply = await self._send(plan, hold=held)
         self.missing_features = set(reply.missing_features)
         return unpack_trees(reply.trees, len(items), relay=True)
 
@@ -333,8 +336,11 @@ class StreamDraftWorker(_BareStream, GrpcDraftWorker):
         await self.flush()
         return await super().reload()
 
-    async def _send(self, plan: draft_pb2.DraftPlan, with_prefills: bool = True) -> draft_pb2.DraftOutcome:
+    async def _send(self, plan: draft_pb2.DraftPlan, with_prefills: bool = True, hold=()) -> draft_pb2.DraftOutcome:
         ids = self.releases.take()
+        if hold:
+            ids, later = [i for i in ids if i not in hold], [i for i in ids if i in hold]
+            self.releases.add(later)  # the next plan (or the idle timer) carries them
         plan.releases.extend(ids)
         prefills = list(self._prefills.values()) if with_prefills else []
         if with_prefills:

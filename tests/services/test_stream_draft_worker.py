@@ -33,3 +33,25 @@ def test_idle_releases_go_alone_and_the_last_ones_at_close(tiny_model_dir):
             return (await live()).num_live_seqs
 
     assert asyncio.run(main()) == 0
+
+
+def test_a_release_queued_for_a_sequence_the_plan_speculates_goes_after_it(tiny_model_dir):
+    """A plan applies its releases first: a release queued for a sequence the same plan speculates (a request
+    preempted while its next speculate was sent ahead, scheduler/draft_ahead.py) rides on the next plan."""
+
+    async def main():
+        async with serving(tiny_model_dir, tiny_model_dir) as (_, draft), aio_channel(draft.address) as channel:
+            stub = draft_pb2_grpc.DraftServiceStub(channel)
+            live = lambda: stub.Info(common_pb2.InfoRequest())  # noqa: E731
+            worker = StreamDraftWorker(draft.address)
+            await worker.prefill([PrefillItem("a", [3, 14, 15]), PrefillItem("b", [5, 6, 7])])
+            await worker.speculate([SpecItem("a", [92], chain_len=2), SpecItem("b", [8], chain_len=2)])
+            await worker.release(["a", "b"])
+            trees = await worker.speculate([SpecItem("a", [1], chain_len=2)])  # not NOT_FOUND: a's release waits
+            assert len(trees) == 1 and len(trees[0]) == 2
+            assert (await live()).num_live_seqs == 1  # b's release went with the plan, a's is queued
+            await asyncio.sleep(4 * IDLE_FLUSH_S)
+            assert (await live()).num_live_seqs == 0  # and goes alone after IDLE_FLUSH_S
+            await worker.close()
+
+    asyncio.run(main())
