@@ -18,7 +18,7 @@ from shared.engine.config import EngineConfig
 from shared.engine.factory import build_draft_engine, build_target_engine
 from shared.engine.types import AcceptResult, TokenTree
 
-from test_local_workers import PROMPTS, greedy
+from test_local_workers import greedy, serve_prompts
 
 
 @pytest.fixture(scope="module")
@@ -65,17 +65,7 @@ def run(target_dir, draft_dir, policy, *, ahead: bool, draft_worker=LocalDraftWo
         spec_policy=policy,
         config=SchedulerConfig(draft_ahead=ahead, draft_retry_initial_s=retry_s, draft_retry_max_s=retry_s),
     )
-    reqs = [Request(id=f"r{i}", prompt_ids=p, max_new_tokens=12 + 3 * i) for i, p in enumerate(PROMPTS)]
-
-    async def main():
-        streams = [sched.submit(r) for r in reqs]
-        _, *outs = await asyncio.gather(sched.run_until_idle(), *(s.collect() for s in streams))
-        return outs
-
-    outs = asyncio.run(main())
-    for engine in (target, draft):
-        engine.runner.check_accounting()
-        assert engine.runner.cache.num_free_blocks == engine.runner.cache.num_blocks
+    reqs, outs = serve_prompts(sched, (target, draft))
     return reqs, outs, sched
 
 

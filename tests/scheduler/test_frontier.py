@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 
 import pytest
 
@@ -15,7 +14,7 @@ from shared.engine.config import EngineConfig
 from shared.engine.factory import build_draft_engine, build_target_engine
 from shared.profiling.cost_model import CostModel
 
-from test_local_workers import PROMPTS, greedy
+from test_local_workers import greedy, serve_prompts
 
 ALWAYS = FrontierConfig(chunk_size=2, require_gain=False)
 
@@ -40,17 +39,7 @@ def run(target_dir, draft_dir, frontier, k=5, early_exit=None, draft_worker=Loca
     )
     if gate is not None:
         sched.frontier.gate = gate
-    reqs = [Request(id=f"r{i}", prompt_ids=p, max_new_tokens=12 + 3 * i) for i, p in enumerate(PROMPTS)]
-
-    async def main():
-        streams = [sched.submit(r) for r in reqs]
-        _, *outs = await asyncio.gather(sched.run_until_idle(), *(s.collect() for s in streams))
-        return outs
-
-    outs = asyncio.run(main())
-    for engine in (target, draft):
-        engine.runner.check_accounting()
-        assert engine.runner.cache.num_free_blocks == engine.runner.cache.num_blocks
+    reqs, outs = serve_prompts(sched, (target, draft))
     return reqs, outs, sched
 
 

@@ -25,13 +25,19 @@ class _DownAt:
         return None
 
 
+def _scheduler(retry_s: float) -> tuple[Scheduler, FakeDraft]:
+    """Chains of 3 over toy workers; the draft goes down after step 2 and is retried every ``retry_s``."""
+    lm = ToyLM()
+    draft = FakeDraft(ToyDraftLM(lm))
+    sched = Scheduler(FakeTarget(lm), draft, spec_policy=FixedChain(3),
+                      config=SchedulerConfig(draft_retry_initial_s=retry_s, draft_retry_max_s=retry_s))  # fmt: skip
+    sched.add_observer(_DownAt(draft, step=2))
+    return sched, draft
+
+
 def test_sequences_a_failed_draft_holds_are_released_while_the_loop_idles():
     async def main():
-        lm = ToyLM()
-        target, draft = FakeTarget(lm), FakeDraft(ToyDraftLM(lm))
-        sched = Scheduler(target, draft, spec_policy=FixedChain(3),
-                          config=SchedulerConfig(draft_retry_initial_s=0.05, draft_retry_max_s=0.05))  # fmt: skip
-        sched.add_observer(_DownAt(draft, step=2))
+        sched, draft = _scheduler(retry_s=0.05)
         loop = asyncio.create_task(sched.run())
         streams = [sched.submit(Request(id=f"r{i}", prompt_ids=[1, 2, 3 + i], max_new_tokens=12)) for i in range(3)]
         outs = await asyncio.wait_for(asyncio.gather(*(s.collect() for s in streams)), 10)
@@ -52,11 +58,7 @@ def test_sequences_a_failed_draft_holds_are_released_while_the_loop_idles():
 
 def test_new_work_while_waiting_for_the_retry_is_served_at_once():
     async def main():
-        lm = ToyLM()
-        target, draft = FakeTarget(lm), FakeDraft(ToyDraftLM(lm))
-        sched = Scheduler(target, draft, spec_policy=FixedChain(3),
-                          config=SchedulerConfig(draft_retry_initial_s=30.0, draft_retry_max_s=30.0))  # fmt: skip
-        sched.add_observer(_DownAt(draft, step=2))
+        sched, draft = _scheduler(retry_s=30.0)
         loop = asyncio.create_task(sched.run())
         first = sched.submit(Request(id="a", prompt_ids=[1, 2, 3], max_new_tokens=8))
         await asyncio.wait_for(first.collect(), 10)

@@ -37,6 +37,22 @@ def greedy(model_dir, prompt: list[int], num_tokens: int) -> list[int]:
     return ids[len(prompt) :]
 
 
+def serve_prompts(sched, engines) -> tuple[list[Request], list[list[int]]]:
+    """PROMPTS through ``sched`` until idle (12, 15, 18 new tokens); every engine's KV accounted and freed."""
+    reqs = [Request(id=f"r{i}", prompt_ids=p, max_new_tokens=12 + 3 * i) for i, p in enumerate(PROMPTS)]
+
+    async def main():
+        streams = [sched.submit(r) for r in reqs]
+        _, *outs = await asyncio.gather(sched.run_until_idle(), *(s.collect() for s in streams))
+        return outs
+
+    outs = asyncio.run(main())
+    for engine in engines:
+        engine.runner.check_accounting()
+        assert engine.runner.cache.num_free_blocks == engine.runner.cache.num_blocks
+    return reqs, outs
+
+
 @pytest.mark.parametrize("policy", [NoSpeculation(), FixedChain(3)], ids=["none", "chain3"])
 @pytest.mark.parametrize("same_weights", [True, False], ids=["agreeing-draft", "random-draft"])
 def test_scheduler_over_local_engines_is_lossless(tiny_model_dir, draft_dir, policy, same_weights):
