@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from scheduler.engine_loop import Scheduler, SchedulerConfig
