@@ -44,6 +44,11 @@ def loop_factory(environ=os.environ):
 
 
 def run_loop(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(main)`` on the configured loop."""
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+    """``asyncio.run(main)`` on the configured loop; a bad ``TANDEM_EVENT_LOOP`` exits with its message."""
+    try:
+        factory = loop_factory()
+    except ValueError as exc:
+        main.close()  # never awaited
+        raise SystemExit(f"error: {exc}") from None
+    with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main)

@@ -46,3 +46,12 @@ def test_run_loop_runs_a_grpc_aio_round_trip_on_the_chosen_loop():
 
     module, reply = run_loop(main())
     assert module.startswith("uvloop") and reply == b"hi"
+
+
+def test_a_bad_loop_setting_exits_with_its_message(monkeypatch):
+    async def never() -> None:
+        raise AssertionError("must not run")
+
+    monkeypatch.setenv("TANDEM_EVENT_LOOP", "trio")
+    with pytest.raises(SystemExit, match="TANDEM_EVENT_LOOP must be one of"):
+        run_loop(never())

@@ -33,3 +33,10 @@ def test_importing_the_services_applies_it_before_grpc_is_imported():
     env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"} | {"TANDEM_GRPC_IO": "iomgr"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", IOMGR]
+
+
+def test_a_bad_value_does_not_stop_the_services_from_importing():
+    code = "import os, services; print(os.environ.get('GRPC_EXPERIMENTS'))"
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"} | {"TANDEM_GRPC_IO": "epoll"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["None"] and "TANDEM_GRPC_IO must be one of" in out.stderr
