@@ -22,18 +22,16 @@ What the loop sees is unchanged; a tree drafted ahead is the tree the draft woul
 - a failed call is a draft failure at step N+1, with the usual recovery (draft_link.py).
 
 Misses cost draft work, so run-ahead pauses where the plans keep changing (an adaptive policy's
-lengths): over the last ``window`` requests sent ahead, more than ``max_miss`` missed -> none are sent
-for ``pause_steps`` steps, then it tries again; each window missed again in a row doubles the pause (up
-to ``max_pause_steps``), and a window that hits sets it back. Feature-level drafts (EAGLE) are not sent ahead: their
+lengths): miss_gate.py. Feature-level drafts (EAGLE) are not sent ahead: their
 features for the committed tokens are pushed by the target during the step (feature_relay.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from dataclasses import dataclass
 
+from scheduler.miss_gate import MissGate
 from scheduler.request import Request, RequestState
 from scheduler.spec_shape import SpecShape
 from scheduler.tree_outcome import tree_ok
@@ -51,16 +49,21 @@ class _Sent:
 class DraftAhead:
     def __init__(self, window: int = 64, max_miss: float = 0.25, pause_steps: int = 64,
                  max_pause_steps: int = 4096) -> None:  # fmt: skip
-        self.window, self.max_miss, self.pause_steps, self.max_pause_steps = window, max_miss, pause_steps, max_pause_steps
-        self._next_pause = pause_steps
+        self.gate = MissGate(window, max_miss, pause_steps, max_pause_steps)
         self._task: asyncio.Task | None = None
         self._sent: list[_Sent] = []
         self._shapes: dict[str, SpecShape] = {}  # the collected trees' shapes, by request id
-        self._recent: deque[bool] = deque(maxlen=window)  # per request sent ahead and planned again: a hit?
-        self._paused = 0  # steps left without run-ahead
         self.num_sent = 0  # requests sent ahead, all time
-        self.num_hits = 0  # trees drafted ahead that the loop took
-        self.num_misses = 0  # requests sent ahead whose next plan asked for another shape
+
+    @property
+    def num_hits(self) -> int:
+        """Trees drafted ahead that the loop took."""
+        return self.gate.num_hits
+
+    @property
+    def num_misses(self) -> int:
+        """Requests sent ahead whose next plan asked for another shape."""
+        return self.gate.num_misses
 
     @property
     def pending(self) -> bool:
@@ -69,14 +72,13 @@ class DraftAhead:
     @property
     def paused(self) -> int:
         """Steps left before requests are sent ahead again (0: sending)."""
-        return self._paused
+        return self.gate.paused
 
     def start(self, draft, batch: list[Request], shapes: list[SpecShape], results: list[AcceptResult]) -> bool:
         """After a verify, before its commit: send each request that speculated its next speculate; whether a
         call was made. The caller yields once right after, so that the call leaves before the commit runs (a
         release the commit queues for a sequence the call speculates waits for the next plan: stream_workers.py)."""
-        if self._paused:
-            self._paused -= 1
+        if not self.gate.open():
             return False
         sent: list[_Sent] = []
         items: list[SpecItem] = []
@@ -141,26 +143,12 @@ class DraftAhead:
         if tree is None:
             return None
         hit = self._shapes.get(req.id) == shape
-        self._record(hit)
+        self.gate.record(hit)
         if hit:
             return tree
         req.draft_seen -= 1
         req.draft_rollback += 1
         return None
-
-    def _record(self, hit: bool) -> None:
-        if hit:
-            self.num_hits += 1
-        else:
-            self.num_misses += 1
-        self._recent.append(hit)
-        if len(self._recent) < self.window:
-            return
-        if self._recent.count(False) > self.max_miss * self.window:
-            self._paused, self._next_pause = self._next_pause, min(2 * self._next_pause, self.max_pause_steps)
-        else:
-            self._next_pause = self.pause_steps
-        self._recent.clear()
 
     def cancel(self) -> None:
         if self._task is not None:

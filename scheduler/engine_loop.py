@@ -15,19 +15,14 @@ One ``step`` is one target forward for every running request::
     verify     ONE target.verify for all running requests (empty tree = plain decode)
     commit     append, stop checks (truncating past a stop), stream, finish, release
 
-Chunked prefill (prefill_chunks.py): long prompts run in chunks inside step 6's forward. Failure handling:
-- draft raises -> it is marked unavailable, the step runs as plain decode for
-  everybody, and it is retried after an exponential backoff. What it held is
-  then unknown, so on retry the loop first releases every id it may hold and
-  re-prefills each speculating request with its full sequence so far.
-- target raises -> an outage (unreachable, timed out, restarted) is waited out: every request it
-  held queues again with its tokens and is re-prefilled once it answers (target_link.py); any
-  other error fails the requests of that call (the call is atomic), and the loop goes on.
-
+Chunked prefill: prefill_chunks.py. Drafting beside the commit: draft_relay.py, draft_ahead.py, frontier.py.
+Failures: a draft that raises is marked unavailable (plain decoding for everybody), retried after a backoff,
+and what it held is then unknown: on retry every id it may hold is released and each speculating request
+re-prefilled (draft_link.py). A target outage is waited out and its requests re-prefilled once it answers
+(target_link.py); any other target error fails the requests of that call (the call is atomic).
 Preemption and KV pressure: admission.py; elastic draft memory (Nightjar §5): elastic_control.py.
-
-Workers see releases only between calls (flushed after admission and at the end of a step),
-never while one of their calls is in flight. No torch, grpc or redis here: workers, clock, observers injected.
+Workers see releases only between calls (flushed after admission and at the end of a step), never while
+one of their calls is in flight. No torch, grpc or redis here: workers, clock, observers injected.
 """
 
 from __future__ import annotations
@@ -38,6 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from scheduler.admission import AdmissionControl
 from scheduler.draft_ahead import DraftAhead
+from scheduler.draft_relay import DraftRelay
 from scheduler.draft_link import DraftLink
 from scheduler.elastic_control import ElasticControl
 from scheduler.feature_relay import FeatureRelay
@@ -120,10 +116,12 @@ class Scheduler:
             else None
         )
         self.frontier = FrontierPipeline(cfg.frontier) if cfg.frontier is not None and draft is not None else None
-        # the next speculate sent as soon as a verify's outcome is in (draft_ahead.py); not beside frontier
-        # pipelining, which overlaps drafting its own way, nor for feature drafts, whose features arrive later
-        self.ahead = DraftAhead() if cfg.draft_ahead and draft is not None and self.frontier is None \
-            and self.features is None else None  # fmt: skip
+        # the next tree drafted as soon as a verify's outcome is in: straight from the target (draft_relay.py) where
+        # the target relays and every drafted node is verified, else sent by the loop (draft_ahead.py); not beside
+        # frontier pipelining, which overlaps drafting its own way, nor for feature drafts (features arrive later)
+        ahead = draft is not None and self.frontier is None and self.features is None
+        self.relay = DraftRelay() if ahead and cfg.draft_relay and isinstance(self.selector, PassThrough) else None
+        self.ahead = DraftAhead() if ahead and cfg.draft_ahead and self.relay is None else None
         self.chunks = ChunkedPrefill(cfg.prefill_chunk if self.frontier is None else 0)
         # admission within the caps, preemption, eviction under KV pressure (admission.py)
         self.admission = AdmissionControl(self.queue_policy, cfg, self.link,
@@ -312,8 +310,10 @@ class Scheduler:
         if piped is not None:
             results, times.verify = piped.results, piped.verify_s
         else:
-            results = await self._verify(batch, trees, report) if batch or self.chunks.planned else []
+            results = await self._verify(batch, trees, report, shapes) if batch or self.chunks.planned else []
             times.verify = clock.now() - t
+            if self.relay is not None and results:  # the relayed trees the target verified, the handoffs it made
+                self.relay.absorb(batch, shapes, trees, results, self.link)
             if self.ahead is not None and results and self.link.usable and not self.link.stale:
                 if self.ahead.start(self.draft, batch, shapes, results):  # drafts while this step commits
                     await asyncio.sleep(0)  # its plan leaves now, so the draft drafts while this step commits
@@ -336,11 +336,8 @@ class Scheduler:
         for req in batch:  # LAPS-SD §4.2: E_i is speculation + verification time, not the step's prefills
             req.attained_service_s += times.total - times.prefill
             req.attained_rounds += 1
-        report.batch_size = len(batch)
-        report.draft_available = self.link.up
-        report.draft_error = self.link.error
-        report.draft_offloaded = self.link.offloaded
-        report.kv_token_budget = self.max_tokens_in_flight
+        report.batch_size, report.kv_token_budget = len(batch), self.max_tokens_in_flight
+        report.draft_available, report.draft_error, report.draft_offloaded = self.link.up, self.link.error, self.link.offloaded
         self._num_steps += 1
         await self._notify(report)
         return report
@@ -392,6 +389,8 @@ class Scheduler:
     async def _speculate(self, batch: list[Request], shapes: list[SpecShape], report: StepReport) -> list[TokenTree]:
         trees = [TokenTree() for _ in batch]
         spec = [(i, r, s) for i, (r, s) in enumerate(zip(batch, shapes)) if s.speculates]
+        if self.relay is not None:  # requests with a tree relayed to the target take it (or drop it), undrafted
+            spec = self.relay.mark(batch, spec)
         try:
             ahead = await self.ahead.collect() if self.ahead is not None and self.ahead.pending else {}
         except Exception as exc:  # noqa: BLE001 - the call sent ahead failed: a draft failure, as below
@@ -428,13 +427,16 @@ class Scheduler:
                 log.warning("draft returned a malformed tree for %s; verifying without it", r.id)
         return trees
 
-    async def _verify(
-        self, batch: list[Request], trees: list[TokenTree], report: StepReport
-    ) -> list[AcceptResult] | None:
+    async def _verify(self, batch: list[Request], trees: list[TokenTree], report: StepReport,
+                      shapes: list[SpecShape] | None = None) -> list[AcceptResult] | None:  # fmt: skip
         items = [VerifyItem(r.id, tree) for r, tree in zip(batch, trees)]
+        if self.relay is not None and shapes is not None:  # relay flags, and handoffs (draft_relay.py)
+            self.relay.plan(batch, shapes, items, self.link.usable and not self.link.stale)
         try:
             results = await self.chunks.verify(self, items, report)
         except Exception as exc:  # noqa: BLE001 - reported to the requests, not swallowed
+            if self.relay is not None:
+                self.relay.failed(batch, self.link)
             self._fail(batch, "target verify failed", exc, report)
             return None
         if len(results) != len(items):
@@ -589,11 +591,7 @@ class Scheduler:
         finished, self._finished_unnotified = self._finished_unnotified, []
         now, later = self._observer_split(self.observers)
         calls = [(self.spec_policy.observe, report), *((self.queue_policy.on_finish, req) for req in finished)]
-        calls += [(obs.on_step, report) for obs in now]
-        if finished:
-            calls += [(obs.on_finish, req) for req in finished for obs in now]
+        calls += [(obs.on_step, report) for obs in now] + [(obs.on_finish, req) for req in finished for obs in now]
         await call_all(calls)
-        deferred = [(obs.on_step, report) for obs in later]
-        if finished:
-            deferred += [(obs.on_finish, req) for req in finished for obs in later]
+        deferred = [(obs.on_step, report) for obs in later] + [(obs.on_finish, req) for req in finished for obs in later]
         self.deferred.submit(deferred)

@@ -52,6 +52,12 @@ class SchedulerConfig(BaseModel):
         description="Send each request's next speculate as soon as a verify's outcome is in, so the draft drafts "
         "while the loop commits (draft_ahead.py); not with frontier pipelining or feature-level drafts.",
     )
+    draft_relay: bool = Field(
+        False,
+        description="The target hands each verified step's tokens straight to the draft, whose next trees go "
+        "straight back to it (draft_relay.py); needs a target worker that relays (step streams), and every "
+        "drafted node verified (no tree selection); instead of draft_ahead where both are on.",
+    )
     draft_memory: ElasticMemoryConfig | None = Field(
         None,
         description="Offload the draft's weights under KV pressure while nothing speculates, reload when the "

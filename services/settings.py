@@ -345,6 +345,13 @@ class ServiceSettings(BaseModel):
         description="Scheduler with a plain draft, over step streams: send each request's next speculate as soon "
         "as the target's outcome is in, so the draft drafts while the scheduler commits (draft_ahead.py).",
     )
+    draft_relay: bool = Field(
+        True,
+        description="Scheduler with a plain draft, over step streams, verifying every drafted node: the target "
+        "hands each step's committed tokens straight to the draft at draft_addr and the draft's next trees go "
+        "straight back to it, so a speculative step crosses two hops, not four (scheduler/draft_relay.py); "
+        "where it is off or cannot apply, draft_ahead.",
+    )
     feature_path: Literal["direct", "relay"] = Field(
         "direct",
         description="Scheduler, feature-level drafts over step streams: direct (the target pushes each step's "

@@ -21,6 +21,7 @@ import grpc.aio
 from services.engine_host import EngineHost
 from services.draft.feature_inbox import FeatureInbox
 from shared.rpc.shared_rows import RingReader
+from services.draft.relay_stream import run_relay_handoff
 from services.draft.spec_stream import run_draft_plan
 from services.spans import annotate, event, grammar_cost
 from shared.engine.draft_engine import DraftEngine
@@ -87,6 +88,10 @@ class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
     async def SpeculateStream(self, request_iterator, context: grpc.aio.ServicerContext):
         async for plan in request_iterator:  # one plan, one engine call, one outcome (spec_stream.py)
             yield await run_draft_plan(self, plan)
+
+    async def Relay(self, request_iterator, context: grpc.aio.ServicerContext):
+        async for handoff in request_iterator:  # the target's handoffs: one engine call, one answer each (relay_stream.py)
+            yield await run_relay_handoff(self, handoff)
 
     async def PushFeatures(self, request_iterator, context: grpc.aio.ServicerContext) -> draft_pb2.FeaturePushAck:
         num = 0

@@ -190,6 +190,10 @@ async def _start(
             log.info("feature-level draft: target features of layers %s travel as %s (%d values per token)",
                      list(draft.feature_spec.layer_ids), draft.feature_spec.dtype, draft_info.feature_width)  # fmt: skip
     spec_policy = speculation_policy(settings.speculation_policy)
+    relay = settings.draft_relay and draft is not None and getattr(draft, "feature_spec", None) is None \
+        and hasattr(target, "relay_to")  # fmt: skip
+    if relay:
+        target.relay_to = draft_addr  # the target hands the draft its tokens and verifies the trees it answers
     clock = RealClock()
     tracer = RequestTracer(provider)
     ledger = StepLedger(target, clock)
@@ -207,6 +211,7 @@ async def _start(
             pool_growth=pool_growth(target_info) if draft_memory is not None else None,
             frontier=_frontier(settings, draft is not None, budget.cost_model, draft_cost),
             draft_ahead=settings.draft_ahead and settings.worker_protocol == "stream",
+            draft_relay=relay,
             target_recovery=TargetRecoveryConfig(recovery_s=settings.target_recovery_s),
             prefill_pair_cost=pair_cost(target_info.attention_width, target_info.num_layers, target_info.layer_params),
         ),

@@ -27,6 +27,7 @@ import logging
 
 from services.scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker, WorkerProtocolError, WorkerRpcError
 from services.scheduler.plan_stream import PlanStream
+from services.scheduler.relay_packing import pack_relay, relay_outcome, relayed_trees
 from services.scheduler.run_ahead import RunAhead
 from shared.rpc.call_details import rewritten_metadata
 from shared.rpc.chain_packing import pack_chain_items
@@ -36,7 +37,8 @@ from shared.engine.types import AcceptResult, PrefillItem, PrefillResult, SpecIt
 from shared.rpc.convert import (_dtype_from_pb, feature_block_from_pb, feature_block_to_pb, feature_spec_to_pb,
                                 logprobs_from_pb)
 from shared.rpc.gen.tandem.v1 import draft_pb2, target_pb2
-from shared.rpc.packing import pack_i32, pack_trees, stream_prefill_to_pb, unpack_accepts, unpack_i32, unpack_trees
+from shared.rpc.packing import (pack_i32, pack_trees, stream_prefill_to_pb, stream_spec_item_to_pb, unpack_accepts,
+                                unpack_i32, unpack_trees)  # fmt: skip
 
 log = logging.getLogger(__name__)
 IDLE_FLUSH_S = 0.05  # releases wait this long for a plan to ride on before they go alone
@@ -132,6 +134,7 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
     push_features_to: str | None = None  # a feature draft's address: the target sends it the rows itself
     pushed_feature_bytes = 0  # what the target reported pushing, all time
     run_ahead: RunAhead | None = None  # decode run-ahead (run_ahead.py): main.py turns it on without a draft
+    relay_to: str | None = None  # the draft's address when the target relays to it (services/target/draft_relay.py)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -212,12 +215,18 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
             plan.features.CopyFrom(feature_spec_to_pb(self.feature_spec))
             if self.push_features_to:
                 plan.push_features_to = self.push_features_to
+        if self.relay_to:
+            pack_relay(plan, verifies, self.relay_to)
         reply = await self._send(plan)
         self.pushed_feature_bytes += reply.pushed_feature_bytes
         first = unpack_i32(reply.first_tokens, "first_tokens")
         if len(first) != len(prefills):
             raise WorkerProtocolError(f"target StepStream: {len(first)} first tokens for {len(prefills)} prefills")
-        accepts = unpack_accepts(reply.accepts, [len(i.tree) for i in verifies]) if verifies else []
+        relayed = relayed_trees(reply, verifies) if plan.relay_flags else None
+        sizes = [len(relayed.get(k, i.tree)) if relayed else len(i.tree) for k, i in enumerate(verifies)]
+        accepts = unpack_accepts(reply.accepts, sizes) if verifies else []
+        if plan.relay_flags or plan.relay.items:
+            relay_outcome(reply, verifies, accepts, relayed or {})
         if self.feature_spec is not None:
             if len(reply.features) != len(prefills) + len(verifies):
                 raise WorkerProtocolError(f"target StepStream: {len(reply.features)} feature blocks for "
@@ -309,10 +318,12 @@ class StreamDraftWorker(_BareStream, GrpcDraftWorker):
     async def speculate(self, items: list[SpecItem]) -> list[TokenTree]:
         chains = pack_chain_items(items)  # most steps: columns for the whole batch (chain_packing.py)
         plan = draft_pb2.DraftPlan(chains=chains) if chains is not None else draft_pb2.DraftPlan(
-            items=[_spec_item_to_pb(i) for i in items])  # fmt: skip
+            items=[stream_spec_item_to_pb(i) for i in items])  # fmt: skip
         # a release queued for a sequence this plan speculates waits for the next plan: the draft applies a plan's
         # releases first, and the sequence must still be there for its speculate (draft_ahead.py sends ahead)
-        held = {i.seq_id for i in items}.intersection(self.releases.ids) if self.releases.ids else ()
+        # (a release followed by a prefill of the same id is a resync: it goes first, as the draft applies them)
+        held = {i.seq_id for i in items}.intersection(self.releases.ids).difference(self._prefills) \
+            if self.releases.ids else ()  # fmt: skip
         reply = await self._send(plan, hold=held)
         self.missing_features = set(reply.missing_features)
         return unpack_trees(reply.trees, len(items), relay=True)
@@ -397,20 +408,6 @@ async def _flush_quietly(worker) -> None:
         await worker.flush()
     except Exception as exc:  # noqa: BLE001 - the queued work goes with the next plan; Info says the rest
         log.debug("%s: queued work not sent yet (%s)", worker.role, exc)
-
-
-def _spec_item_to_pb(item: SpecItem) -> draft_pb2.StreamSpecItem:
-    msg = draft_pb2.StreamSpecItem(seq_id=item.seq_id, new_tokens=pack_i32(item.new_tokens), rollback=item.rollback)
-    if item.features is not None:
-        msg.features.CopyFrom(feature_block_to_pb(item.features))
-        msg.features_pushed = item.features.pushed
-    if item.chain_len:
-        msg.chain.length = item.chain_len
-        msg.chain.confidence_threshold = item.confidence_threshold
-    elif item.tree_depth or item.tree_width:
-        msg.tree.depth, msg.tree.width = item.tree_depth, item.tree_width
-        msg.tree.expansion.extend(item.tree_expansion)
-    return msg
 
 
 def worker_classes(protocol: str) -> tuple[type[GrpcTargetWorker], type[GrpcDraftWorker]]:

@@ -25,8 +25,8 @@ import time
 import grpc.aio
 from opentelemetry import context as otel_context
 
+from services.target.draft_dial import cannot_dial, dial_draft
 from shared.engine.features import FeatureBlock
-from shared.rpc.channel import CLIENT_OPTIONS, aio_channel
 from shared.rpc.feature_wire import encode_feature_push
 from shared.rpc.gen.tandem.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 from shared.rpc.shared_rows import RowRing, host_id
@@ -45,7 +45,7 @@ class FeaturePusher:
         self._call = None
         self.bytes_pushed = 0
         self.bytes_shared = 0  # of which through the shared-memory ring (same host)
-        self.disabled = _cannot_dial(settings)  # why this target cannot dial a draft (rows then go inline)
+        self.disabled = cannot_dial(settings)  # why this target cannot dial a draft (rows then go inline)
         if self.disabled:
             log.info("features go through the scheduler: %s", self.disabled)
         self.shared_memory = getattr(settings, "feature_shared_memory", True)
@@ -59,17 +59,7 @@ class FeaturePusher:
             self._close_channel()
             self.address = address
         if self._channel is None:
-            secret = self.settings.secret() if self.settings is not None else None
-            tls = self.settings.internal_client_tls() if self.settings is not None else None
-            if secret:
-                from shared.rpc.shared_secret import secret_client_interceptors
-
-                interceptors = secret_client_interceptors(secret)  # PushFeatures streams: not the unary kind
-            else:
-                interceptors = []
-            options = (*CLIENT_OPTIONS, *(tls.options() if tls is not None else ()))
-            self._channel = aio_channel(address, tracing=False, interceptors=interceptors, options=options,
-                                        credentials=tls.credentials() if tls is not None else None)  # fmt: skip
+            self._channel = dial_draft(self.settings, address)
         if self._call is None:
             token = otel_context.attach(otel_context.Context())
             try:
@@ -161,16 +151,3 @@ async def _refused_shared(call) -> bool:
         return call is not None and call.done() and await call.code() == grpc.StatusCode.FAILED_PRECONDITION
     except Exception:  # noqa: BLE001 - no status to read: not a refusal
         return False
-
-
-def _cannot_dial(settings) -> str | None:
-    """A target serving TLS without a CA to check a draft's certificate cannot dial it: it answers rows inline."""
-    if settings is None:
-        return None
-    try:
-        tls = settings.internal_client_tls()
-    except Exception as exc:  # noqa: BLE001 - e.g. a server certificate without a CA (TlsConfigError)
-        return f"no client TLS to dial the draft ({exc})"
-    if tls is None and settings.internal_tls_cert is not None:
-        return "this target serves TLS but has no TANDEM_INTERNAL_TLS_CA to dial the draft with"
-    return None

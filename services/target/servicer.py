@@ -18,6 +18,7 @@ import grpc.aio
 
 from services.engine_host import EngineHost
 from services.spans import annotate, event, grammar_cost
+from services.target.draft_relay import DraftRelay
 from services.target.feature_push import FeaturePusher
 from services.target.step_stream import run_target_plan
 from shared.engine.target_engine import TargetEngine, TargetStepOutput
@@ -43,6 +44,8 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
         self.pusher = FeaturePusher(getattr(host, "settings", None))  # rows straight to a feature draft
         host.closers = [*getattr(host, "closers", ()), self.pusher.close]  # its shared-memory ring, at shutdown
         host.feature_pusher = self.pusher
+        self.relay = DraftRelay(getattr(host, "settings", None))  # tokens straight to the draft, trees straight back
+        host.closers = [*host.closers, self.relay.close]
 
     async def Prefill(
         self, request: target_pb2.TargetPrefillRequest, context: grpc.aio.ServicerContext

@@ -150,6 +150,12 @@ class AcceptResult:
     # only when the step was asked for them (feature-level drafts)
     features: FeatureBlock | None = None
     logprobs: list[TokenLogprobs] | None = None  # one per token of ``tokens``, when the sampling asks for them
+    # draft relay (VerifyItem): the tree the target verified for a RELAY_TAKE item; whether the relayed tree
+    # never came (a plain decode step ran; the draft's state of the sequence is unknown); whether this step's
+    # tokens were handed to the draft (its next tree waits at the target)
+    relay_tree: TokenTree | None = None
+    relay_missed: bool = False
+    relayed: bool = False
 
     @property
     def num_pruned(self) -> int:
@@ -205,10 +211,23 @@ class PrefillItem:
 
 @dataclass
 class VerifyItem:
-    """Verify one sequence's speculative tree on the target (an empty tree is a plain decode step)."""
+    """Verify one sequence's speculative tree on the target (an empty tree is a plain decode step).
+
+    Draft relay (services/target/draft_relay.py): ``relay`` RELAY_TAKE verifies the tree the draft relayed for
+    the sequence instead of ``tree`` (empty), RELAY_DROP drops it for a plain decode step; ``handoff`` asks
+    the target to hand the draft this step's committed tokens after the step (its ``new_tokens``: those the
+    draft lacks before them) to draft its shape next, capped to ``remaining`` (what the sequence may still
+    emit before this step) - 1.
+    """
 
     seq_id: str
     tree: TokenTree = field(default_factory=TokenTree)
+    relay: int = 0
+    handoff: SpecItem | None = None
+    remaining: int = 0
+
+
+RELAY_TAKE, RELAY_DROP = 1, 2
 
 
 @dataclass

@@ -21,11 +21,11 @@ from collections.abc import Sequence
 
 import shared.rpc  # noqa: F401 - builds the generated code if needed
 from shared.engine.errors import InvalidRequestError
-from shared.engine.types import AcceptResult, PrefillItem, SparseDist, TokenTree
+from shared.engine.types import AcceptResult, PrefillItem, SparseDist, SpecItem, TokenTree
 from shared.engine.features import FeatureBlock
 from shared.rpc.convert import _dtype_from_pb, _features_of, _values, feature_block_to_pb, sampling_from_pb, sampling_to_pb
 from shared.rpc.convert import grammar_from_pb, grammar_to_pb
-from shared.rpc.gen.tandem.v1 import common_pb2, target_pb2
+from shared.rpc.gen.tandem.v1 import common_pb2, draft_pb2, target_pb2
 
 _SWAP = sys.byteorder != "little"  # the wire is little-endian; array is native
 assert array("i").itemsize == 4 and array("f").itemsize == 4
@@ -228,3 +228,18 @@ def unpack_accepts(msg: target_pb2.PackedAccepts, tree_sizes: Sequence[int]) -> 
         out.append(AcceptResult(accepted[a : a + na], tokens[t : t + nt], status[s : s + size], pruned[p : p + npr]))
         a, t, s, p = a + na, t + nt, s + size, p + npr
     return out
+
+
+def stream_spec_item_to_pb(item: SpecItem) -> draft_pb2.StreamSpecItem:
+    """A speculation request as it travels on a step stream (DraftPlan items) or a relay (RelayHandoff)."""
+    msg = draft_pb2.StreamSpecItem(seq_id=item.seq_id, new_tokens=pack_i32(item.new_tokens), rollback=item.rollback)
+    if item.features is not None:
+        msg.features.CopyFrom(feature_block_to_pb(item.features))
+        msg.features_pushed = item.features.pushed
+    if item.chain_len:
+        msg.chain.length = item.chain_len
+        msg.chain.confidence_threshold = item.confidence_threshold
+    elif item.tree_depth or item.tree_width:
+        msg.tree.depth, msg.tree.width = item.tree_depth, item.tree_width
+        msg.tree.expansion.extend(item.tree_expansion)
+    return msg

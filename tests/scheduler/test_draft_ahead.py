@@ -172,11 +172,12 @@ def test_requests_that_end_with_the_commit_or_did_not_speculate_are_not_sent():
 def test_misses_pause_the_run_ahead_and_the_pause_doubles():
     ahead = DraftAhead(window=4, max_miss=0.25, pause_steps=2, max_pause_steps=8)
     for _ in range(4):
-        ahead._record(False)
+        ahead.gate.record(False)
     assert ahead.paused == 2
     for _ in range(4):
-        ahead._record(False)
+        ahead.gate.record(False)
     assert ahead.paused == 4
     for _ in range(4):
-        ahead._record(True)
-    assert ahead._next_pause == 2
+        ahead.gate.record(True)
+    assert ahead.gate._next_pause == 2
+    assert [ahead.gate.open() for _ in range(5)] == [False] * 4 + [True]  # paused steps count down

@@ -55,3 +55,23 @@ def test_a_release_queued_for_a_sequence_the_plan_speculates_goes_after_it(tiny_
             await worker.close()
 
     asyncio.run(main())
+
+
+def test_a_resync_release_goes_before_the_prefill_of_the_same_id(tiny_model_dir):
+    """A release followed by a prefill of the same id (a resync, draft_link.py) rides on the plan that speculates it:
+    the draft applies releases before prefills, so the fresh copy is what the plan speculates on."""
+
+    async def main():
+        async with serving(tiny_model_dir, tiny_model_dir) as (_, draft), aio_channel(draft.address) as channel:
+            stub = draft_pb2_grpc.DraftServiceStub(channel)
+            worker = StreamDraftWorker(draft.address)
+            await worker.prefill([PrefillItem("a", [3, 14, 15])])
+            await worker.speculate([SpecItem("a", [92], chain_len=2)])
+            await worker.release(["a"])
+            await worker.prefill([PrefillItem("a", [3, 14, 15, 92])])
+            trees = await worker.speculate([SpecItem("a", [6], chain_len=2)])  # not ALREADY_EXISTS
+            assert len(trees) == 1 and len(trees[0]) == 2
+            assert (await stub.Info(common_pb2.InfoRequest())).num_live_seqs == 1
+            await worker.close()
+
+    asyncio.run(main())

@@ -1,0 +1,50 @@
+"""Draft relay, the draft's side (services/target/draft_relay.py): the target's handoffs in, trees out.
+
+    RelayHandoff(per sequence: committed tokens to append, next shape) ─▶ ONE batched speculate ─▶ RelayTrees
+
+Each handoff is one engine call, behind whatever the scheduler's own stream asked first (the host's
+lock). A sequence the draft does not hold (released or never prefilled here, e.g. after a restart) is
+answered ``missing`` and the others run; a call that fails answers them all missing: their state here is
+unknown, and the scheduler resynchronises them as after a failed speculate.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from services.draft.spec_stream import stream_spec_item_from_pb
+from services.plan_spans import plan_span
+from services.spans import annotate
+from shared.engine.types import TokenTree
+from shared.rpc.gen.tandem.v1 import draft_pb2
+from shared.rpc.packing import pack_trees
+
+log = logging.getLogger(__name__)
+SERVICE = "tandem.v1.DraftService"
+
+
+async def run_relay_handoff(servicer, handoff: draft_pb2.RelayHandoff) -> draft_pb2.RelayTrees:
+    try:
+        items = [stream_spec_item_from_pb(m) for m in handoff.items]
+    except Exception as exc:  # noqa: BLE001 - a malformed handoff: nothing applied, all missing
+        log.info("relay handoff %d refused: %s", handoff.step, exc)
+        return draft_pb2.RelayTrees(step=handoff.step, trees=pack_trees([TokenTree()] * len(handoff.items)),
+                                    missing=[m.seq_id for m in handoff.items])  # fmt: skip
+    held = servicer.engine.runner.seqs
+    ready = [i for i in items if i.seq_id in held and i.features is None]
+    drafted: dict[str, TokenTree] = {}
+    if ready:
+        with plan_span(getattr(servicer.host, "tracer_provider", None), SERVICE, "Speculate", handoff.trace_context):
+            annotate(batch_size=len(ready), seq_ids=[i.seq_id for i in ready], relayed=True,
+                     new_tokens=sum(len(i.new_tokens) for i in ready))  # fmt: skip
+            try:
+                ran = await servicer.host.run_step(servicer._plan, [], [], ready)
+            except Exception as exc:  # noqa: BLE001 - the engine validates before it mutates, but say unknown
+                log.info("relay handoff %d failed: %s", handoff.step, exc)
+            else:
+                trees = ran.result[0]
+                drafted = {i.seq_id: t for i, t in zip(ready, trees)}
+                annotate(drafted_tokens=[len(t) for t in trees])
+    missing = [i.seq_id for i in items if i.seq_id not in drafted]
+    return draft_pb2.RelayTrees(step=handoff.step, trees=pack_trees([drafted.get(i.seq_id, TokenTree()) for i in items]),
+                                missing=missing)  # fmt: skip

@@ -1,0 +1,71 @@
+"""A step plan's draft relay on the target (draft_relay.py): the relayed trees in, the handoff out.
+
+Before the step: a release waits for its sequence's answer (so nothing of it is still on its way to the
+draft once the outcome is out), and each verify flagged in ``relay_flags`` takes the tree the draft
+relayed for it (1) or drops it for a plain decode step (2); a tree that never came is a miss.
+After the step: the sequences of ``relay`` that were verified hand the draft the tokens it lacks
+(``pending_tokens``, then this step's accepted tokens and bonus token) with their next shape, capped to
+what the sequence may still emit (shared/engine/spec_cap.py); a sequence with nothing left is not handed off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from shared.engine.errors import InvalidRequestError
+from shared.engine.spec_cap import capped_item
+from shared.engine.types import RELAY_DROP, RELAY_TAKE, AcceptResult, SpecItem, TokenTree, VerifyItem
+from shared.rpc.gen.tandem.v1 import target_pb2
+from shared.rpc.packing import unpack_i32
+
+
+async def take_relayed(relay, plan: target_pb2.TargetPlan, verifies: list[VerifyItem]) -> tuple[list[TokenTree], list[str]]:
+    """Put the relayed trees into ``verifies``; (the trees taken, in plan order; the ids whose tree was missed)."""
+    if plan.releases:
+        await relay.settle(plan.releases)
+    flags = plan.relay_flags
+    if not flags:
+        return [], []
+    if len(flags) != len(verifies):
+        raise InvalidRequestError(f"relay_flags: {len(flags)} flags for {len(verifies)} verifies")
+    flagged = [(item, flag) for item, flag in zip(verifies, flags) if flag]
+    if any(flag not in (RELAY_TAKE, RELAY_DROP) for _, flag in flagged):
+        raise InvalidRequestError("relay_flags: each flag is 0, 1 (take the relayed tree) or 2 (drop it)")
+    if any(len(item.tree) for item, _ in flagged):
+        raise InvalidRequestError("a verify flagged relayed carries a tree of its own")
+    got = await asyncio.gather(*(relay.take(item.seq_id) for item, _ in flagged))
+    taken, missed = [], []
+    for (item, flag), tree in zip(flagged, got):
+        if tree is None:
+            missed.append(item.seq_id)
+        elif flag == RELAY_TAKE:
+            item.tree = tree
+            taken.append(tree)
+    return taken, missed
+
+
+async def hand_off(relay, plan: target_pb2.TargetPlan, results: list[AcceptResult]) -> list[str]:
+    """Hand the draft this step's tokens of the relayed sequences; the ids handed off."""
+    by_id = dict(zip(plan.verify_ids, results))
+    items = []
+    for msg in plan.relay.items:
+        res = by_id.get(msg.seq_id)
+        if res is None or not res.tokens:
+            continue  # not verified in this plan: nothing to hand off
+        item = relay_item_from_pb(msg, res.tokens)
+        item = capped_item(item, msg.remaining - len(res.tokens) - 1) if item is not None else None
+        if item is not None:
+            items.append(item)
+    return await relay.handoff(plan.relay.draft, items, dict(plan.trace_context)) if items else []
+
+
+def relay_item_from_pb(msg: target_pb2.RelayItem, tokens: list[int]) -> SpecItem | None:
+    """The draft's next speculation of one relayed sequence: its pending tokens and ``tokens`` appended, its shape."""
+    new_tokens = unpack_i32(msg.pending_tokens, f"sequence {msg.seq_id!r} pending_tokens") + list(tokens)
+    shape = msg.WhichOneof("shape")
+    if shape == "chain":
+        return SpecItem(msg.seq_id, new_tokens, chain_len=msg.chain.length, confidence_threshold=msg.chain.confidence_threshold)
+    if shape == "tree":
+        return SpecItem(msg.seq_id, new_tokens, tree_depth=msg.tree.depth, tree_width=msg.tree.width,
+                        tree_expansion=tuple(msg.tree.expansion))  # fmt: skip
+    return None

@@ -1,0 +1,110 @@
+"""The draft relay over real services (services/target/draft_relay.py): the target hands a verified step's tokens
+to the draft, the draft's next tree comes straight back, and the target verifies it when the plan says so.
+Greedy output stays the target's own; a tree that cannot come (never handed off, the draft gone) is a
+plain decode step reported missed."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.scheduler.stream_workers import StreamDraftWorker, StreamTargetWorker
+from shared.engine.types import RELAY_DROP, RELAY_TAKE, PrefillItem, SpecItem, VerifyItem
+from tests.support.model_services import greedy_reference, serving
+
+PROMPT = [3, 14, 15, 92, 65, 35]
+
+
+def test_relayed_trees_are_verified_and_the_output_is_the_targets(tiny_model_dir):
+    async def main():
+        async with serving(tiny_model_dir, tiny_model_dir) as (target, draft):
+            tw, dw = StreamTargetWorker(target.address), StreamDraftWorker(draft.address)
+            tw.relay_to = draft.address
+            try:
+                first = (await tw.prefill([PrefillItem("a", PROMPT)]))[0].first_token
+                await dw.prefill([PrefillItem("a", PROMPT)])
+                out = [first]
+                tree = (await dw.speculate([SpecItem("a", [first], chain_len=3)]))[0]
+                item = VerifyItem("a", tree, handoff=SpecItem("a", [], chain_len=3), remaining=40)
+                res = (await tw.verify([item]))[0]
+                assert res.relayed and not res.relay_missed and res.relay_tree is None
+                out += res.tokens
+                relayed = 0
+                while len(out) < 24:  # every later step: the tree the draft relayed, and the next handoff
+                    item = VerifyItem("a", relay=RELAY_TAKE, handoff=SpecItem("a", [], chain_len=3), remaining=40 - len(out))
+                    res = (await tw.verify([item]))[0]
+                    assert not res.relay_missed and res.relay_tree is not None and len(res.relay_tree) == 3
+                    assert len(res.node_status) == 3  # the outcome describes the tree the target verified
+                    relayed += res.relayed
+                    out += res.tokens
+                assert relayed > 0
+                # a drop waits for the answer, then decodes; the draft no longer has a handoff out
+                res = (await tw.verify([VerifyItem("a", relay=RELAY_DROP)]))[0]
+                assert len(res.tokens) == 1 and not res.relay_missed and res.relay_tree is None
+                out += res.tokens
+                # the draft's copy followed the target's: a plain speculate from the relayed prefix works
+                tree = (await dw.speculate([SpecItem("a", res.tokens, chain_len=2)]))[0]
+                assert len(tree) == 2
+                return out
+            finally:
+                await tw.close()
+                await dw.close()
+
+    out = asyncio.run(main())
+    assert out == greedy_reference(tiny_model_dir, tuple(PROMPT), len(out))
+
+
+def test_a_tree_that_cannot_come_is_a_missed_decode_step(tiny_model_dir):
+    async def main():
+        async with serving(tiny_model_dir, tiny_model_dir) as (target, draft):
+            tw, dw = StreamTargetWorker(target.address), StreamDraftWorker(draft.address)
+            tw.relay_to = draft.address
+            try:
+                first = (await tw.prefill([PrefillItem("a", PROMPT), PrefillItem("b", PROMPT)]))[0].first_token
+                # never handed off: missed at once, a plain decode step
+                res = (await tw.verify([VerifyItem("a", relay=RELAY_TAKE)]))[0]
+                assert res.relay_missed and len(res.tokens) == 1 and res.relay_tree is None
+                # handed off for a sequence the draft does not hold (b was never prefilled there): answered missing
+                res = (await tw.verify([VerifyItem("b", handoff=SpecItem("b", [first], chain_len=2), remaining=9)]))[0]
+                assert res.relayed
+                res = (await tw.verify([VerifyItem("b", relay=RELAY_TAKE)]))[0]
+                assert res.relay_missed and len(res.tokens) == 1
+                # the draft goes away with a handoff out: the tree is missed, the target answers
+                await dw.prefill([PrefillItem("a", PROMPT)])
+                await dw.flush()
+                res = (await tw.verify([VerifyItem("a", handoff=SpecItem("a", [first], chain_len=2), remaining=9)]))[0]
+                assert res.relayed
+                await draft.stop(0)
+                res = (await tw.verify([VerifyItem("a", relay=RELAY_TAKE)]))[0]
+                return len(res.tokens)
+            finally:
+                await tw.close()
+                await dw.close()
+
+    assert asyncio.run(main()) >= 1
+
+
+def test_a_release_settles_the_handoff_and_a_capped_shape_is_not_handed_off(tiny_model_dir):
+    async def main():
+        async with serving(tiny_model_dir, tiny_model_dir) as (target, draft):
+            tw, dw = StreamTargetWorker(target.address), StreamDraftWorker(draft.address)
+            tw.relay_to = draft.address
+            try:
+                first = (await tw.prefill([PrefillItem("a", PROMPT)]))[0].first_token
+                await dw.prefill([PrefillItem("a", PROMPT)])
+                await dw.flush()
+                # one token left before the step: nothing to draft after it
+                res = (await tw.verify([VerifyItem("a", handoff=SpecItem("a", [first], chain_len=3), remaining=1)]))[0]
+                assert not res.relayed
+                res = (await tw.verify([VerifyItem("a", handoff=SpecItem("a", [first], chain_len=3), remaining=30)]))[0]
+                assert res.relayed
+                await tw.release(["a"])
+                await tw.flush()  # the release waits for a's answer, then goes
+                relay = target.servicer.relay if hasattr(target, "servicer") else None
+                return relay
+            finally:
+                await tw.close()
+                await dw.close()
+
+    relay = asyncio.run(main())
+    if relay is not None:
+        assert not relay._trees  # settled and forgotten
