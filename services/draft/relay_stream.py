@@ -15,7 +15,9 @@ import logging
 from services.draft.spec_stream import stream_spec_item_from_pb
 from services.plan_spans import plan_span
 from services.spans import annotate
+from shared.engine.errors import InvalidRequestError
 from shared.engine.types import TokenTree
+from shared.rpc.chain_packing import unpack_chain_items
 from shared.rpc.gen.tandem.v1 import draft_pb2
 from shared.rpc.packing import pack_trees
 
@@ -25,11 +27,14 @@ SERVICE = "tandem.v1.DraftService"
 
 async def run_relay_handoff(servicer, handoff: draft_pb2.RelayHandoff) -> draft_pb2.RelayTrees:
     try:
-        items = [stream_spec_item_from_pb(m) for m in handoff.items]
+        if handoff.HasField("chains") and handoff.items:
+            raise InvalidRequestError("a relay handoff has both packed chain items and items")
+        items = unpack_chain_items(handoff.chains) if handoff.HasField("chains") else [
+            stream_spec_item_from_pb(m) for m in handoff.items]  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - a malformed handoff: nothing applied, all missing
         log.info("relay handoff %d refused: %s", handoff.step, exc)
-        return draft_pb2.RelayTrees(step=handoff.step, trees=pack_trees([TokenTree()] * len(handoff.items)),
-                                    missing=[m.seq_id for m in handoff.items])  # fmt: skip
+        ids = list(handoff.chains.seq_ids) or [m.seq_id for m in handoff.items]
+        return draft_pb2.RelayTrees(step=handoff.step, trees=pack_trees([TokenTree()] * len(ids)), missing=ids)
     held = servicer.engine.runner.seqs
     ready = [i for i in items if i.seq_id in held and i.features is None]
     drafted: dict[str, TokenTree] = {}

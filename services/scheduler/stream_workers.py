@@ -225,7 +225,7 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
         relayed = relayed_trees(reply, verifies) if plan.relay_flags else None
         sizes = [len(relayed.get(k, i.tree)) if relayed else len(i.tree) for k, i in enumerate(verifies)]
         accepts = unpack_accepts(reply.accepts, sizes) if verifies else []
-        if plan.relay_flags or plan.relay.items:
+        if plan.relay_flags or plan.HasField("relay"):
             relay_outcome(reply, verifies, accepts, relayed or {})
         if self.feature_spec is not None:
             if len(reply.features) != len(prefills) + len(verifies):

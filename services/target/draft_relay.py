@@ -29,6 +29,7 @@ from opentelemetry import context as otel_context
 from services.target.draft_dial import cannot_dial, dial_draft
 from shared.engine.types import SpecItem, TokenTree
 from shared.rpc.gen.tandem.v1 import draft_pb2
+from shared.rpc.chain_packing import pack_chain_items
 from shared.rpc.packing import stream_spec_item_to_pb, unpack_trees
 
 RELAY_METHOD = "/tandem.v1.DraftService/Relay"
@@ -57,7 +58,9 @@ class DraftRelay:
         if not items or self.disabled:
             return []
         self._step += 1
-        msg = draft_pb2.RelayHandoff(step=self._step, items=[stream_spec_item_to_pb(i) for i in items])
+        chains = pack_chain_items(items)  # most handoffs: columns for the whole batch
+        msg = draft_pb2.RelayHandoff(step=self._step, chains=chains) if chains is not None else draft_pb2.RelayHandoff(
+            step=self._step, items=[stream_spec_item_to_pb(i) for i in items])  # fmt: skip
         if trace_context:
             msg.trace_context.update(trace_context)
         try:

@@ -16,6 +16,7 @@ from shared.engine.errors import InvalidRequestError
 from shared.engine.spec_cap import capped_item
 from shared.engine.types import RELAY_DROP, RELAY_TAKE, AcceptResult, SpecItem, TokenTree, VerifyItem
 from shared.rpc.gen.tandem.v1 import target_pb2
+from shared.rpc.chain_packing import unpack_chain_items
 from shared.rpc.packing import unpack_i32
 
 
@@ -48,20 +49,31 @@ async def hand_off(relay, plan: target_pb2.TargetPlan, results: list[AcceptResul
     """Hand the draft this step's tokens of the relayed sequences; the ids handed off."""
     by_id = dict(zip(plan.verify_ids, results))
     items = []
-    for msg in plan.relay.items:
-        res = by_id.get(msg.seq_id)
+    for item, remaining in relay_items(plan.relay):
+        res = by_id.get(item.seq_id)
         if res is None or not res.tokens:
             continue  # not verified in this plan: nothing to hand off
-        item = relay_item_from_pb(msg, res.tokens)
-        item = capped_item(item, msg.remaining - len(res.tokens) - 1) if item is not None else None
+        item.new_tokens += res.tokens
+        item = capped_item(item, remaining - len(res.tokens) - 1)
         if item is not None:
             items.append(item)
     return await relay.handoff(plan.relay.draft, items, dict(plan.trace_context)) if items else []
 
 
-def relay_item_from_pb(msg: target_pb2.RelayItem, tokens: list[int]) -> SpecItem | None:
-    """The draft's next speculation of one relayed sequence: its pending tokens and ``tokens`` appended, its shape."""
-    new_tokens = unpack_i32(msg.pending_tokens, f"sequence {msg.seq_id!r} pending_tokens") + list(tokens)
+def relay_items(msg: target_pb2.RelayPlan) -> list[tuple[SpecItem, int]]:
+    """The plan's handoffs: each sequence's next speculation (its pending tokens) and what it may still emit."""
+    if msg.HasField("chains"):
+        items = unpack_chain_items(msg.chains)
+        remaining = unpack_i32(msg.remaining, "relay remaining")
+        if len(remaining) != len(items):
+            raise InvalidRequestError(f"relay: {len(remaining)} remaining counts for {len(items)} chains")
+        return list(zip(items, remaining))
+    return [(item, m.remaining) for m in msg.items if (item := relay_item_from_pb(m)) is not None]
+
+
+def relay_item_from_pb(msg: target_pb2.RelayItem) -> SpecItem | None:
+    """The draft's next speculation of one relayed sequence (its pending tokens), in its shape."""
+    new_tokens = unpack_i32(msg.pending_tokens, f"sequence {msg.seq_id!r} pending_tokens")
     shape = msg.WhichOneof("shape")
     if shape == "chain":
         return SpecItem(msg.seq_id, new_tokens, chain_len=msg.chain.length, confidence_threshold=msg.chain.confidence_threshold)

@@ -1,7 +1,7 @@
 """The loop's draft relay (scheduler/draft_relay.py) over in-process engines: a target worker that relays as the
 target service does (the draft drafts each handed-off step right after the verify; the next plan takes the
 tree), lossless against target-only greedy, nothing leaked; trees that never come and shapes that change
-cost speculation, never tokens. The services' side is tested over gRPC in tests/services/test_draft_relay.py."""
+cost speculation, never tokens. The services' side is tested over gRPC in tests/services/test_relay_over_grpc.py."""
 
 from __future__ import annotations
 
