@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 
 import grpc.aio
 from opentelemetry import context as otel_context
@@ -48,68 +49,89 @@ class DraftRelay:
         self._call = None
         self._reader: asyncio.Task | None = None
         self._step = 0
-        self._waiting: dict[int, list[tuple[str, asyncio.Future]]] = {}  # handoff -> its sequences' answers, in order
-        self._trees: dict[str, asyncio.Future] = {}  # seq id -> the answer to its last handoff (TokenTree | None)
+        self._waiting: dict[int, asyncio.Future] = {}  # this stream's handoffs not answered yet, by number
+        self._answers: dict[int, asyncio.Future] = {}  # handoff -> its answer: (trees, missing ids), None if lost
+        self._users: dict[int, int] = {}  # handoff -> sequences whose tree is still to be taken from it
+        self._where: dict[str, tuple[int, int]] = {}  # seq id -> (its last handoff, its index there)
+        self._writes: deque[asyncio.Task] = deque()  # handoffs being written, in order
         self.num_handoffs = 0  # sequences handed off, all time
         self.num_missed = 0  # trees asked for that never came
 
-    async def handoff(self, address: str, items: list[SpecItem], trace_context=None) -> list[str]:
-        """Hand the draft one step's tokens and next shapes; the ids sent (none when the stream could not take them)."""
+    def handoff(self, address: str, items: list[SpecItem], trace_context=None) -> list[str]:
+        """Hand the draft one step's tokens and next shapes; the ids handed off. The message is written by a task
+        that runs once the step's outcome is on its way to the scheduler (its path is the longer one); a write
+        that fails loses the answer, and the trees are missed."""
         if not items or self.disabled:
             return []
-        self._step += 1
+        self._step = step = self._step + 1
+        self._forget([i.seq_id for i in items])  # an answer never asked for (the scheduler moved on): superseded
+        self._answers[step] = fut = asyncio.get_running_loop().create_future()  # one per handoff
+        self._users[step] = len(items)
+        for k, item in enumerate(items):
+            self._where[item.seq_id] = (step, k)
+        self._writes.append(asyncio.get_running_loop().create_task(self._write(address, step, fut, items, trace_context)))
+        self.num_handoffs += len(items)
+        return [i.seq_id for i in items]
+
+    async def _write(self, address: str, step: int, fut: asyncio.Future, items: list[SpecItem], trace_context) -> None:
         chains = pack_chain_items(items)  # most handoffs: columns for the whole batch
-        msg = draft_pb2.RelayHandoff(step=self._step, chains=chains) if chains is not None else draft_pb2.RelayHandoff(
-            step=self._step, items=[stream_spec_item_to_pb(i) for i in items])  # fmt: skip
+        msg = draft_pb2.RelayHandoff(step=step, chains=chains) if chains is not None else draft_pb2.RelayHandoff(
+            step=step, items=[stream_spec_item_to_pb(i) for i in items])  # fmt: skip
         if trace_context:
             msg.trace_context.update(trace_context)
         try:
             call = self._open(address)
-        except (grpc.aio.UsageError, RuntimeError, ValueError) as exc:
-            log.warning("draft relay to %s: cannot open the stream (%s)", address, exc)
-            return []
-        loop = asyncio.get_running_loop()
-        answers = []
-        for item in items:
-            stale = self._trees.pop(item.seq_id, None)
-            if stale is not None and not stale.done():  # never asked for (the scheduler moved on): superseded
-                stale.set_result(None)
-            self._trees[item.seq_id] = fut = loop.create_future()
-            answers.append((item.seq_id, fut))
-        self._waiting[self._step] = answers
-        try:
+            self._waiting[step] = fut
             await call.write(msg)
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError, ConnectionError, RuntimeError) as exc:
-            log.warning("draft relay to %s failed (%s); those sequences are drafted through the scheduler", address, exc)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError, ConnectionError, RuntimeError,
+                ValueError) as exc:  # fmt: skip
+            log.warning("draft relay to %s failed (%s); those sequences are resynchronised", address, exc)
             self._drop()
-            for seq_id, _ in answers:
-                self._trees.pop(seq_id, None)
-            return []
-        self.num_handoffs += len(items)
-        return [i.seq_id for i in items]
+            if not fut.done():
+                fut.set_result(None)
+        finally:
+            self._writes.popleft()
 
-    async def take(self, seq_id: str) -> TokenTree | None:
-        """The tree the draft drafted from ``seq_id``'s last handoff, once answered; None: it never came (missed)."""
-        fut = self._trees.pop(seq_id, None)
-        tree = await self._wait(fut) if fut is not None else None
-        if tree is None:
-            self.num_missed += 1
-        return tree
+    async def take(self, seq_ids: list[str]) -> list[TokenTree | None]:
+        """The trees the draft drafted from these sequences' last handoffs, once all are answered; None where one
+        never came (missed). One wait for the whole plan; none when the answers are in already (the usual case)."""
+        if self._writes:  # a handoff still being written (it is normally out long before the next plan)
+            await asyncio.gather(*self._writes)
+        where = [self._where.get(s) for s in seq_ids]
+        await self._wait({at[0] for at in where if at is not None})
+        trees = []
+        for seq_id, at in zip(seq_ids, where):
+            answer = self._answers[at[0]].result() if at is not None and self._answers[at[0]].done() else None
+            ok = answer is not None and seq_id not in answer[1] and at[1] < len(answer[0])
+            trees.append(answer[0][at[1]] if ok else None)
+        self._forget(seq_ids)
+        self.num_missed += trees.count(None)
+        return trees
 
     async def settle(self, seq_ids) -> None:
         """Wait for the answers of these (released) sequences' handoffs, and forget them."""
-        futs = [f for f in (self._trees.pop(s, None) for s in seq_ids) if f is not None]
-        if futs:
-            await asyncio.gather(*(self._wait(f) for f in futs))
+        if self._writes:
+            await asyncio.gather(*self._writes)
+        await self._wait({at[0] for at in (self._where.get(s) for s in seq_ids) if at is not None})
+        self._forget(seq_ids)
 
-    async def _wait(self, fut: asyncio.Future) -> TokenTree | None:
-        try:
-            return await asyncio.wait_for(asyncio.shield(fut), self.wait_s)
-        except asyncio.TimeoutError:
-            log.warning("draft relay: no tree within %.0f s; the stream is dropped and the sequence resynchronised",
-                        self.wait_s)  # fmt: skip
+    def _forget(self, seq_ids) -> None:
+        for seq_id in seq_ids:
+            at = self._where.pop(seq_id, None)
+            if at is not None:
+                left = self._users[at[0]] = self._users[at[0]] - 1
+                if left <= 0:
+                    del self._users[at[0]], self._answers[at[0]]
+
+    async def _wait(self, steps: set[int]) -> None:
+        pending = [f for f in (self._answers[s] for s in steps) if not f.done()]
+        if not pending:
+            return
+        _, late = await asyncio.wait(pending, timeout=self.wait_s)
+        if late:
+            log.warning("draft relay: %d answer(s) not in within %.0f s; the stream is dropped and their sequences "
+                        "resynchronised", len(late), self.wait_s)  # fmt: skip
             self._drop()
-            return None
 
     def _open(self, address: str):
         if address != self.address:
@@ -135,18 +157,14 @@ class DraftRelay:
     async def _read(self, call, waiting: dict) -> None:
         try:
             async for reply in call:
-                answers = waiting.pop(reply.step, None)
-                if answers is None:
+                fut = waiting.pop(reply.step, None)
+                if fut is None or fut.done():
                     continue
                 try:
-                    trees = unpack_trees(reply.trees, len(answers))
+                    fut.set_result((unpack_trees(reply.trees, len(reply.trees.has_probs)), set(reply.missing)))
                 except Exception as exc:  # noqa: BLE001 - a malformed answer: its sequences missed
                     log.warning("draft relay: malformed answer to handoff %d (%s)", reply.step, exc)
-                    trees = [None] * len(answers)
-                missing = set(reply.missing)
-                for (seq_id, fut), tree in zip(answers, trees):
-                    if not fut.done():
-                        fut.set_result(None if seq_id in missing else tree)
+                    fut.set_result(None)
         except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
             if isinstance(exc, grpc.aio.AioRpcError) and exc.code() != grpc.StatusCode.CANCELLED:
                 log.warning("draft relay stream ended: %s", exc.code().name)
@@ -167,11 +185,9 @@ class DraftRelay:
 
 
 def _fail(waiting: dict) -> None:
-    """A stream is gone: every answer still out on it is a miss."""
-    answers_out = list(waiting.values())
+    """A stream is gone: every answer still out on it is lost."""
+    futs = list(waiting.values())
     waiting.clear()
-    for answers in answers_out:
-        for _, fut in answers:
-            if not fut.done():
-                fut.set_result(None)
-
+    for fut in futs:
+        if not fut.done():
+            fut.set_result(None)

@@ -10,8 +10,6 @@ what the sequence may still emit (shared/engine/spec_cap.py); a sequence with no
 
 from __future__ import annotations
 
-import asyncio
-
 from shared.engine.errors import InvalidRequestError
 from shared.engine.spec_cap import capped_item
 from shared.engine.types import RELAY_DROP, RELAY_TAKE, AcceptResult, SpecItem, TokenTree, VerifyItem
@@ -34,7 +32,7 @@ async def take_relayed(relay, plan: target_pb2.TargetPlan, verifies: list[Verify
         raise InvalidRequestError("relay_flags: each flag is 0, 1 (take the relayed tree) or 2 (drop it)")
     if any(len(item.tree) for item, _ in flagged):
         raise InvalidRequestError("a verify flagged relayed carries a tree of its own")
-    got = await asyncio.gather(*(relay.take(item.seq_id) for item, _ in flagged))
+    got = await relay.take([item.seq_id for item, _ in flagged])
     taken, missed = [], []
     for (item, flag), tree in zip(flagged, got):
         if tree is None:
@@ -45,7 +43,7 @@ async def take_relayed(relay, plan: target_pb2.TargetPlan, verifies: list[Verify
     return taken, missed
 
 
-async def hand_off(relay, plan: target_pb2.TargetPlan, results: list[AcceptResult]) -> list[str]:
+def hand_off(relay, plan: target_pb2.TargetPlan, results: list[AcceptResult]) -> list[str]:
     """Hand the draft this step's tokens of the relayed sequences; the ids handed off."""
     by_id = dict(zip(plan.verify_ids, results))
     items = []
@@ -57,7 +55,7 @@ async def hand_off(relay, plan: target_pb2.TargetPlan, results: list[AcceptResul
         item = capped_item(item, remaining - len(res.tokens) - 1)
         if item is not None:
             items.append(item)
-    return await relay.handoff(plan.relay.draft, items, dict(plan.trace_context)) if items else []
+    return relay.handoff(plan.relay.draft, items, dict(plan.trace_context)) if items else []
 
 
 def relay_items(msg: target_pb2.RelayPlan) -> list[tuple[SpecItem, int]]:

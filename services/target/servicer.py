@@ -45,7 +45,7 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
         host.closers = [*getattr(host, "closers", ()), self.pusher.close]  # its shared-memory ring, at shutdown
         host.feature_pusher = self.pusher
         self.relay = DraftRelay(getattr(host, "settings", None))  # tokens straight to the draft, trees straight back
-        host.closers = [*host.closers, self.relay.close]
+        host.closers, host.draft_relay = [*host.closers, self.relay.close], self.relay
 
     async def Prefill(
         self, request: target_pb2.TargetPrefillRequest, context: grpc.aio.ServicerContext

@@ -51,8 +51,8 @@ async def run_target_plan(servicer, plan: target_pb2.TargetPlan) -> target_pb2.T
             return target_pb2.TargetOutcome(step=plan.step, error=common_pb2.StepError(code=code.value[0],
                                                                                        message=details))  # fmt: skip
     reply = target_pb2.TargetOutcome(step=plan.step, costs=costs, timing=timing)
-    if plan.HasField("relay"):  # before the outcome: the draft drafts while the scheduler commits
-        reply.relayed.extend(await hand_off(servicer.relay, plan, out.verifies))
+    if plan.HasField("relay"):  # written as the outcome leaves: the draft drafts while the scheduler commits
+        reply.relayed.extend(hand_off(servicer.relay, plan, out.verifies))
     if plan.relay_flags:
         reply.relay_missed.extend(missed)
         reply.relayed_trees.CopyFrom(pack_trees(relayed_trees))
