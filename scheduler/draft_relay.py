@@ -56,16 +56,29 @@ class DraftRelay:
             out = self._out.pop(req.id, None)
             if out is None:
                 continue
-            current = req.on_draft and req.draft_seen == out.seen_before and not req.draft_rollback
-            if current:  # the draft holds the handed-off tokens (a stop may have cut the commit short)
-                req.draft_seen = min(out.seen_after, req.num_tokens)
-                req.draft_rollback = out.seen_after - req.draft_seen
+            current = self.consume(req, out)
             shape = planned.get(req.id)
             take = current and shape == out.shape and req.num_tokens == out.seen_after
             self.flags[req.id] = RELAY_TAKE if take else RELAY_DROP
             if shape is not None:
                 self.gate.record(take)
         return [entry for entry in spec if entry[1].id not in self.flags]
+
+    def consume(self, req: Request, out: _Relayed) -> bool:
+        """A relay out taken by a verify: whether the draft still holds the request as the handoff left it; if so
+        it now holds the handed-off tokens (``draft_rollback``: those a stop cut off the commit)."""
+        current = req.on_draft and req.draft_seen == out.seen_before and not req.draft_rollback
+        if current:
+            req.draft_seen = min(out.seen_after, req.num_tokens)
+            req.draft_rollback = out.seen_after - req.draft_seen
+        return current
+
+    def out(self, req_id: str) -> _Relayed | None:
+        """The relay out of a request (a tree the draft drafts for it), if any."""
+        return self._out.get(req_id)
+
+    def pop(self, req_id: str) -> _Relayed | None:
+        return self._out.pop(req_id, None)
 
     def plan(self, batch: list[Request], shapes: list[SpecShape], items: list[VerifyItem], usable: bool) -> None:
         """The verify items' flags, and a handoff for each request that speculates (while the gate is open)."""

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from scheduler.admission import AdmissionControl
 from scheduler.draft_ahead import DraftAhead
 from scheduler.draft_relay import DraftRelay
+from scheduler.verify_ahead import VerifyAhead
 from scheduler.draft_link import DraftLink
 from scheduler.elastic_control import ElasticControl
 from scheduler.feature_relay import FeatureRelay
@@ -122,6 +123,7 @@ class Scheduler:
         ahead = draft is not None and self.frontier is None and self.features is None
         self.relay = DraftRelay() if ahead and cfg.draft_relay and isinstance(self.selector, PassThrough) else None
         self.ahead = DraftAhead() if ahead and cfg.draft_ahead and self.relay is None else None
+        self.verify_ahead = VerifyAhead() if self.relay is not None and self.spec_policy.static_shapes else None
         self.chunks = ChunkedPrefill(cfg.prefill_chunk if self.frontier is None else 0)
         # admission within the caps, preemption, eviction under KV pressure (admission.py)
         self.admission = AdmissionControl(self.queue_policy, cfg, self.link,
@@ -228,8 +230,9 @@ class Scheduler:
                 self._fail_all(exc)
             if not waited():  # stream consumers and submitters ran while it awaited its workers; else now
                 await asyncio.sleep(0)
-        if self.ahead is not None:
-            self.ahead.cancel()
+        for ahead in (self.ahead, self.verify_ahead):
+            if ahead is not None:
+                ahead.cancel()
         await self.deferred.drain()
 
     def stop(self) -> None:
@@ -258,6 +261,9 @@ class Scheduler:
         # 0. while the target is down nothing runs: probe it, and fail what waited past the bound
         if not self.target_link.up and not await self._await_target(report):
             return report
+        va = self.verify_ahead  # this step's verify, if it left as soon as the last one was in (verify_ahead.py)
+        ahead = await va.collect(self, report) if va is not None and va.pending else None
+        times.verify = clock.now() - t0
 
         # 1. admit (and preempt, if the queue policy wants to)
         new = self._admit(report)
@@ -269,54 +275,59 @@ class Scheduler:
             await self._prefill(new, report)
         times.prefill = clock.now() - t
 
-        # 3. plan
-        batch = self.chunks.ready(self._running.values())
-        self.link.probe()  # after a failure's backoff: the resync in _speculate tells whether it is back
-        ctx = SpecContext(
-            now=clock.now(), step=self._num_steps, draft_available=self.link.usable,
-            token_budget=self.chunks.plan(batch, clock.now(), self.config, self), cost_model=self.config.cost_model,
-            draft_cost_model=self.config.draft_cost_model, max_tokens_in_flight=self.max_tokens_in_flight,
-        )
-        try:
-            batch = step_batch(self.spec_policy, batch, ctx, self._running)  # a prefix of it (SmartSpec Alg. 2)
-            shapes = plan_shapes(self.spec_policy, batch, ctx)
-        except Exception:  # noqa: BLE001 - a policy bug costs speed, not requests
-            log.exception("speculation policy failed; plain decoding this step")
-            shapes = [SpecShape.none()] * len(batch)
+        if ahead is not None:  # this step's verify left as soon as the last one was in (verify_ahead.py)
+            batch, shapes, trees, results = ahead
         else:
-            report.policy = explained(self.spec_policy) if batch and ctx.draft_available else {}
-
-        # 4. speculate (frontier pipelining runs 4-6 itself: verify chunk i while drafting chunk i+1)
-        t = clock.now()
-        piped = await self.frontier.run(self, batch, shapes, ctx, report) if self.frontier is not None else None
-        trees = piped.trees if piped is not None else await self._speculate(batch, shapes, report)
-        times.speculate = piped.speculate_s if piped is not None else clock.now() - t
-
-        # 5. select
-        t = clock.now()
-        if piped is None and any(len(tree) for tree in trees):
+            # 3. plan
+            batch = self.chunks.ready(self._running.values())
+            self.link.probe()  # after a failure's backoff: the resync in _speculate tells whether it is back
+            ctx = SpecContext(
+                now=clock.now(), step=self._num_steps, draft_available=self.link.usable,
+                token_budget=self.chunks.plan(batch, clock.now(), self.config, self), cost_model=self.config.cost_model,
+                draft_cost_model=self.config.draft_cost_model, max_tokens_in_flight=self.max_tokens_in_flight,
+            )
             try:
-                selected = self.selector.select(batch, trees, ctx)
-                if len(selected) != len(batch) or not all(tree_ok(tree) for tree in selected):
-                    raise ValueError("selector must return one well-formed tree per request")
-                trees = selected
-            except Exception:  # noqa: BLE001
-                log.exception("tree selector failed; plain decoding this step")
-                trees = [TokenTree() for _ in batch]
-        times.select = clock.now() - t
+                batch = step_batch(self.spec_policy, batch, ctx, self._running)  # a prefix of it (SmartSpec Alg. 2)
+                shapes = plan_shapes(self.spec_policy, batch, ctx)
+            except Exception:  # noqa: BLE001 - a policy bug costs speed, not requests
+                log.exception("speculation policy failed; plain decoding this step")
+                shapes = [SpecShape.none()] * len(batch)
+            else:
+                report.policy = explained(self.spec_policy) if batch and ctx.draft_available else {}
 
-        # 6. verify
-        t = clock.now()
-        if piped is not None:
-            results, times.verify = piped.results, piped.verify_s
-        else:
-            results = await self._verify(batch, trees, report, shapes) if batch or self.chunks.planned else []
-            times.verify = clock.now() - t
-            if self.relay is not None and results:  # the relayed trees the target verified, the handoffs it made
-                self.relay.absorb(batch, shapes, trees, results, self.link)
-            if self.ahead is not None and results and self.link.usable and not self.link.stale:
-                if self.ahead.start(self.draft, batch, shapes, results):  # drafts while this step commits
-                    await asyncio.sleep(0)  # its plan leaves now, so the draft drafts while this step commits
+            # 4. speculate (frontier pipelining runs 4-6 itself: verify chunk i while drafting chunk i+1)
+            t = clock.now()
+            piped = await self.frontier.run(self, batch, shapes, ctx, report) if self.frontier is not None else None
+            trees = piped.trees if piped is not None else await self._speculate(batch, shapes, report)
+            times.speculate = piped.speculate_s if piped is not None else clock.now() - t
+
+            # 5. select
+            t = clock.now()
+            if piped is None and any(len(tree) for tree in trees):
+                try:
+                    selected = self.selector.select(batch, trees, ctx)
+                    if len(selected) != len(batch) or not all(tree_ok(tree) for tree in selected):
+                        raise ValueError("selector must return one well-formed tree per request")
+                    trees = selected
+                except Exception:  # noqa: BLE001
+                    log.exception("tree selector failed; plain decoding this step")
+                    trees = [TokenTree() for _ in batch]
+            times.select = clock.now() - t
+
+            # 6. verify
+            t = clock.now()
+            if piped is not None:
+                results, times.verify = piped.results, piped.verify_s
+            else:
+                results = await self._verify(batch, trees, report, shapes) if batch or self.chunks.planned else []
+                times.verify = clock.now() - t
+                if self.ahead is not None and results and self.link.usable and not self.link.stale:
+                    if self.ahead.start(self.draft, batch, shapes, results):  # drafts while this step commits
+                        await asyncio.sleep(0)  # its plan leaves now, so the draft drafts while this step commits
+        if self.relay is not None and results:  # the relayed trees the target verified, the handoffs it made
+            self.relay.absorb(batch, shapes, trees, results, self.link)
+            if self.verify_ahead is not None and self.verify_ahead.start(self, batch, results):
+                await asyncio.sleep(0)  # the next verify leaves now: the target and the draft work while this commits
 
         # 7. commit
         t = clock.now()

@@ -67,6 +67,9 @@ class SpeculationPolicy:
         """Called after every iteration with its outcome (for learning policies)."""
         return None
 
+    # the same shape for a request every step, whatever the outcomes (then a verify may go ahead: verify_ahead.py)
+    static_shapes = False
+
     def tree_selector(self) -> TreeSelector | None:
         """The selector that prunes this policy's trees (AdaServe's), used when the scheduler is given
         none; None = verify every drafted node."""
@@ -95,6 +98,7 @@ class NoSpeculation(SpeculationPolicy):
     """Plain decoding: one target token per step."""
 
     name = "none"
+    static_shapes = True
 
     def decide(self, batch: Sequence[Request], ctx: SpecContext) -> list[SpecShape]:
         return [_NONE] * len(batch)
@@ -107,6 +111,7 @@ class FixedChain(SpeculationPolicy):
     """Every request drafts a chain of ``k`` tokens every step."""
 
     name = "fixed_chain"
+    static_shapes = True
 
     def __init__(self, k: int, confidence_threshold: float = 0.0) -> None:
         if k < 1:

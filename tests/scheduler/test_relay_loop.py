@@ -94,6 +94,10 @@ def test_relayed_steps_are_lossless_and_skip_the_speculate_call(tiny_model_dir, 
     relay = sched.relay
     assert relay.num_relayed > 0 and relay.gate.num_hits > 0 and relay.gate.num_misses == 0 and relay.num_missed == 0
     assert all(sum(r.accepted_lens) > 0 for r in reqs)  # the relayed trees were verified and recorded
+    if policy.static_shapes:  # the verify went ahead of the commit (verify_ahead.py)
+        assert sched.verify_ahead is not None and sched.verify_ahead.num_sent > 0
+    else:
+        assert sched.verify_ahead is None
 
 
 def test_trees_that_never_come_cost_a_decode_step_and_a_resync(tiny_model_dir):
@@ -108,6 +112,8 @@ def test_trees_that_never_come_cost_a_decode_step_and_a_resync(tiny_model_dir):
 
 class Alternating(FixedChain):
     """A chain of 2 or 3 by step parity: every relayed shape is dropped (a plain decode step), never a token lost."""
+
+    static_shapes = False
 
     def decide(self, batch, ctx):
         return [SpecShape.chain(2 + ctx.step % 2)] * len(batch)

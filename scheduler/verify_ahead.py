@@ -1,0 +1,83 @@
+"""Relayed verify run-ahead: under a fixed speculation policy, step N+1's verify leaves as soon as step N's is in.
+
+    step N:    verify N (relayed, draft_relay.py) ─▶ outcome N ─┬─▶ verify N+1 sent now: the same requests, each
+                                                                │   taking the tree the draft drafts from step N's
+               commit N, stream tokens, observers, releases ◀───┘   tokens, with the same shape handed off again
+    step N+1:  outcome N+1 is this step's verify: commit it, send N+2 ...
+
+With the draft relay a speculative step needs nothing from the scheduler that it does not know once the
+outcome is in, when the shapes cannot change: the requests (all running ones, nobody waiting to be
+admitted), their shapes (a policy with ``static_shapes``: the same shape every step, capped near the end
+by the target as ``plan_shapes`` caps it) and their trees (relayed). So the scheduler's own per-step work
+runs beside the target's and the draft's, as vLLM's async scheduling and SGLang's overlap scheduler do.
+
+What the loop sees is unchanged: step N+1's outcome is the verify the loop would have sent, over the same
+trees. A request that ends at commit N (a stop, an abort, a preemption) was verified once more for nothing:
+its result is dropped and its release settles it on both workers, as decode run-ahead does
+(services/scheduler/run_ahead.py). Anything that could change the plan stops the run-ahead for a step:
+a request waiting, one not relayed (a missed tree, the end of its budget), a chunked prefill, a draft or
+target in recovery, elastic draft memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from scheduler.request import Request, RequestState
+from scheduler.spec_shape import SpecShape
+from shared.engine.types import RELAY_TAKE, AcceptResult, TokenTree, VerifyItem
+
+
+class VerifyAhead:
+    def __init__(self) -> None:
+        self._task: asyncio.Task | None = None
+        self._batch: list[Request] = []
+        self._shapes: list[SpecShape] = []
+        self.num_sent = 0  # verifies sent ahead, all time
+
+    @property
+    def pending(self) -> bool:
+        return self._task is not None
+
+    def start(self, loop, batch: list[Request], results: list[AcceptResult]) -> bool:
+        """After step N's verify, before its commit: send step N+1's verify when its plan is already known."""
+        relay = loop.relay
+        if (not batch or loop._waiting or len(batch) != len(loop._running) or not loop.target_link.up
+                or not loop.link.usable or loop.link.stale or loop.elastic is not None):  # fmt: skip
+            return False
+        outs = [relay.out(req.id) for req in batch]
+        if not all(res.relayed and out is not None for res, out in zip(results, outs)):
+            return False
+        items = [VerifyItem(req.id, relay=RELAY_TAKE, handoff=out.shape.spec_item(req.id, []),
+                            remaining=req.num_remaining - len(res.tokens))
+                 for req, res, out in zip(batch, results, outs)]  # fmt: skip
+        self._batch, self._shapes = list(batch), [out.shape for out in outs]
+        self._task = asyncio.get_running_loop().create_task(loop.target.verify(items), name="verify-ahead")
+        self.num_sent += 1
+        return True
+
+    async def collect(self, loop, report) -> tuple[list[Request], list[SpecShape], list[TokenTree], list[AcceptResult]] | None:
+        """Step N+1's verify, for the requests still running (the others' results are dropped); None when it failed
+        (a verify failure, handled as the loop handles one)."""
+        task, batch, shapes, self._task = self._task, self._batch, self._shapes, None
+        try:
+            results = await task
+            if len(results) != len(batch):
+                raise RuntimeError(f"target verify returned {len(results)} results for {len(batch)} items")
+        except Exception as exc:  # noqa: BLE001 - as _verify: reported to the requests
+            loop.relay.failed(batch, loop.link)
+            loop._fail(batch, "target verify failed", exc, report)
+            return None
+        keep = []
+        for i, req in enumerate(batch):
+            out = loop.relay.pop(req.id)
+            if req.state is RequestState.RUNNING and req.id in loop._running and out is not None:
+                loop.relay.consume(req, out)
+                keep.append(i)
+        trees = [results[i].relay_tree or TokenTree() for i in keep]
+        return [batch[i] for i in keep], [shapes[i] for i in keep], trees, [results[i] for i in keep]
+
+    def cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self._task = None
