@@ -53,14 +53,14 @@ class DraftRelay:
         self._answers: dict[int, asyncio.Future] = {}  # handoff -> its answer: (trees, missing ids), None if lost
         self._users: dict[int, int] = {}  # handoff -> sequences whose tree is still to be taken from it
         self._where: dict[str, tuple[int, int]] = {}  # seq id -> (its last handoff, its index there)
-        self._writes: deque[asyncio.Task] = deque()  # handoffs being written, in order
+        self._unsent: deque[tuple] = deque()  # handoffs made, not written yet, in order
         self.num_handoffs = 0  # sequences handed off, all time
         self.num_missed = 0  # trees asked for that never came
 
     def handoff(self, address: str, items: list[SpecItem], trace_context=None) -> list[str]:
-        """Hand the draft one step's tokens and next shapes; the ids handed off. The message is written by a task
-        that runs once the step's outcome is on its way to the scheduler (its path is the longer one); a write
-        that fails loses the answer, and the trees are missed."""
+        """Hand the draft one step's tokens and next shapes; the ids handed off. The message is written by ``flush``,
+        which the step stream calls once the step's outcome is on its way to the scheduler (its path is the
+        longer one); a write that fails loses the answer, and the trees are missed."""
         if not items or self.disabled:
             return []
         self._step = step = self._step + 1
@@ -69,9 +69,14 @@ class DraftRelay:
         self._users[step] = len(items)
         for k, item in enumerate(items):
             self._where[item.seq_id] = (step, k)
-        self._writes.append(asyncio.get_running_loop().create_task(self._write(address, step, fut, items, trace_context)))
+        self._unsent.append((address, step, fut, items, trace_context))
         self.num_handoffs += len(items)
         return [i.seq_id for i in items]
+
+    async def flush(self) -> None:
+        """Write the handoffs made since the last flush."""
+        while self._unsent:
+            await self._write(*self._unsent.popleft())
 
     async def _write(self, address: str, step: int, fut: asyncio.Future, items: list[SpecItem], trace_context) -> None:
         chains = pack_chain_items(items)  # most handoffs: columns for the whole batch
@@ -89,14 +94,11 @@ class DraftRelay:
             self._drop()
             if not fut.done():
                 fut.set_result(None)
-        finally:
-            self._writes.popleft()
 
     async def take(self, seq_ids: list[str]) -> list[TokenTree | None]:
         """The trees the draft drafted from these sequences' last handoffs, once all are answered; None where one
         never came (missed). One wait for the whole plan; none when the answers are in already (the usual case)."""
-        if self._writes:  # a handoff still being written (it is normally out long before the next plan)
-            await asyncio.gather(*self._writes)
+        await self.flush()  # normally written as the last outcome left
         where = [self._where.get(s) for s in seq_ids]
         await self._wait({at[0] for at in where if at is not None})
         trees = []
@@ -110,8 +112,7 @@ class DraftRelay:
 
     async def settle(self, seq_ids) -> None:
         """Wait for the answers of these (released) sequences' handoffs, and forget them."""
-        if self._writes:
-            await asyncio.gather(*self._writes)
+        await self.flush()
         await self._wait({at[0] for at in (self._where.get(s) for s in seq_ids) if at is not None})
         self._forget(seq_ids)
 

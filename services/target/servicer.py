@@ -82,6 +82,7 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
     async def StepStream(self, request_iterator, context: grpc.aio.ServicerContext):
         async for plan in request_iterator:  # one plan, one engine step, one outcome (step_stream.py)
             yield await run_target_plan(self, plan)
+            await self.relay.flush()  # the step's handoff to the draft, once its outcome has left (draft_relay.py)
 
     async def Release(
         self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
