@@ -103,6 +103,13 @@ class TandemMetrics:
             "boundary costs on the wire.",
             ["hop"], namespace=ns, registry=reg,
         )  # fmt: skip
+        self.draft_relay_total = Counter(
+            "draft_relay_total", "Draft relay over step streams (the target hands each verified step's tokens to the "
+            "draft, whose next trees go straight back to it): requests handed off; relayed trees dropped because the "
+            "plan changed shape; relayed trees that never came (missed: the request is resynchronised); verifies sent "
+            "ahead of the commit under a fixed policy.",
+            ["event"], namespace=ns, registry=reg,
+        )  # fmt: skip
         self.accepted_length = Histogram(
             "accepted_length_tokens", "Tokens committed per request per verify step, bonus included (_sum / _count "
             "is the mean accepted length).",
@@ -278,6 +285,12 @@ class TandemMetrics:
             self.feature_bytes_total.labels("target_to_scheduler").inc(received)
         if sent:
             self.feature_bytes_total.labels("scheduler_to_draft").inc(sent)
+
+    def observe_relay(self, **counts: int) -> None:
+        """Draft relay events since the last step, by event (handed_off, dropped, missed, verify_ahead)."""
+        for event, n in counts.items():
+            if n:
+                self.draft_relay_total.labels(event).inc(n)
 
     def observe_draft_memory(
         self, *, event: str | None, offloaded: bool, pool_event: str | None = None, kv_token_budget: int | None = None

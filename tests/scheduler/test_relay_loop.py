@@ -84,10 +84,15 @@ def _engines(model_dir):
 
 @pytest.mark.parametrize("policy", [FixedChain(3), Expansion()], ids=["chain3", "tree2-2"])
 def test_relayed_steps_are_lossless_and_skip_the_speculate_call(tiny_model_dir, policy):
+    from services.scheduler.observers.metrics import MetricsObserver
+    from shared.metrics import TandemMetrics
+
     target, draft = _engines(tiny_model_dir)
     worker = LocalDraftWorker(draft)
     sched = Scheduler(RelayingTarget(target, draft), worker, spec_policy=policy, config=SchedulerConfig(draft_relay=True))
     assert isinstance(sched.relay, DraftRelay) and sched.ahead is None
+    metrics = TandemMetrics()
+    sched.add_observer(MetricsObserver(metrics, sched))
     reqs, outs = serve_prompts(sched, [target, draft])
     for req, out in zip(reqs, outs):
         assert out == greedy(tiny_model_dir, req.prompt_ids, req.max_new_tokens)
@@ -98,6 +103,10 @@ def test_relayed_steps_are_lossless_and_skip_the_speculate_call(tiny_model_dir, 
         assert sched.verify_ahead is not None and sched.verify_ahead.num_sent > 0
     else:
         assert sched.verify_ahead is None
+    read = metrics.registry.get_sample_value
+    assert read("tandem_draft_relay_total", {"event": "handed_off"}) == relay.num_relayed
+    assert (read("tandem_draft_relay_total", {"event": "verify_ahead"}) or 0) == (
+        sched.verify_ahead.num_sent if sched.verify_ahead else 0)
 
 
 def test_trees_that_never_come_cost_a_decode_step_and_a_resync(tiny_model_dir):
