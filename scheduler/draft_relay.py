@@ -120,7 +120,10 @@ class DraftRelay:
         self.flags, self._handoffs = {}, set()
 
     def _prune(self) -> None:
-        """Forget the relays of requests that ended (their release settles them at the target)."""
-        ended = [rid for rid, out in self._out.items() if out.req.state is not RequestState.RUNNING]
-        for rid in ended:
-            del self._out[rid]
+        """Forget the relays of requests no longer running: one that ended is settled at the target by its release;
+        one preempted keeps what the draft holds, its handoff's tokens included (it resumes a step later at least)."""
+        stopped = [out for out in self._out.values() if out.req.state is not RequestState.RUNNING]
+        for out in stopped:
+            del self._out[out.req.id]
+            if not out.req.state.done:
+                self.consume(out.req, out)

@@ -9,20 +9,16 @@ One ``step`` is one target forward for every running request::
     admit      queue policy picks from waiting (batch-size and token caps)
     prefill    target.prefill(new) ‖ draft.prefill(new that may speculate)   -> first tokens
     plan       speculation policy: a shape per running request
-    speculate  ONE draft.speculate for all speculating requests (each sends the
-               tokens committed since its last draft call)
+    speculate  ONE draft.speculate for all speculating requests (their tokens since the last call)
     select     tree selector prunes under the budget (default: keep all)
     verify     ONE target.verify for all running requests (empty tree = plain decode)
     commit     append, stop checks (truncating past a stop), stream, finish, release
 
 Chunked prefill: prefill_chunks.py. Drafting beside the commit: draft_relay.py, draft_ahead.py, frontier.py.
-Failures: a draft that raises is marked unavailable (plain decoding for everybody), retried after a backoff,
-and what it held is then unknown: on retry every id it may hold is released and each speculating request
-re-prefilled (draft_link.py). A target outage is waited out and its requests re-prefilled once it answers
-(target_link.py); any other target error fails the requests of that call (the call is atomic).
-Preemption and KV pressure: admission.py; elastic draft memory (Nightjar §5): elastic_control.py.
-Workers see releases only between calls (flushed after admission and at the end of a step), never while
-one of their calls is in flight. No torch, grpc or redis here: workers, clock, observers injected.
+Failures: a failed draft means plain decoding until a retry resyncs it (draft_link.py); a target outage is
+waited out, its requests re-prefilled (target_link.py); any other target error fails that call's requests.
+Preemption and KV pressure: admission.py; elastic draft memory (Nightjar §5): elastic_control.py. Workers
+see releases only between calls, never during one. No torch, grpc or redis here: all injected.
 """
 
 from __future__ import annotations
@@ -262,11 +258,10 @@ class Scheduler:
         if not self.target_link.up and not await self._await_target(report):
             return report
         va = self.verify_ahead  # this step's verify, if it left as soon as the last one was in (verify_ahead.py)
-        ahead = await va.collect(self, report) if va is not None and va.pending else None
-        times.verify = clock.now() - t0
+        ahead, times.verify = await va.collect(self, report) if va is not None and va.pending else None, clock.now() - t0
 
-        # 1. admit (and preempt, if the queue policy wants to)
-        new = self._admit(report)
+        # 1. admit (and preempt); not while a verify that went ahead commits: a request it preempted kept them
+        new = self._admit(report) if ahead is None else []
         await self._flush_releases()
 
         # 2. prefill
@@ -281,11 +276,10 @@ class Scheduler:
             # 3. plan
             batch = self.chunks.ready(self._running.values())
             self.link.probe()  # after a failure's backoff: the resync in _speculate tells whether it is back
-            ctx = SpecContext(
-                now=clock.now(), step=self._num_steps, draft_available=self.link.usable,
-                token_budget=self.chunks.plan(batch, clock.now(), self.config, self), cost_model=self.config.cost_model,
-                draft_cost_model=self.config.draft_cost_model, max_tokens_in_flight=self.max_tokens_in_flight,
-            )
+            ctx = SpecContext(now=clock.now(), step=self._num_steps, draft_available=self.link.usable,
+                              token_budget=self.chunks.plan(batch, clock.now(), self.config, self),
+                              cost_model=self.config.cost_model, draft_cost_model=self.config.draft_cost_model,
+                              max_tokens_in_flight=self.max_tokens_in_flight)  # fmt: skip
             try:
                 batch = step_batch(self.spec_policy, batch, ctx, self._running)  # a prefix of it (SmartSpec Alg. 2)
                 shapes = plan_shapes(self.spec_policy, batch, ctx)
@@ -496,7 +490,7 @@ class Scheduler:
         if reason is not None:
             self._end(req, RequestState.FINISHED, reason, tokens=emitted, index=index)
         elif emitted:
-            self._emit(req, TokenEvent(req.id, emitted, index, now, req.state))
+            self._streams[req.id]._put(TokenEvent(req.id, emitted, index, now, req.state))
         return emitted
 
     def _end(
@@ -521,9 +515,6 @@ class Scheduler:
         self._finished_unnotified.append(req)
         stream._put(TokenEvent(req.id, tokens or [], len(req.output_ids) if index is None else index, now, state,
                                finished=True, finish_reason=reason, error=error, error_code=error_code))  # fmt: skip
-
-    def _emit(self, req: Request, event: TokenEvent) -> None:
-        self._streams[req.id]._put(event)
 
     def _fail(self, reqs: list[Request], what: str, exc: Exception | None, report: StepReport) -> None:
         if self.target_link.is_outage(exc):  # not the requests' fault: they wait for the target
@@ -584,8 +575,8 @@ class Scheduler:
 
     def _reserved_tokens(self) -> int:
         """Tokens reserved by running and resident (preempted, KV kept) requests."""
-        reserved = sum(reserved_tokens(r) for r in self._running.values())
-        return reserved + sum(reserved_tokens(r) for r in self._waiting if r.resident)
+        return sum(reserved_tokens(r) for r in self._running.values()) + sum(
+            reserved_tokens(r) for r in self._waiting if r.resident)  # fmt: skip
 
     async def _flush_releases(self) -> None:
         if self._release_target and self.target_link.up:  # while it is down they wait (release is idempotent)

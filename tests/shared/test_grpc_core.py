@@ -11,14 +11,14 @@ import pytest
 from shared.grpc_core import IOMGR, choose_io_path
 
 
-def test_the_default_keeps_grpcs_own_choice():
-    env: dict[str, str] = {}
+def test_eventengine_keeps_grpcs_own_choice():
+    env = {"TANDEM_GRPC_IO": "eventengine"}
     assert choose_io_path(env) is None and "GRPC_EXPERIMENTS" not in env
 
 
-def test_iomgr_turns_the_event_engine_off_unless_grpc_experiments_is_set():
-    env = {"TANDEM_GRPC_IO": "iomgr"}
-    assert choose_io_path(env) == IOMGR == env["GRPC_EXPERIMENTS"]
+def test_iomgr_the_default_turns_the_event_engine_off_unless_grpc_experiments_is_set():
+    for env in ({"TANDEM_GRPC_IO": "iomgr"}, {}):
+        assert choose_io_path(env) == IOMGR == env["GRPC_EXPERIMENTS"]
     env = {"TANDEM_GRPC_IO": "iomgr", "GRPC_EXPERIMENTS": "-event_engine_client"}
     assert choose_io_path(env) == "-event_engine_client"
 
