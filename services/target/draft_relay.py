@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 
 import grpc.aio
@@ -35,6 +36,7 @@ from shared.rpc.packing import stream_spec_item_to_pb, unpack_trees
 
 RELAY_METHOD = "/tandem.v1.DraftService/Relay"
 WAIT_S = 30.0  # the longest a plan waits for a relayed tree (a draft that hangs; a broken stream answers at once)
+RETRY_S = 5.0  # after the stream failed (the draft away or unreachable), nothing is relayed for this long
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,7 @@ class DraftRelay:
         self._users: dict[int, int] = {}  # handoff -> sequences whose tree is still to be taken from it
         self._where: dict[str, tuple[int, int]] = {}  # seq id -> (its last handoff, its index there)
         self._unsent: deque[tuple] = deque()  # handoffs made, not written yet, in order
+        self._down_until = 0.0  # monotonic time before which nothing is relayed (the stream failed: RETRY_S)
         self.num_handoffs = 0  # sequences handed off, all time
         self.num_missed = 0  # trees asked for that never came
 
@@ -61,8 +64,8 @@ class DraftRelay:
         """Hand the draft one step's tokens and next shapes; the ids handed off. The message is written by ``flush``,
         which the step stream calls once the step's outcome is on its way to the scheduler (its path is the
         longer one); a write that fails loses the answer, and the trees are missed."""
-        if not items or self.disabled:
-            return []
+        if not items or self.disabled or time.monotonic() < self._down_until:
+            return []  # the scheduler drafts them itself meanwhile
         self._step = step = self._step + 1
         self._forget([i.seq_id for i in items])  # an answer never asked for (the scheduler moved on): superseded
         self._answers[step] = fut = asyncio.get_running_loop().create_future()  # one per handoff
@@ -90,7 +93,9 @@ class DraftRelay:
             await call.write(msg)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError, ConnectionError, RuntimeError,
                 ValueError) as exc:  # fmt: skip
-            log.warning("draft relay to %s failed (%s); those sequences are resynchronised", address, exc)
+            log.warning("draft relay to %s failed (%s); those sequences are resynchronised, and the scheduler drafts "
+                        "for %.0f s", address, exc, RETRY_S)  # fmt: skip
+            self._down_until = time.monotonic() + RETRY_S
             self._drop()
             if not fut.done():
                 fut.set_result(None)
@@ -167,11 +172,11 @@ class DraftRelay:
                     log.warning("draft relay: malformed answer to handoff %d (%s)", reply.step, exc)
                     fut.set_result(None)
         except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
-            if isinstance(exc, grpc.aio.AioRpcError) and exc.code() != grpc.StatusCode.CANCELLED:
+            if isinstance(exc, grpc.aio.AioRpcError) and self._call is call:
                 log.warning("draft relay stream ended: %s", exc.code().name)
         finally:
-            if self._call is call:
-                self._call = None
+            if self._call is call:  # it ended by itself (not dropped here): the draft is away for now
+                self._call, self._down_until = None, time.monotonic() + RETRY_S
             _fail(waiting)
 
     def _drop(self) -> None:

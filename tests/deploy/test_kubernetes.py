@@ -96,8 +96,15 @@ def test_settings_are_mutual_tls_inside_and_tls_outside(manifests):
         assert host in certs[f"tandem-{role}-tls"]["dnsNames"]
 
 
-def test_only_the_scheduler_reaches_the_model_services_and_redis():
-    (policy,) = _kind(_docs("tandem.yaml"), "NetworkPolicy").values()
+def test_only_the_scheduler_reaches_the_model_services_and_redis_and_the_target_the_draft():
+    policies = _kind(_docs("tandem.yaml"), "NetworkPolicy")
+    policy, to_draft = policies["tandem-internal"], policies["tandem-target-to-draft"]
+    assert set(policies) == {"tandem-internal", "tandem-target-to-draft"}
+    # the target dials the draft itself (relay, feature rows): its gRPC port, from the target only
+    assert to_draft["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "draft"
+    (only,) = to_draft["spec"]["ingress"]
+    assert only["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "target"
+    assert only["ports"] == [{"port": "grpc", "protocol": "TCP"}]
     guarded = policy["spec"]["podSelector"]["matchExpressions"][0]["values"]
     assert set(guarded) == {"target", "draft", "redis"}
     rule, scrape = policy["spec"]["ingress"]

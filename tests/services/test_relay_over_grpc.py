@@ -68,19 +68,21 @@ def test_a_tree_that_cannot_come_is_a_missed_decode_step(tiny_model_dir):
                 assert res.relayed
                 res = (await tw.verify([VerifyItem("b", relay=RELAY_TAKE)]))[0]
                 assert res.relay_missed and len(res.tokens) == 1
-                # the draft goes away with a handoff out: the tree is missed, the target answers
+                # the draft goes away: a handoff made then is never answered, its tree is missed
                 await dw.prefill([PrefillItem("a", PROMPT)])
                 await dw.flush()
-                res = (await tw.verify([VerifyItem("a", handoff=SpecItem("a", [first], chain_len=2), remaining=9)]))[0]
-                assert res.relayed
                 await draft.stop(0)
+                await tw.verify([VerifyItem("a", handoff=SpecItem("a", [first], chain_len=2), remaining=9)])
                 res = (await tw.verify([VerifyItem("a", relay=RELAY_TAKE)]))[0]
-                return len(res.tokens)
+                assert res.relay_missed and len(res.tokens) >= 1
+                # the stream failed: nothing is relayed for a while, the scheduler drafts those itself
+                res = (await tw.verify([VerifyItem("a", handoff=SpecItem("a", [], chain_len=2), remaining=9)]))[0]
+                return res.relayed
             finally:
                 await tw.close()
                 await dw.close()
 
-    assert asyncio.run(main()) >= 1
+    assert asyncio.run(main()) is False
 
 
 def test_a_release_settles_the_handoff_and_a_capped_shape_is_not_handed_off(tiny_model_dir):
