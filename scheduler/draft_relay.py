@@ -10,7 +10,9 @@
 Per speculative step the scheduler then sends one plan and reads one outcome, as for a plain decode,
 and the two hops of a speculative step (target -> draft -> target) run beside its own per-step work.
 Where the plans keep changing shape (an adaptive policy's lengths), drops cost speculation, so the
-relay pauses (miss_gate.py) and requests are drafted through the scheduler meanwhile.
+relay pauses (miss_gate.py) and requests are drafted through the scheduler meanwhile. A chain is never
+dropped: a plan asking for a shorter one verifies the relayed chain cut to its length (a causal draft's
+first k tokens are what drafting k draws), one asking for a longer one verifies the chain relayed.
 
 Nothing observable changes: the draft drafts from the true committed tokens (the shape capped near the
 end as ``plan_shapes`` caps it), the target verifies losslessly whatever tree it gets, and the loop
@@ -44,24 +46,31 @@ class DraftRelay:
         self.gate = gate or MissGate()
         self._out: dict[str, _Relayed] = {}  # request id -> its relay out (a tree waiting at the target)
         self.flags: dict[str, int] = {}  # this step's RELAY_TAKE / RELAY_DROP, by request id
+        self.cuts: dict[str, int] = {}  # this step's relayed chains to cut to the plan's length, by request id
         self._handoffs: set[str] = set()  # this step's requests asked to hand off
         self.num_relayed = 0  # handoffs made, all time
         self.num_missed = 0  # relayed trees that never came
 
     def mark(self, batch: list[Request], spec: list[tuple[int, Request, SpecShape]]) -> list[tuple[int, Request, SpecShape]]:
         """Flag each request of ``batch`` with a relay out (take or drop); the ``spec`` entries still to draft now."""
-        self.flags = {}
+        self.flags, self.cuts = {}, {}
         planned = {req.id: shape for _, req, shape in spec}
         for req in batch:
             out = self._out.pop(req.id, None)
             if out is None:
                 continue
-            current = self.consume(req, out)
+            current = self.consume(req, out) and req.num_tokens == out.seen_after
             shape = planned.get(req.id)
-            take = current and shape == out.shape and req.num_tokens == out.seen_after
-            self.flags[req.id] = RELAY_TAKE if take else RELAY_DROP
-            if shape is not None:
-                self.gate.record(take)
+            if current and shape == out.shape:
+                self.flags[req.id] = RELAY_TAKE
+            elif current and shape is not None and shape.kind == out.shape.kind == "chain":
+                self.flags[req.id] = RELAY_TAKE  # a chain serves any length: cut when shorter, as relayed when longer
+                if shape.k < out.shape.k:
+                    self.cuts[req.id] = shape.k
+            else:
+                self.flags[req.id] = RELAY_DROP
+            if shape is not None:  # a relayed tree shorter than the plan, or dropped, counts against the relay
+                self.gate.record(self.flags[req.id] == RELAY_TAKE and shape.max_depth <= out.shape.max_depth)
         return [entry for entry in spec if entry[1].id not in self.flags]
 
     def consume(self, req: Request, out: _Relayed) -> bool:
@@ -83,7 +92,7 @@ class DraftRelay:
     def plan(self, batch: list[Request], shapes: list[SpecShape], items: list[VerifyItem], usable: bool) -> None:
         """The verify items' flags, and a handoff for each request that speculates (while the gate is open)."""
         for item in items:
-            item.relay = self.flags.get(item.seq_id, 0)
+            item.relay, item.relay_cut = self.flags.get(item.seq_id, 0), self.cuts.get(item.seq_id, 0)
         self._handoffs = set()
         self._prune()
         if not usable or not self.gate.open():

@@ -18,6 +18,7 @@ from services.spans import annotate
 from shared.engine.errors import InvalidRequestError
 from shared.engine.types import TokenTree
 from shared.rpc.chain_packing import unpack_chain_items
+from shared.rpc.convert import CallTimer
 from shared.rpc.gen.tandem.v1 import draft_pb2
 from shared.rpc.packing import pack_trees
 
@@ -26,6 +27,7 @@ SERVICE = "tandem.v1.DraftService"
 
 
 async def run_relay_handoff(servicer, handoff: draft_pb2.RelayHandoff) -> draft_pb2.RelayTrees:
+    timer = CallTimer()
     try:
         if handoff.HasField("chains") and handoff.items:
             raise InvalidRequestError("a relay handoff has both packed chain items and items")
@@ -38,6 +40,7 @@ async def run_relay_handoff(servicer, handoff: draft_pb2.RelayHandoff) -> draft_
     held = servicer.engine.runner.seqs
     ready = [i for i in items if i.seq_id in held and i.features is None]
     drafted: dict[str, TokenTree] = {}
+    ran = None
     if ready:
         with plan_span(getattr(servicer.host, "tracer_provider", None), SERVICE, "Speculate", handoff.trace_context):
             annotate(batch_size=len(ready), seq_ids=[i.seq_id for i in ready], relayed=True,
@@ -51,5 +54,6 @@ async def run_relay_handoff(servicer, handoff: draft_pb2.RelayHandoff) -> draft_
                 drafted = {i.seq_id: t for i, t in zip(ready, trees)}
                 annotate(drafted_tokens=[len(t) for t in trees])
     missing = [i.seq_id for i in items if i.seq_id not in drafted]
+    timing = ran.timing(timer, forward_ns=round(sum(c.duration_s for c in ran.result[1]) * 1e9)) if ran else timer.timing()
     return draft_pb2.RelayTrees(step=handoff.step, trees=pack_trees([drafted.get(i.seq_id, TokenTree()) for i in items]),
-                                missing=missing)  # fmt: skip
+                                missing=missing, timing=timing)  # fmt: skip

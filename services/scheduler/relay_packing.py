@@ -14,6 +14,8 @@ def pack_relay(plan: target_pb2.TargetPlan, verifies: list[VerifyItem], draft: s
     all are chains, as most steps: shared/rpc/chain_packing.py)."""
     if any(i.relay for i in verifies):
         plan.relay_flags = bytes(i.relay for i in verifies)
+        if any(i.relay_cut for i in verifies):
+            plan.relay_max_nodes = pack_i32([i.relay_cut for i in verifies])
     handoffs = [i for i in verifies if i.handoff is not None]
     if not handoffs:
         return

@@ -11,7 +11,7 @@ what the sequence may still emit (shared/engine/spec_cap.py); a sequence with no
 from __future__ import annotations
 
 from shared.engine.errors import InvalidRequestError
-from shared.engine.spec_cap import capped_item
+from shared.engine.spec_cap import capped_item, cut_chain
 from shared.engine.types import RELAY_DROP, RELAY_TAKE, AcceptResult, SpecItem, TokenTree, VerifyItem
 from shared.rpc.gen.tandem.v1 import target_pb2
 from shared.rpc.chain_packing import unpack_chain_items
@@ -32,14 +32,18 @@ async def take_relayed(relay, plan: target_pb2.TargetPlan, verifies: list[Verify
         raise InvalidRequestError("relay_flags: each flag is 0, 1 (take the relayed tree) or 2 (drop it)")
     if any(len(item.tree) for item, _ in flagged):
         raise InvalidRequestError("a verify flagged relayed carries a tree of its own")
+    cuts = unpack_i32(plan.relay_max_nodes, "relay_max_nodes") if plan.relay_max_nodes else [0] * len(verifies)
+    if len(cuts) != len(verifies):
+        raise InvalidRequestError(f"relay_max_nodes: {len(cuts)} lengths for {len(verifies)} verifies")
+    cut = {item.seq_id: n for item, n in zip(verifies, cuts) if n}
     got = await relay.take([item.seq_id for item, _ in flagged])
     taken, missed = [], []
     for (item, flag), tree in zip(flagged, got):
         if tree is None:
             missed.append(item.seq_id)
         elif flag == RELAY_TAKE:
-            item.tree = tree
-            taken.append(tree)
+            item.tree = cut_chain(tree, cut.get(item.seq_id, 0))
+            taken.append(item.tree)
     return taken, missed
 
 

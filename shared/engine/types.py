@@ -225,6 +225,7 @@ class VerifyItem:
     relay: int = 0
     handoff: SpecItem | None = None
     remaining: int = 0
+    relay_cut: int = 0  # with RELAY_TAKE: a relayed chain is cut to this many nodes (0: whole)
 
 
 RELAY_TAKE, RELAY_DROP = 1, 2

@@ -18,7 +18,7 @@ from scheduler.policies.speculation import FixedChain, SpeculationPolicy
 from scheduler.spec_shape import SpecShape
 from shared.engine.config import EngineConfig
 from shared.engine.factory import build_draft_engine, build_target_engine
-from shared.engine.spec_cap import capped_item
+from shared.engine.spec_cap import capped_item, cut_chain
 from shared.engine.types import RELAY_TAKE, VerifyItem
 from tests.scheduler.test_local_workers import greedy, serve_prompts
 
@@ -50,7 +50,7 @@ class RelayingTarget(LocalTargetWorker):
                 if tree is None:
                     missed.add(item.seq_id)
                 elif item.relay == RELAY_TAKE:
-                    item.tree = taken[item.seq_id] = tree
+                    item.tree = taken[item.seq_id] = cut_chain(tree, item.relay_cut)
         prefilled, results = await super().step(prefills, verifies)
         handoffs = []
         for item, res in zip(verifies, results):
@@ -120,7 +120,7 @@ def test_trees_that_never_come_cost_a_decode_step_and_a_resync(tiny_model_dir):
 
 
 class Alternating(FixedChain):
-    """A chain of 2 or 3 by step parity: every relayed shape is dropped (a plain decode step), never a token lost."""
+    """A chain of 2 or 3 by step parity: a relayed chain of 3 is cut to 2, one of 2 serves a plan of 3."""
 
     static_shapes = False
 
@@ -128,9 +128,27 @@ class Alternating(FixedChain):
         return [SpecShape.chain(2 + ctx.step % 2)] * len(batch)
 
 
-def test_a_changed_shape_drops_the_relayed_tree(tiny_model_dir):
+class AlternatingTree(SpeculationPolicy):
+    """A 2-2 or a 2-1 expansion by step parity: a relayed tree of the other shape is dropped (a plain decode step)."""
+
+    def decide(self, batch, ctx):
+        return [SpecShape.expanded((2, 2 - ctx.step % 2))] * len(batch)
+
+
+def test_a_changed_chain_length_cuts_or_keeps_the_relayed_chain(tiny_model_dir):
     target, draft = _engines(tiny_model_dir)
     sched = Scheduler(RelayingTarget(target, draft), LocalDraftWorker(draft), spec_policy=Alternating(3),
+                      config=SchedulerConfig(draft_relay=True))  # fmt: skip
+    reqs, outs = serve_prompts(sched, [target, draft])
+    for req, out in zip(reqs, outs):
+        assert out == greedy(tiny_model_dir, req.prompt_ids, req.max_new_tokens)
+    assert sched.relay.gate.num_misses > 0 and sched.relay.gate.num_hits > 0  # a plan longer than the relayed chain
+    assert all(max(r.drafted_depths) == 2 for r in reqs)  # cut to the plan's 2, or relayed as 2: never 3 verified
+
+
+def test_a_changed_tree_shape_drops_the_relayed_tree(tiny_model_dir):
+    target, draft = _engines(tiny_model_dir)
+    sched = Scheduler(RelayingTarget(target, draft), LocalDraftWorker(draft), spec_policy=AlternatingTree(),
                       config=SchedulerConfig(draft_relay=True))  # fmt: skip
     reqs, outs = serve_prompts(sched, [target, draft])
     for req, out in zip(reqs, outs):

@@ -3,7 +3,8 @@
 import pytest
 
 from scheduler.spec_shape import SpecShape
-from shared.engine.spec_cap import capped_item, item_depth
+from shared.engine.spec_cap import capped_item, cut_chain, item_depth
+from shared.engine.types import SparseDist, TokenTree
 
 SHAPES = [SpecShape.chain(4), SpecShape.chain(6, 0.3), SpecShape.tree(4, 3), SpecShape.expanded((2, 2, 1)),
           SpecShape.expanded((1, 3, 1, 1))]  # fmt: skip
@@ -24,3 +25,12 @@ def test_capped_item_matches_spec_shape_capped(shape: SpecShape, cap: int) -> No
 
 def test_nothing_to_draft_stays_nothing() -> None:
     assert capped_item(SpecShape.chain(3).spec_item("s", [1]).__class__("s", [1]), 5) is None
+
+
+def test_a_chain_is_cut_to_its_first_nodes_and_a_tree_is_not():
+    chain = TokenTree([5, 6, 7], [-1, 0, 1], [0.9, 0.8, 0.7], {0: SparseDist([5], [1.0]), 2: SparseDist([7], [1.0])})
+    cut = cut_chain(chain, 2)
+    assert (cut.token_ids, cut.parent_ids, cut.draft_probs, sorted(cut.child_dists)) == ([5, 6], [-1, 0], [0.9, 0.8], [0])
+    assert cut_chain(chain, 0) is chain and cut_chain(chain, 3) is chain
+    tree = TokenTree([5, 6, 7], [-1, -1, 0], [0.5, 0.4, 0.3])
+    assert cut_chain(tree, 1) is tree

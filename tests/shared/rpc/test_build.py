@@ -46,7 +46,7 @@ def test_services_and_methods() -> None:
         return {m.name: (m.output_type.name, m.server_streaming) for m in desc.methods}
 
     assert set(methods(draft_pb2, "DraftService")) == {"Prefill", "Speculate", "Release", "Offload", "Reload", "Info",
-                                                          "SpeculateStream", "PushFeatures"}
+                                                          "SpeculateStream", "PushFeatures", "Relay"}
     assert set(methods(target_pb2, "TargetService")) == {"Prefill", "Verify", "Step", "Release", "ResizeKV", "Info", "Features",
                                                             "StepStream"}
     tandem = methods(tandem_pb2, "Tandem")
