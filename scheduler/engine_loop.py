@@ -117,7 +117,8 @@ class Scheduler:
         # the target relays and every drafted node is verified, else sent by the loop (draft_ahead.py); not beside
         # frontier pipelining, which overlaps drafting its own way, nor for feature drafts (features arrive later)
         ahead = draft is not None and self.frontier is None and self.features is None
-        self.relay = DraftRelay() if ahead and cfg.draft_relay and isinstance(self.selector, PassThrough) else None
+        cut = isinstance(self.selector, PassThrough) or getattr(self.selector, "cut_by_target", False)
+        self.relay = DraftRelay() if ahead and cfg.draft_relay and cut else None
         self.ahead = DraftAhead() if ahead and cfg.draft_ahead and self.relay is None else None
         self.verify_ahead = VerifyAhead() if self.relay is not None and self.spec_policy.static_shapes else None
         self.chunks = ChunkedPrefill(cfg.prefill_chunk if self.frontier is None else 0)

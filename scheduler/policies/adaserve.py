@@ -363,6 +363,10 @@ class SpecInferTree(SpeculationPolicy):
     """
 
     name = "specinfer"
+    static_shapes = True
+    # its selection only cuts the expansion out of what the draft answered: the target does the same to a relayed
+    # tree (shared/engine/tree_cut.py), so the draft relay may verify it without the scheduler seeing it
+    cut_by_target = True
 
     def __init__(self, expansion: Sequence[int] = SPECINFER_EXPANSION) -> None:
         if not expansion or min(expansion) < 1:

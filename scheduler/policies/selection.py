@@ -35,6 +35,7 @@ from typing import Protocol
 
 from scheduler.spec_shape import SpecContext
 from scheduler.request import Request
+from shared.engine.tree_cut import is_valid_subset, select_expansion, subtree  # noqa: F401 - re-exported
 from shared.engine.types import TokenTree
 
 
@@ -82,34 +83,6 @@ def tree_depth(tree: TokenTree) -> int:
 def tree_width(tree: TokenTree) -> int:
     """Most nodes at one depth (0 for an empty tree): the beam a draft needs to have proposed them."""
     return max(Counter(node_depths(tree)).values(), default=0)
-
-
-def is_valid_subset(tree: TokenTree, keep: Sequence[int]) -> bool:
-    """Every kept node exists, appears once, and has its parent kept (or hangs off the root)."""
-    kept = set(keep)
-    return len(kept) == len(keep) and all(
-        0 <= i < len(tree) and (tree.parent_ids[i] == -1 or tree.parent_ids[i] in kept) for i in kept
-    )
-
-
-def subtree(tree: TokenTree, keep: Sequence[int]) -> TokenTree:
-    """The nodes ``keep`` of ``tree`` as a tree of their own, in the candidate's (parents-first) order.
-
-    Raises ``ValueError`` unless ``keep`` is a valid subset (see ``is_valid_subset``).
-    """
-    if not is_valid_subset(tree, keep):
-        raise ValueError("a selected node's parent was not selected")
-    order = sorted(keep)
-    new_index = {old: new for new, old in enumerate(order)}
-    out = TokenTree(
-        token_ids=[tree.token_ids[i] for i in order],
-        parent_ids=[-1 if tree.parent_ids[i] == -1 else new_index[tree.parent_ids[i]] for i in order],
-        draft_probs=[tree.draft_probs[i] for i in order] if tree.draft_probs else [],
-    )
-    # child_dists are keyed by row: row 0 is the root, row i + 1 is node i
-    new_row = {0: 0, **{old + 1: new + 1 for old, new in new_index.items()}}
-    out.child_dists = {new_row[row]: dist for row, dist in tree.child_dists.items() if row in new_row}
-    return out
 
 
 class _Frontier:
@@ -287,27 +260,3 @@ def select_equal_greedy(candidates: Sequence[TokenTree], budget: int) -> list[li
             fr.take()
         out.append(fr.taken)
     return out
-
-
-def select_expansion(tree: TokenTree, expansion: Sequence[int]) -> list[int]:
-    """A fixed tree shape cut out of a candidate: ``expansion[k]`` children (most probable first) of
-    every kept node at depth k (SpecInfer's expansion config, e.g. <1,1,3,1,1,1,1,1>).
-
-    Children the candidate does not have are simply missing (a beam keeps only w nodes per layer).
-    """
-    probs = tree.draft_probs or [1.0] * len(tree)
-    children: list[list[int]] = [[] for _ in range(len(tree) + 1)]
-    for node, parent in enumerate(tree.parent_ids):
-        children[parent + 1].append(node)
-    keep: list[int] = []
-    layer = [-1]  # parents of the next depth (-1 = the root)
-    for k in expansion:
-        nxt = []
-        for parent in layer:
-            best = sorted(children[parent + 1], key=lambda c: (-probs[c], c))[:k]
-            nxt += best
-        keep += nxt
-        layer = nxt
-        if not layer:
-            break
-    return keep

@@ -29,6 +29,7 @@ import grpc.aio
 from opentelemetry import context as otel_context
 
 from services.target.draft_dial import cannot_dial, dial_draft
+from shared.engine.tree_cut import cut_to_expansion
 from shared.engine.types import SpecItem, TokenTree
 from shared.rpc.gen.tandem.v1 import draft_pb2
 from shared.rpc.chain_packing import pack_chain_items
@@ -54,7 +55,7 @@ class DraftRelay:
         self._waiting: dict[int, asyncio.Future] = {}  # this stream's handoffs not answered yet, by number
         self._answers: dict[int, asyncio.Future] = {}  # handoff -> its answer: (trees, missing ids), None if lost
         self._users: dict[int, int] = {}  # handoff -> sequences whose tree is still to be taken from it
-        self._where: dict[str, tuple[int, int]] = {}  # seq id -> (its last handoff, its index there)
+        self._where: dict[str, tuple[int, int, tuple]] = {}  # seq id -> (its last handoff, index there, expansion)
         self._unsent: deque[tuple] = deque()  # handoffs made, not written yet, in order
         self._down_until = 0.0  # monotonic time before which nothing is relayed (the stream failed: RETRY_S)
         self.num_handoffs = 0  # sequences handed off, all time
@@ -71,7 +72,7 @@ class DraftRelay:
         self._answers[step] = fut = asyncio.get_running_loop().create_future()  # one per handoff
         self._users[step] = len(items)
         for k, item in enumerate(items):
-            self._where[item.seq_id] = (step, k)
+            self._where[item.seq_id] = (step, k, item.tree_expansion)
         self._unsent.append((address, step, fut, items, trace_context))
         self.num_handoffs += len(items)
         return [i.seq_id for i in items]
@@ -110,7 +111,7 @@ class DraftRelay:
         for seq_id, at in zip(seq_ids, where):
             answer = self._answers[at[0]].result() if at is not None and self._answers[at[0]].done() else None
             ok = answer is not None and seq_id not in answer[1] and at[1] < len(answer[0])
-            trees.append(answer[0][at[1]] if ok else None)
+            trees.append(cut_to_expansion(answer[0][at[1]], at[2]) if ok else None)  # a beam: SpecInfer's cut
         self._forget(seq_ids)
         self.num_missed += trees.count(None)
         return trees

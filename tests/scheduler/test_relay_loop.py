@@ -13,12 +13,13 @@ import pytest
 from scheduler.draft_relay import DraftRelay
 from scheduler.engine_loop import Scheduler, SchedulerConfig
 from scheduler.local_workers import LocalDraftWorker, LocalTargetWorker
-from scheduler.policies.adaserve import SpecInferTree
+from scheduler.policies.adaserve import AdaServe, SpecInferTree
 from scheduler.policies.speculation import FixedChain, SpeculationPolicy
 from scheduler.spec_shape import SpecShape
 from shared.engine.config import EngineConfig
 from shared.engine.factory import build_draft_engine, build_target_engine
 from shared.engine.spec_cap import capped_item, cut_chain
+from shared.engine.tree_cut import cut_to_expansion
 from shared.engine.types import RELAY_TAKE, VerifyItem
 from tests.scheduler.test_local_workers import greedy, serve_prompts
 
@@ -50,7 +51,7 @@ class RelayingTarget(LocalTargetWorker):
                 if tree is None:
                     missed.add(item.seq_id)
                 elif item.relay == RELAY_TAKE:
-                    item.tree = taken[item.seq_id] = cut_chain(tree, item.relay_cut)
+                    item.tree = taken[item.seq_id] = cut_chain(tree, item.relay_cut)  # as relay_plan.py and draft_relay.py
         prefilled, results = await super().step(prefills, verifies)
         handoffs = []
         for item, res in zip(verifies, results):
@@ -64,6 +65,7 @@ class RelayingTarget(LocalTargetWorker):
         if handoffs:
             trees = await asyncio.to_thread(self.draft_engine.speculate, handoffs)
             for spec, tree in zip(handoffs, trees):
+                tree = cut_to_expansion(tree, spec.tree_expansion)
                 self.num_handed += 1
                 if not (self.lose and self.num_handed % self.lose == 0):
                     self.trees[spec.seq_id] = tree
@@ -82,7 +84,8 @@ def _engines(model_dir):
     return target, draft
 
 
-@pytest.mark.parametrize("policy", [FixedChain(3), Expansion()], ids=["chain3", "tree2-2"])
+@pytest.mark.parametrize("policy", [FixedChain(3), Expansion(), SpecInferTree((2, 2))],
+                         ids=["chain3", "tree2-2", "specinfer2-2"])  # fmt: skip
 def test_relayed_steps_are_lossless_and_skip_the_speculate_call(tiny_model_dir, policy):
     from services.scheduler.observers.metrics import MetricsObserver
     from shared.metrics import TandemMetrics
@@ -161,6 +164,6 @@ def test_no_relay_without_a_relaying_target_or_with_tree_selection(tiny_model_di
     off = Scheduler(RelayingTarget(target, draft), LocalDraftWorker(draft), spec_policy=FixedChain(3),
                     config=SchedulerConfig(draft_relay=False, draft_ahead=True))  # fmt: skip
     assert off.relay is None and off.ahead is not None
-    selecting = Scheduler(RelayingTarget(target, draft), LocalDraftWorker(draft), spec_policy=SpecInferTree((2, 2)),
+    selecting = Scheduler(RelayingTarget(target, draft), LocalDraftWorker(draft), spec_policy=AdaServe(),
                           config=SchedulerConfig(draft_relay=True, draft_ahead=True))  # fmt: skip
     assert selecting.relay is None and selecting.ahead is not None  # the scheduler must see the trees to select
