@@ -288,9 +288,13 @@ class TandemMetrics:
 
     def observe_relay(self, **counts: int) -> None:
         """Draft relay events since the last step, by event (handed_off, dropped, missed, verify_ahead)."""
+        children = self.__dict__.setdefault("_relay_children", {})  # looked up once (``labels``: a lock and a dict)
         for event, n in counts.items():
             if n:
-                self.draft_relay_total.labels(event).inc(n)
+                child = children.get(event)
+                if child is None:
+                    child = children[event] = self.draft_relay_total.labels(event)
+                child.inc(n)
 
     def observe_draft_memory(
         self, *, event: str | None, offloaded: bool, pool_event: str | None = None, kv_token_budget: int | None = None
