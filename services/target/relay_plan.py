@@ -47,11 +47,12 @@ async def take_relayed(relay, plan: target_pb2.TargetPlan, verifies: list[Verify
     return taken, missed
 
 
-def hand_off(relay, plan: target_pb2.TargetPlan, results: list[AcceptResult]) -> list[str]:
-    """Hand the draft this step's tokens of the relayed sequences; the ids handed off."""
+def hand_off(relay, plan: target_pb2.TargetPlan, handoffs: list[tuple[SpecItem, int]],
+             results: list[AcceptResult]) -> list[str]:  # fmt: skip
+    """Hand the draft this step's tokens of the relayed sequences (``relay_items``); the ids handed off."""
     by_id = dict(zip(plan.verify_ids, results))
     items = []
-    for item, remaining in relay_items(plan.relay):
+    for item, remaining in handoffs:
         res = by_id.get(item.seq_id)
         if res is None or not res.tokens:
             continue  # not verified in this plan: nothing to hand off
@@ -63,7 +64,8 @@ def hand_off(relay, plan: target_pb2.TargetPlan, results: list[AcceptResult]) ->
 
 
 def relay_items(msg: target_pb2.RelayPlan) -> list[tuple[SpecItem, int]]:
-    """The plan's handoffs: each sequence's next speculation (its pending tokens) and what it may still emit."""
+    """The plan's handoffs: each sequence's next speculation (its pending tokens) and what it may still emit.
+    Read before the step runs: a malformed one is the step's InvalidRequestError, with nothing committed."""
     if msg.HasField("chains"):
         items = unpack_chain_items(msg.chains)
         remaining = unpack_i32(msg.remaining, "relay remaining")

@@ -18,7 +18,7 @@ from shared.engine.types import VerifyItem
 from shared.rpc.convert import CallTimer, feature_block_to_pb, feature_spec_from_pb, logprobs_to_pb
 from shared.rpc.gen.tandem.v1 import common_pb2, target_pb2
 from shared.rpc.interceptors import status_for_exception
-from services.target.relay_plan import hand_off, take_relayed
+from services.target.relay_plan import hand_off, relay_items, take_relayed
 from shared.rpc.packing import pack_accepts, pack_i32, pack_trees, stream_prefill_from_pb, unpack_trees
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,7 @@ async def run_target_plan(servicer, plan: target_pb2.TargetPlan) -> target_pb2.T
             verifies = [VerifyItem(seq_id, tree) for seq_id, tree in zip(plan.verify_ids, trees)]
             spec = feature_spec_from_pb(plan.features) if plan.HasField("features") else None
             relayed_trees, missed = await take_relayed(servicer.relay, plan, verifies)
+            handoffs = relay_items(plan.relay) if plan.HasField("relay") else None  # checked before anything runs
             out, costs, timing = await servicer._step(prefills, verifies, timer, spec, releases=list(plan.releases),
                                                      stream=True)
         except Exception as exc:  # noqa: BLE001 - the step's status, in band: the stream stays up
@@ -51,8 +52,8 @@ async def run_target_plan(servicer, plan: target_pb2.TargetPlan) -> target_pb2.T
             return target_pb2.TargetOutcome(step=plan.step, error=common_pb2.StepError(code=code.value[0],
                                                                                        message=details))  # fmt: skip
     reply = target_pb2.TargetOutcome(step=plan.step, costs=costs, timing=timing)
-    if plan.HasField("relay"):  # written as the outcome leaves: the draft drafts while the scheduler commits
-        reply.relayed.extend(hand_off(servicer.relay, plan, out.verifies))
+    if handoffs:  # written as the outcome leaves: the draft drafts while the scheduler commits
+        reply.relayed.extend(hand_off(servicer.relay, plan, handoffs, out.verifies))
     if plan.relay_flags:
         reply.relay_missed.extend(missed)
         reply.relayed_trees.CopyFrom(pack_trees(relayed_trees))

@@ -108,3 +108,45 @@ def test_a_release_settles_the_handoff_and_a_capped_shape_is_not_handed_off(tiny
 
     relay = asyncio.run(main())
     assert not relay._where and not relay._answers  # settled and forgotten
+
+
+def test_a_malformed_relay_plan_is_refused_in_band_and_commits_nothing(tiny_model_dir):
+    """Relay fields that do not add up answer the step's INVALID_ARGUMENT before anything runs; the stream goes on."""
+    from shared.rpc.channel import aio_channel
+    from shared.rpc.gen.tandem.v1 import common_pb2, target_pb2, target_pb2_grpc
+    from shared.rpc.packing import pack_i32, pack_trees
+    from shared.engine.types import TokenTree
+
+    async def main():
+        async with serving(tiny_model_dir, tiny_model_dir) as (target, draft), aio_channel(target.address) as channel:
+            call = target_pb2_grpc.TargetServiceStub(channel).StepStream()
+            prefill = target_pb2.TargetPlan(step=1)
+            prefill.prefills.add(seq_id="a", prompt_ids=pack_i32(PROMPT))
+            await call.write(prefill)
+            first = await call.read()
+            assert not first.HasField("error")
+            verify = dict(verify_ids=["a"], trees=pack_trees([TokenTree()]))
+            bad = [target_pb2.TargetPlan(step=2, relay_flags=b"\x01\x01", **verify),  # two flags, one verify
+                   target_pb2.TargetPlan(step=3, relay_flags=b"\x07", **verify)]  # no such flag  # fmt: skip
+            wrong_remaining = target_pb2.TargetPlan(step=4, **verify)
+            wrong_remaining.relay.draft = draft.address
+            wrong_remaining.relay.chains.seq_ids.append("a")
+            wrong_remaining.relay.chains.num_new_tokens = pack_i32([0])
+            wrong_remaining.relay.chains.chain_lengths = pack_i32([2])
+            wrong_remaining.relay.remaining = pack_i32([5, 6])  # two counts for one chain
+            codes = []
+            for plan in [*bad, wrong_remaining]:
+                await call.write(plan)
+                out = await call.read()
+                codes.append(out.error.code)
+            await call.write(target_pb2.TargetPlan(step=5, **verify))  # the stream goes on; nothing was committed
+            good = await call.read()
+            await call.done_writing()
+            return codes, first, good
+
+    codes, first, good = asyncio.run(main())
+    from shared.rpc.packing import unpack_accepts, unpack_i32
+
+    assert codes == [3, 3, 3]  # INVALID_ARGUMENT, in band
+    tokens = unpack_i32(first.first_tokens) + unpack_accepts(good.accepts, [0])[0].tokens
+    assert tokens == greedy_reference(tiny_model_dir, tuple(PROMPT), 2)
