@@ -6,6 +6,7 @@ plain decode step reported missed."""
 from __future__ import annotations
 
 import asyncio
+from contextlib import asynccontextmanager
 
 from services.scheduler.stream_workers import StreamDraftWorker, StreamTargetWorker
 from shared.engine.types import RELAY_DROP, RELAY_TAKE, PrefillItem, SpecItem, VerifyItem
@@ -14,40 +15,47 @@ from tests.support.model_services import greedy_reference, serving
 PROMPT = [3, 14, 15, 92, 65, 35]
 
 
+@asynccontextmanager
+async def relaying(model_dir):
+    """A target and a draft service, and the scheduler's stream workers to them, the target relaying to the draft."""
+    async with serving(model_dir, model_dir) as (target, draft):
+        tw, dw = StreamTargetWorker(target.address), StreamDraftWorker(draft.address)
+        tw.relay_to = draft.address
+        try:
+            yield target, draft, tw, dw
+        finally:
+            await tw.close()
+            await dw.close()
+
+
 def test_relayed_trees_are_verified_and_the_output_is_the_targets(tiny_model_dir):
     async def main():
-        async with serving(tiny_model_dir, tiny_model_dir) as (target, draft):
-            tw, dw = StreamTargetWorker(target.address), StreamDraftWorker(draft.address)
-            tw.relay_to = draft.address
-            try:
-                first = (await tw.prefill([PrefillItem("a", PROMPT)]))[0].first_token
-                await dw.prefill([PrefillItem("a", PROMPT)])
-                out = [first]
-                tree = (await dw.speculate([SpecItem("a", [first], chain_len=3)]))[0]
-                item = VerifyItem("a", tree, handoff=SpecItem("a", [], chain_len=3), remaining=40)
+        async with relaying(tiny_model_dir) as (target, draft, tw, dw):
+            first = (await tw.prefill([PrefillItem("a", PROMPT)]))[0].first_token
+            await dw.prefill([PrefillItem("a", PROMPT)])
+            out = [first]
+            tree = (await dw.speculate([SpecItem("a", [first], chain_len=3)]))[0]
+            item = VerifyItem("a", tree, handoff=SpecItem("a", [], chain_len=3), remaining=40)
+            res = (await tw.verify([item]))[0]
+            assert res.relayed and not res.relay_missed and res.relay_tree is None
+            out += res.tokens
+            relayed = 0
+            while len(out) < 24:  # every later step: the tree the draft relayed, and the next handoff
+                item = VerifyItem("a", relay=RELAY_TAKE, handoff=SpecItem("a", [], chain_len=3), remaining=40 - len(out))
                 res = (await tw.verify([item]))[0]
-                assert res.relayed and not res.relay_missed and res.relay_tree is None
+                assert not res.relay_missed and res.relay_tree is not None and len(res.relay_tree) == 3
+                assert len(res.node_status) == 3  # the outcome describes the tree the target verified
+                relayed += res.relayed
                 out += res.tokens
-                relayed = 0
-                while len(out) < 24:  # every later step: the tree the draft relayed, and the next handoff
-                    item = VerifyItem("a", relay=RELAY_TAKE, handoff=SpecItem("a", [], chain_len=3), remaining=40 - len(out))
-                    res = (await tw.verify([item]))[0]
-                    assert not res.relay_missed and res.relay_tree is not None and len(res.relay_tree) == 3
-                    assert len(res.node_status) == 3  # the outcome describes the tree the target verified
-                    relayed += res.relayed
-                    out += res.tokens
-                assert relayed > 0
-                # a drop waits for the answer, then decodes; the draft no longer has a handoff out
-                res = (await tw.verify([VerifyItem("a", relay=RELAY_DROP)]))[0]
-                assert len(res.tokens) == 1 and not res.relay_missed and res.relay_tree is None
-                out += res.tokens
-                # the draft's copy followed the target's: a plain speculate from the relayed prefix works
-                tree = (await dw.speculate([SpecItem("a", res.tokens, chain_len=2)]))[0]
-                assert len(tree) == 2
-                return out
-            finally:
-                await tw.close()
-                await dw.close()
+            assert relayed > 0
+            # a drop waits for the answer, then decodes; the draft no longer has a handoff out
+            res = (await tw.verify([VerifyItem("a", relay=RELAY_DROP)]))[0]
+            assert len(res.tokens) == 1 and not res.relay_missed and res.relay_tree is None
+            out += res.tokens
+            # the draft's copy followed the target's: a plain speculate from the relayed prefix works
+            tree = (await dw.speculate([SpecItem("a", res.tokens, chain_len=2)]))[0]
+            assert len(tree) == 2
+            return out
 
     out = asyncio.run(main())
     assert out == greedy_reference(tiny_model_dir, tuple(PROMPT), len(out))
@@ -55,56 +63,44 @@ def test_relayed_trees_are_verified_and_the_output_is_the_targets(tiny_model_dir
 
 def test_a_tree_that_cannot_come_is_a_missed_decode_step(tiny_model_dir):
     async def main():
-        async with serving(tiny_model_dir, tiny_model_dir) as (target, draft):
-            tw, dw = StreamTargetWorker(target.address), StreamDraftWorker(draft.address)
-            tw.relay_to = draft.address
-            try:
-                first = (await tw.prefill([PrefillItem("a", PROMPT), PrefillItem("b", PROMPT)]))[0].first_token
-                # never handed off: missed at once, a plain decode step
-                res = (await tw.verify([VerifyItem("a", relay=RELAY_TAKE)]))[0]
-                assert res.relay_missed and len(res.tokens) == 1 and res.relay_tree is None
-                # handed off for a sequence the draft does not hold (b was never prefilled there): answered missing
-                res = (await tw.verify([VerifyItem("b", handoff=SpecItem("b", [first], chain_len=2), remaining=9)]))[0]
-                assert res.relayed
-                res = (await tw.verify([VerifyItem("b", relay=RELAY_TAKE)]))[0]
-                assert res.relay_missed and len(res.tokens) == 1
-                # the draft goes away: a handoff made then is never answered, its tree is missed
-                await dw.prefill([PrefillItem("a", PROMPT)])
-                await dw.flush()
-                await draft.stop(0)
-                await tw.verify([VerifyItem("a", handoff=SpecItem("a", [first], chain_len=2), remaining=9)])
-                res = (await tw.verify([VerifyItem("a", relay=RELAY_TAKE)]))[0]
-                assert res.relay_missed and len(res.tokens) >= 1
-                # the stream failed: nothing is relayed for a while, the scheduler drafts those itself
-                res = (await tw.verify([VerifyItem("a", handoff=SpecItem("a", [], chain_len=2), remaining=9)]))[0]
-                return res.relayed
-            finally:
-                await tw.close()
-                await dw.close()
+        async with relaying(tiny_model_dir) as (target, draft, tw, dw):
+            first = (await tw.prefill([PrefillItem("a", PROMPT), PrefillItem("b", PROMPT)]))[0].first_token
+            # never handed off: missed at once, a plain decode step
+            res = (await tw.verify([VerifyItem("a", relay=RELAY_TAKE)]))[0]
+            assert res.relay_missed and len(res.tokens) == 1 and res.relay_tree is None
+            # handed off for a sequence the draft does not hold (b was never prefilled there): answered missing
+            res = (await tw.verify([VerifyItem("b", handoff=SpecItem("b", [first], chain_len=2), remaining=9)]))[0]
+            assert res.relayed
+            res = (await tw.verify([VerifyItem("b", relay=RELAY_TAKE)]))[0]
+            assert res.relay_missed and len(res.tokens) == 1
+            # the draft goes away: a handoff made then is never answered, its tree is missed
+            await dw.prefill([PrefillItem("a", PROMPT)])
+            await dw.flush()
+            await draft.stop(0)
+            await tw.verify([VerifyItem("a", handoff=SpecItem("a", [first], chain_len=2), remaining=9)])
+            res = (await tw.verify([VerifyItem("a", relay=RELAY_TAKE)]))[0]
+            assert res.relay_missed and len(res.tokens) >= 1
+            # the stream failed: nothing is relayed for a while, the scheduler drafts those itself
+            res = (await tw.verify([VerifyItem("a", handoff=SpecItem("a", [], chain_len=2), remaining=9)]))[0]
+            return res.relayed
 
     assert asyncio.run(main()) is False
 
 
 def test_a_release_settles_the_handoff_and_a_capped_shape_is_not_handed_off(tiny_model_dir):
     async def main():
-        async with serving(tiny_model_dir, tiny_model_dir) as (target, draft):
-            tw, dw = StreamTargetWorker(target.address), StreamDraftWorker(draft.address)
-            tw.relay_to = draft.address
-            try:
-                first = (await tw.prefill([PrefillItem("a", PROMPT)]))[0].first_token
-                await dw.prefill([PrefillItem("a", PROMPT)])
-                await dw.flush()
-                # one token left before the step: nothing to draft after it
-                res = (await tw.verify([VerifyItem("a", handoff=SpecItem("a", [first], chain_len=3), remaining=1)]))[0]
-                assert not res.relayed
-                res = (await tw.verify([VerifyItem("a", handoff=SpecItem("a", [first], chain_len=3), remaining=30)]))[0]
-                assert res.relayed
-                await tw.release(["a"])
-                await tw.flush()  # the release waits for a's answer, then goes
-                return target.engine_host.draft_relay
-            finally:
-                await tw.close()
-                await dw.close()
+        async with relaying(tiny_model_dir) as (target, draft, tw, dw):
+            first = (await tw.prefill([PrefillItem("a", PROMPT)]))[0].first_token
+            await dw.prefill([PrefillItem("a", PROMPT)])
+            await dw.flush()
+            # one token left before the step: nothing to draft after it
+            res = (await tw.verify([VerifyItem("a", handoff=SpecItem("a", [first], chain_len=3), remaining=1)]))[0]
+            assert not res.relayed
+            res = (await tw.verify([VerifyItem("a", handoff=SpecItem("a", [first], chain_len=3), remaining=30)]))[0]
+            assert res.relayed
+            await tw.release(["a"])
+            await tw.flush()  # the release waits for a's answer, then goes
+            return target.engine_host.draft_relay
 
     relay = asyncio.run(main())
     assert not relay._where and not relay._answers  # settled and forgotten
