@@ -22,7 +22,7 @@ What the loop sees is unchanged; a tree drafted ahead is the tree the draft woul
 - a failed call is a draft failure at step N+1, with the usual recovery (draft_link.py).
 
 Misses cost draft work, so run-ahead pauses where the plans keep changing (an adaptive policy's
-lengths): miss_gate.py. Feature-level drafts (EAGLE) are not sent ahead: their
+lengths): shared/miss_gate.py. Feature-level drafts (EAGLE) are not sent ahead: their
 features for the committed tokens are pushed by the target during the step (feature_relay.py).
 """
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from scheduler.miss_gate import MissGate
+from shared.miss_gate import MissGate
 from scheduler.request import Request, RequestState
 from scheduler.spec_shape import SpecShape
 from scheduler.tree_outcome import tree_ok

@@ -10,7 +10,7 @@
 Per speculative step the scheduler then sends one plan and reads one outcome, as for a plain decode,
 and the two hops of a speculative step (target -> draft -> target) run beside its own per-step work.
 Where the plans keep changing shape (an adaptive policy's lengths), drops cost speculation, so the
-relay pauses (miss_gate.py) and requests are drafted through the scheduler meanwhile. A chain is never
+relay pauses (shared/miss_gate.py) and requests are drafted through the scheduler meanwhile. A chain is never
 dropped: a plan asking for a shorter one verifies the relayed chain cut to its length (a causal draft's
 first k tokens are what drafting k draws), one asking for a longer one verifies the chain relayed.
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.miss_gate import MissGate
+from shared.miss_gate import MissGate
 from scheduler.request import Request, RequestState
 from scheduler.spec_shape import SpecShape
 from shared.engine.types import RELAY_DROP, RELAY_TAKE, AcceptResult, TokenTree, VerifyItem

@@ -94,6 +94,7 @@ class EngineHost:
         self._thread = thread or engine_thread(role)
         self.inline_steps = steps_inline(engine, loaded)  # step streams call the engine on the event loop
         self.metrics = None  # services.engine_metrics.EngineMetrics when the service exports metrics
+        self.release_hooks: list[Callable[[list[str]], None]] = []  # told of every release (the draft's lookaheads)
 
     @classmethod
     async def load(cls, settings: ServiceSettings, role: Literal["target", "draft"]) -> EngineHost:
@@ -245,6 +246,8 @@ class EngineHost:
         )
 
     def _release_live(self, seq_ids: list[str]) -> tuple[int, int]:
+        for hook in self.release_hooks:
+            hook(seq_ids)
         live = [s for s in dict.fromkeys(seq_ids) if s in self.engine.runner.seqs]
         self.engine.release(live)
         cache = self.kv_cache

@@ -352,6 +352,12 @@ class ServiceSettings(BaseModel):
         "straight back to it, so a speculative step crosses two hops, not four (scheduler/draft_relay.py); "
         "where it is off or cannot apply, draft_ahead.",
     )
+    relay_lookahead: bool = Field(
+        True,
+        description="Target, draft relay: with each answer the draft also drafts the tree after the next one on its "
+        "optimistic prefix (that tree's first-child path accepted, the bonus token guessed); a step that commits "
+        "exactly that prefix verifies it without waiting for the draft (services/draft/relay_lookahead.py).",
+    )
     feature_path: Literal["direct", "relay"] = Field(
         "direct",
         description="Scheduler, feature-level drafts over step streams: direct (the target pushes each step's "

@@ -107,7 +107,8 @@ class TandemMetrics:
             "draft_relay_total", "Draft relay over step streams (the target hands each verified step's tokens to the "
             "draft, whose next trees go straight back to it): requests handed off; relayed trees dropped because the "
             "plan changed shape; relayed trees that never came (missed: the request is resynchronised); verifies sent "
-            "ahead of the commit under a fixed policy.",
+            "ahead of the commit under a fixed policy; relayed trees that were a lookahead, drafted on the prefix the "
+            "step before turned out to commit (no wait for the draft).",
             ["event"], namespace=ns, registry=reg,
         )  # fmt: skip
         self.accepted_length = Histogram(
@@ -287,7 +288,7 @@ class TandemMetrics:
             self.feature_bytes_total.labels("scheduler_to_draft").inc(sent)
 
     def observe_relay(self, **counts: int) -> None:
-        """Draft relay events since the last step, by event (handed_off, dropped, missed, verify_ahead)."""
+        """Draft relay events since the last step, by event (handed_off, dropped, missed, verify_ahead, lookahead)."""
         children = self.__dict__.setdefault("_relay_children", {})  # looked up once (``labels``: a lock and a dict)
         for event, n in counts.items():
             if n:

@@ -2,7 +2,9 @@
 
     RelayHandoff(per sequence: committed tokens to append, next shape) ─▶ ONE batched speculate ─▶ RelayTrees
 
-Each handoff is one engine call, behind whatever the scheduler's own stream asked first (the host's
+With relay lookahead (relay_lookahead.py) an answer also carries, per sequence, the tree after the next one,
+drafted on its optimistic prefix; a handoff whose target took it is again one engine call. Each handoff is
+one engine call (two where some sequence needs a fresh tree and a lookahead), behind whatever the scheduler's own stream asked first (the host's
 lock). A sequence the draft does not hold (released or never prefilled here, e.g. after a restart) is
 answered ``missing`` and the others run; a call that fails answers them all missing: their state here is
 unknown, and the scheduler resynchronises them as after a failed speculate.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import logging
 
+from services.draft.relay_lookahead import _LookaheadFailed
 from services.draft.spec_stream import stream_spec_item_from_pb
 from services.plan_spans import plan_span
 from services.spans import annotate
@@ -38,22 +41,46 @@ async def run_relay_handoff(servicer, handoff: draft_pb2.RelayHandoff) -> draft_
         ids = list(handoff.chains.seq_ids) or [m.seq_id for m in handoff.items]
         return draft_pb2.RelayTrees(step=handoff.step, trees=pack_trees([TokenTree()] * len(ids)), missing=ids)
     held = servicer.engine.runner.seqs
-    ready = [i for i in items if i.seq_id in held and i.features is None]
-    drafted: dict[str, TokenTree] = {}
+    flags = handoff.lookahead_flags
+    ready = [(k, i) for k, i in enumerate(items) if i.seq_id in held and i.features is None]
+    fresh, looks, bad = {}, {}, set()
     ran = None
     if ready:
         with plan_span(getattr(servicer.host, "tracer_provider", None), SERVICE, "Speculate", handoff.trace_context):
-            annotate(batch_size=len(ready), seq_ids=[i.seq_id for i in ready], relayed=True,
-                     new_tokens=sum(len(i.new_tokens) for i in ready))  # fmt: skip
+            annotate(batch_size=len(ready), seq_ids=[i.seq_id for _, i in ready], relayed=True,
+                     new_tokens=sum(len(i.new_tokens) for _, i in ready))  # fmt: skip
+            ready_flags = bytes(flags[k] if k < len(flags) else 0 for k, _ in ready) if flags else b""
             try:
-                ran = await servicer.host.run_step(servicer._plan, [], [], ready)
+                ran = await servicer.host.run_step(servicer._relay, [i for _, i in ready], ready_flags)
             except Exception as exc:  # noqa: BLE001 - the engine validates before it mutates, but say unknown
                 log.info("relay handoff %d failed: %s", handoff.step, exc)
             else:
-                trees = ran.result[0]
-                drafted = {i.seq_id: t for i, t in zip(ready, trees)}
-                annotate(drafted_tokens=[len(t) for t in trees])
-    missing = [i.seq_id for i in items if i.seq_id not in drafted]
+                got_fresh, got_looks, got_bad = ran.result[0]
+                fresh = {k: t for (k, _), t in zip(ready, got_fresh)}
+                looks = {k: t for (k, _), t in zip(ready, got_looks) if len(t)}
+                bad = {ready[j][0] for j in got_bad}
+                annotate(drafted_tokens=[len(t) for t in got_fresh], lookahead_tokens=[len(t) for t in got_looks])
+    missing = [i.seq_id for k, i in enumerate(items) if k not in fresh or k in bad]
     timing = ran.timing(timer, forward_ns=round(sum(c.duration_s for c in ran.result[1]) * 1e9)) if ran else timer.timing()
-    return draft_pb2.RelayTrees(step=handoff.step, trees=pack_trees([drafted.get(i.seq_id, TokenTree()) for i in items]),
-                                missing=missing, timing=timing)  # fmt: skip
+    answer = draft_pb2.RelayTrees(step=handoff.step, missing=missing, timing=timing,
+                                  trees=pack_trees([fresh.get(k, TokenTree()) for k in range(len(items))]))  # fmt: skip
+    if looks:
+        answer.lookaheads.CopyFrom(pack_trees([looks.get(k, TokenTree()) for k in range(len(items))]))
+    return answer
+
+
+def relay_on_engine(servicer, items, flags: bytes):
+    """On the engine thread: ((fresh trees, lookaheads, indices not applied), forward costs)."""
+    costs = []
+
+    def speculate(batch):
+        trees = servicer.engine.speculate(batch)
+        costs.extend(servicer.engine.costs)
+        return trees
+
+    try:
+        answer = servicer.lookahead.run(speculate, items, flags)
+    except _LookaheadFailed as exc:
+        log.info("relay lookahead failed; the fresh trees go without it")
+        answer = exc.answer
+    return answer, costs

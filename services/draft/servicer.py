@@ -21,7 +21,8 @@ import grpc.aio
 from services.engine_host import EngineHost
 from services.draft.feature_inbox import FeatureInbox
 from shared.rpc.shared_rows import RingReader
-from services.draft.relay_stream import run_relay_handoff
+from services.draft.relay_lookahead import Lookaheads
+from services.draft.relay_stream import relay_on_engine, run_relay_handoff
 from services.draft.spec_stream import run_draft_plan
 from services.spans import annotate, event, grammar_cost
 from shared.engine.draft_engine import DraftEngine
@@ -43,6 +44,10 @@ class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
         self.rings = RingReader()  # a target's shared-memory rings, when it runs on this host
         host.closers = [*getattr(host, "closers", ()), self.rings.close]
         host.feature_inbox = self.inbox
+        limits = {k: getattr(self.engine, k, None) for k in ("max_chain", "max_depth", "max_width")}
+        self.lookahead = Lookaheads(limits)  # the relay's optimistic drafts (relay_lookahead.py), engine thread only
+        host.release_hooks.append(self.lookahead.forget)
+        host.relay_lookahead = self.lookahead
 
     async def Prefill(
         self, request: draft_pb2.DraftPrefillRequest, context: grpc.aio.ServicerContext
@@ -144,11 +149,13 @@ class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
 
     # --- on the engine thread -----------------------------------------------------------------
     def _prefill(self, items: list[PrefillItem]) -> list[ForwardCost]:
+        self.lookahead.forget([p.seq_id for p in items])
         self.engine.prefill(items)
         return list(self.engine.costs)
 
     def _offload(self) -> tuple[tuple[int, int], int]:
         dropped = len(self.engine.runner.seqs)
+        self.lookahead.states.clear()
         return self.engine.offload(), dropped
 
     def _plan(self, releases: list[str], prefills: list[PrefillItem], items: list[SpecItem]):
@@ -159,6 +166,11 @@ class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
         trees, spec_costs = self._speculate(items) if items else ([], [])
         return trees, [*costs, *spec_costs]
 
+    def _relay(self, items: list[SpecItem], flags: bytes):
+        """A relay handoff (relay_stream.py): ((fresh trees, lookaheads, indices not applied), forward costs)."""
+        return relay_on_engine(self, items, flags)
+
     def _speculate(self, items: list[SpecItem]) -> tuple[list[TokenTree], list[ForwardCost]]:
+        self.lookahead.claim(items)  # what a relay drafted optimistically is rolled back first
         trees = self.engine.speculate(items)
         return trees, list(self.engine.costs)

@@ -135,6 +135,7 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
     pushed_feature_bytes = 0  # what the target reported pushing, all time
     run_ahead: RunAhead | None = None  # decode run-ahead (run_ahead.py): main.py turns it on without a draft
     relay_to: str | None = None  # the draft's address when the target relays to it (services/target/draft_relay.py)
+    relay_lookaheads = 0  # relayed trees that were lookaheads (services/draft/relay_lookahead.py), all time
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -227,6 +228,7 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
         accepts = unpack_accepts(reply.accepts, sizes) if verifies else []
         if plan.relay_flags or plan.HasField("relay"):
             relay_outcome(reply, verifies, accepts, relayed or {})
+            self.relay_lookaheads += reply.relay_lookaheads
         if self.feature_spec is not None:
             if len(reply.features) != len(prefills) + len(verifies):
                 raise WorkerProtocolError(f"target StepStream: {len(reply.features)} feature blocks for "

@@ -16,6 +16,15 @@ missed: that sequence runs a plain decode step and the scheduler resynchronises 
 release waits for its sequence's answer first, so once the scheduler has the outcome of a plan that
 verified or released a sequence, no handoff of it is still on its way to the draft: the scheduler's own
 stream may then prefill or speculate it again without a race.
+
+Lookahead (services/draft/relay_lookahead.py): each answer also carries, per sequence, the tree after the
+next one, drafted on the optimistic prefix (the next tree's first-child path accepted whole, the bonus
+token guessed). When a step commits exactly that prefix, the handoff says TAKEN and the next verify takes
+the lookahead at once: the draft's hop leaves the step's critical path, as frontier pipelining takes it
+out of the scheduler's. A lookahead is checked against the previous answer before the handoff is written;
+a sequence that answer lost is not handed off, and its next tree is missed (the scheduler resynchronises
+it). Where lookaheads stop paying (``shared/miss_gate.py``: under one in ten taken), none are asked for
+a while.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import grpc.aio
 from opentelemetry import context as otel_context
 
 from services.target.draft_dial import cannot_dial, dial_draft
+from services.target.relay_lookahead import LOOKAHEAD, TAKEN, Ahead, Handed, is_taken, lookahead_gate, unpack_lookaheads
 from shared.engine.tree_cut import cut_to_expansion
 from shared.engine.types import SpecItem, TokenTree
 from shared.rpc.gen.tandem.v1 import draft_pb2
@@ -54,38 +64,51 @@ class DraftRelay:
         self._step = 0
         self._waiting: dict[int, asyncio.Future] = {}  # this stream's handoffs not answered yet, by number
         self._answers: dict[int, asyncio.Future] = {}  # handoff -> its answer: (trees, missing ids), None if lost
-        self._users: dict[int, int] = {}  # handoff -> sequences whose tree is still to be taken from it
+        self._users: dict[int, int] = {}  # handoff -> references to its answer (_where, _ahead, unwritten)
         self._where: dict[str, tuple[int, int, tuple]] = {}  # seq id -> (its last handoff, index there, expansion)
+        self._ahead: dict[str, Ahead] = {}  # seq id -> the answer carrying its lookahead
+        self._ready: dict[str, TokenTree] = {}  # seq id -> the lookahead its next verify takes
+        self._lost: set[str] = set()  # sequences an answer lost after their tree was taken from a lookahead
         self._unsent: deque[tuple] = deque()  # handoffs made, not written yet, in order
+        self.lookahead = getattr(settings, "relay_lookahead", True)
+        self.gate = lookahead_gate()
+        self.num_taken = 0  # lookaheads taken, all time
         self._down_until = 0.0  # monotonic time before which nothing is relayed (the stream failed: RETRY_S)
         self.num_handoffs = 0  # sequences handed off, all time
         self.num_missed = 0  # trees asked for that never came
 
-    def handoff(self, address: str, items: list[SpecItem], trace_context=None) -> list[str]:
+    def handoff(self, address: str, items: list[Handed], trace_context=None) -> list[str]:
         """Hand the draft one step's tokens and next shapes; the ids handed off. The message is written by ``flush``,
         which the step stream calls once the step's outcome is on its way to the scheduler (its path is the
         longer one); a write that fails loses the answer, and the trees are missed."""
         if not items or self.disabled or time.monotonic() < self._down_until:
             return []  # the scheduler drafts them itself meanwhile
         self._step = step = self._step + 1
-        self._forget([i.seq_id for i in items])  # an answer never asked for (the scheduler moved on): superseded
+        for h in items:  # an answer never asked for (the scheduler moved on): superseded
+            self._unwhere(h.item.seq_id)
+            self._ready.pop(h.item.seq_id, None)
         self._answers[step] = fut = asyncio.get_running_loop().create_future()  # one per handoff
-        self._users[step] = len(items)
-        for k, item in enumerate(items):
-            self._where[item.seq_id] = (step, k, item.tree_expansion)
-        self._unsent.append((address, step, fut, items, trace_context))
+        self._users[step] = 1  # until written
+        self._unsent.append((address, step, fut, items, trace_context, self.lookahead and self.gate.open()))
         self.num_handoffs += len(items)
-        return [i.seq_id for i in items]
+        return [h.item.seq_id for h in items]
 
     async def flush(self) -> None:
         """Write the handoffs made since the last flush."""
         while self._unsent:
             await self._write(*self._unsent.popleft())
 
-    async def _write(self, address: str, step: int, fut: asyncio.Future, items: list[SpecItem], trace_context) -> None:
+    async def _write(self, address: str, step: int, fut: asyncio.Future, handed: list[Handed], trace_context,
+                     look: bool) -> None:  # fmt: skip
+        items, flags, taken = await self._lookaheads(step, handed, look)
+        self._unref(step)
+        if not items:
+            return
         chains = pack_chain_items(items)  # most handoffs: columns for the whole batch
         msg = draft_pb2.RelayHandoff(step=step, chains=chains) if chains is not None else draft_pb2.RelayHandoff(
             step=step, items=[stream_spec_item_to_pb(i) for i in items])  # fmt: skip
+        if any(flags):
+            msg.lookahead_flags = bytes(flags)
         if trace_context:
             msg.trace_context.update(trace_context)
         try:
@@ -100,35 +123,95 @@ class DraftRelay:
             self._drop()
             if not fut.done():
                 fut.set_result(None)
+            for seq_id in taken:  # the draft never heard it was taken: its state there is unknown
+                self._ready.pop(seq_id, None)
+                self._lost.add(seq_id)
 
-    async def take(self, seq_ids: list[str]) -> list[TokenTree | None]:
-        """The trees the draft drafted from these sequences' last handoffs, once all are answered; None where one
-        never came (missed). One wait for the whole plan; none when the answers are in already (the usual case)."""
+    async def _lookaheads(self, step: int, handed: list[Handed], look: bool) -> tuple[list[SpecItem], list[int], list[str]]:
+        """Check each sequence's last answer (its lookahead, whether it lost the sequence) and place this handoff's
+        trees: (the items to write, their lookahead flags, the ids whose next tree is a lookahead taken here)."""
+        prev = {h.item.seq_id: a for h in handed if (a := self._ahead.pop(h.item.seq_id, None)) is not None}
+        await self._wait({a.step for a in prev.values()})
+        items, flags, taken = [], [], []
+        for h in handed:
+            item, a = h.item, prev.get(h.item.seq_id)
+            tree = None
+            if a is not None:
+                answer = self._answers[a.step].result() if self._answers[a.step].done() else None
+                self._unref(a.step)
+                if answer is None or item.seq_id in answer[1]:  # lost there: not handed off, its next tree missed
+                    self._lost.add(item.seq_id)
+                    continue
+                tree = answer[2][a.index] if a.index < len(answer[2]) else None
+            flag = LOOKAHEAD if look and h.lookahead else 0
+            if flag and is_taken(item, h.base, tree, a):
+                flag |= TAKEN
+                self._ready[item.seq_id] = cut_to_expansion(tree.below, item.tree_expansion)
+                taken.append(item.seq_id)
+            if tree is not None and look:
+                self.gate.record(bool(flag & TAKEN))
+            k = len(items)
+            if not flag & TAKEN:
+                self._where[item.seq_id] = (step, k, item.tree_expansion)
+                self._users[step] += 1
+            if flag:
+                self._ahead[item.seq_id] = Ahead(step, k, item)
+                self._users[step] += 1
+            items.append(item)
+            flags.append(flag)
+        self.num_taken += len(taken)
+        return items, flags, taken
+
+    async def take(self, seq_ids: list[str]) -> tuple[list[TokenTree | None], int]:
+        """The trees the draft drafted from these sequences' last handoffs, once all are answered (None where one
+        never came: missed), and how many were lookaheads. One wait for the whole plan; none when the answers are
+        in already (the usual case)."""
         await self.flush()  # normally written as the last outcome left
         where = [self._where.get(s) for s in seq_ids]
         await self._wait({at[0] for at in where if at is not None})
-        trees = []
+        trees, looked = [], 0
         for seq_id, at in zip(seq_ids, where):
+            ready = self._ready.pop(seq_id, None)
+            if seq_id in self._lost:
+                trees.append(None)
+                continue
+            if ready is not None:
+                trees.append(ready)
+                looked += 1
+                continue
             answer = self._answers[at[0]].result() if at is not None and self._answers[at[0]].done() else None
             ok = answer is not None and seq_id not in answer[1] and at[1] < len(answer[0])
             trees.append(cut_to_expansion(answer[0][at[1]], at[2]) if ok else None)  # a beam: SpecInfer's cut
-        self._forget(seq_ids)
+            if not ok and (a := self._ahead.pop(seq_id, None)) is not None:  # that answer's lookahead is lost too
+                self._unref(a.step)
+        for seq_id in seq_ids:
+            self._unwhere(seq_id)
+            self._lost.discard(seq_id)
         self.num_missed += trees.count(None)
-        return trees
+        return trees, looked
 
     async def settle(self, seq_ids) -> None:
         """Wait for the answers of these (released) sequences' handoffs, and forget them."""
         await self.flush()
-        await self._wait({at[0] for at in (self._where.get(s) for s in seq_ids) if at is not None})
-        self._forget(seq_ids)
-
-    def _forget(self, seq_ids) -> None:
+        steps = {at[0] for at in (self._where.get(s) for s in seq_ids) if at is not None}
+        await self._wait(steps | {a.step for a in (self._ahead.get(s) for s in seq_ids) if a is not None})
         for seq_id in seq_ids:
-            at = self._where.pop(seq_id, None)
-            if at is not None:
-                left = self._users[at[0]] = self._users[at[0]] - 1
-                if left <= 0:
-                    del self._users[at[0]], self._answers[at[0]]
+            self._unwhere(seq_id)
+            a = self._ahead.pop(seq_id, None)
+            if a is not None:
+                self._unref(a.step)
+            self._ready.pop(seq_id, None)
+            self._lost.discard(seq_id)
+
+    def _unwhere(self, seq_id: str) -> None:
+        at = self._where.pop(seq_id, None)
+        if at is not None:
+            self._unref(at[0])
+
+    def _unref(self, step: int) -> None:
+        left = self._users[step] = self._users[step] - 1
+        if left <= 0:
+            del self._users[step], self._answers[step]
 
     async def _wait(self, steps: set[int]) -> None:
         pending = [f for f in (self._answers[s] for s in steps) if not f.done()]
@@ -168,7 +251,8 @@ class DraftRelay:
                 if fut is None or fut.done():
                     continue
                 try:
-                    fut.set_result((unpack_trees(reply.trees, len(reply.trees.has_probs)), set(reply.missing)))
+                    looks = unpack_lookaheads(reply) if reply.HasField("lookaheads") else []
+                    fut.set_result((unpack_trees(reply.trees, len(reply.trees.has_probs)), set(reply.missing), looks))
                 except Exception as exc:  # noqa: BLE001 - a malformed answer: its sequences missed
                     log.warning("draft relay: malformed answer to handoff %d (%s)", reply.step, exc)
                     fut.set_result(None)

@@ -10,21 +10,35 @@ what the sequence may still emit (shared/engine/spec_cap.py); a sequence with no
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+from services.target.relay_lookahead import Handed, wants_lookahead
 from shared.engine.errors import InvalidRequestError
 from shared.engine.spec_cap import capped_item, cut_chain
+from shared.engine.tree_cut import first_child_path
 from shared.engine.types import RELAY_DROP, RELAY_TAKE, AcceptResult, SpecItem, TokenTree, VerifyItem
 from shared.rpc.gen.tandem.v1 import target_pb2
 from shared.rpc.chain_packing import unpack_chain_items
 from shared.rpc.packing import unpack_i32
 
 
-async def take_relayed(relay, plan: target_pb2.TargetPlan, verifies: list[VerifyItem]) -> tuple[list[TokenTree], list[str]]:
-    """Put the relayed trees into ``verifies``; (the trees taken, in plan order; the ids whose tree was missed)."""
+@dataclass
+class Taken:
+    """What a plan took from the relay."""
+
+    trees: list[TokenTree] = field(default_factory=list)  # the relayed trees verified, in plan order
+    missed: list[str] = field(default_factory=list)  # the ids whose tree never came
+    bases: dict[str, list[int]] = field(default_factory=dict)  # seq id -> its tree's first-child path (lookahead)
+    lookaheads: int = 0  # trees that were lookaheads (no wait for the draft)
+
+
+async def take_relayed(relay, plan: target_pb2.TargetPlan, verifies: list[VerifyItem]) -> Taken:
+    """Put the relayed trees into ``verifies``."""
     if plan.releases:
         await relay.settle(plan.releases)
     flags = plan.relay_flags
     if not flags:
-        return [], []
+        return Taken()
     if len(flags) != len(verifies):
         raise InvalidRequestError(f"relay_flags: {len(flags)} flags for {len(verifies)} verifies")
     flagged = [(item, flag) for item, flag in zip(verifies, flags) if flag]
@@ -36,20 +50,22 @@ async def take_relayed(relay, plan: target_pb2.TargetPlan, verifies: list[Verify
     if len(cuts) != len(verifies):
         raise InvalidRequestError(f"relay_max_nodes: {len(cuts)} lengths for {len(verifies)} verifies")
     cut = {item.seq_id: n for item, n in zip(verifies, cuts) if n}
-    got = await relay.take([item.seq_id for item, _ in flagged])
-    taken, missed = [], []
+    got, looked = await relay.take([item.seq_id for item, _ in flagged])
+    out = Taken(lookaheads=looked)
     for (item, flag), tree in zip(flagged, got):
         if tree is None:
-            missed.append(item.seq_id)
+            out.missed.append(item.seq_id)
         elif flag == RELAY_TAKE:
             item.tree = cut_chain(tree, cut.get(item.seq_id, 0))
-            taken.append(item.tree)
-    return taken, missed
+            out.trees.append(item.tree)
+            out.bases[item.seq_id] = [tree.token_ids[i] for i in first_child_path(tree)]  # the whole tree's
+    return out
 
 
-def hand_off(relay, plan: target_pb2.TargetPlan, handoffs: list[tuple[SpecItem, int]],
-             results: list[AcceptResult]) -> list[str]:  # fmt: skip
-    """Hand the draft this step's tokens of the relayed sequences (``relay_items``); the ids handed off."""
+def hand_off(relay, plan: target_pb2.TargetPlan, handoffs: list[tuple[SpecItem, int]], results: list[AcceptResult],
+             bases: dict[str, list[int]]) -> list[str]:  # fmt: skip
+    """Hand the draft this step's tokens of the relayed sequences (``relay_items``); the ids handed off. ``bases``:
+    the first-child paths of the relayed trees this step verified (a lookahead's assumed prefix)."""
     by_id = dict(zip(plan.verify_ids, results))
     items = []
     for item, remaining in handoffs:
@@ -57,9 +73,10 @@ def hand_off(relay, plan: target_pb2.TargetPlan, handoffs: list[tuple[SpecItem, 
         if res is None or not res.tokens:
             continue  # not verified in this plan: nothing to hand off
         item.new_tokens += res.tokens
-        item = capped_item(item, remaining - len(res.tokens) - 1)
+        left = remaining - len(res.tokens) - 1
+        item = capped_item(item, left)
         if item is not None:
-            items.append(item)
+            items.append(Handed(item, bases.get(item.seq_id), wants_lookahead(item, left)))
     return relay.handoff(plan.relay.draft, items, dict(plan.trace_context)) if items else []
 
 

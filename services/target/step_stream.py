@@ -42,7 +42,7 @@ async def run_target_plan(servicer, plan: target_pb2.TargetPlan) -> target_pb2.T
             trees = unpack_trees(plan.trees, len(plan.verify_ids))
             verifies = [VerifyItem(seq_id, tree) for seq_id, tree in zip(plan.verify_ids, trees)]
             spec = feature_spec_from_pb(plan.features) if plan.HasField("features") else None
-            relayed_trees, missed = await take_relayed(servicer.relay, plan, verifies)
+            taken = await take_relayed(servicer.relay, plan, verifies)
             handoffs = relay_items(plan.relay) if plan.HasField("relay") else None  # checked before anything runs
             out, costs, timing = await servicer._step(prefills, verifies, timer, spec, releases=list(plan.releases),
                                                      stream=True)
@@ -53,10 +53,11 @@ async def run_target_plan(servicer, plan: target_pb2.TargetPlan) -> target_pb2.T
                                                                                        message=details))  # fmt: skip
     reply = target_pb2.TargetOutcome(step=plan.step, costs=costs, timing=timing)
     if handoffs:  # written as the outcome leaves: the draft drafts while the scheduler commits
-        reply.relayed.extend(hand_off(servicer.relay, plan, handoffs, out.verifies))
+        reply.relayed.extend(hand_off(servicer.relay, plan, handoffs, out.verifies, taken.bases))
     if plan.relay_flags:
-        reply.relay_missed.extend(missed)
-        reply.relayed_trees.CopyFrom(pack_trees(relayed_trees))
+        reply.relay_missed.extend(taken.missed)
+        reply.relayed_trees.CopyFrom(pack_trees(taken.trees))
+        reply.relay_lookaheads = taken.lookaheads
     if prefills:
         reply.first_tokens = pack_i32([r.first_token for r in out.prefills])
         if any(r.pending or r.num_prefilled or r.num_cached for r in out.prefills):  # chunked prefill, prefix cache

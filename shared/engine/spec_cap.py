@@ -41,3 +41,8 @@ def cut_chain(tree: TokenTree, max_nodes: int) -> TokenTree:
         return tree
     return TokenTree(list(tree.token_ids[:max_nodes]), list(tree.parent_ids[:max_nodes]), list(tree.draft_probs[:max_nodes]),
                      {row: dist for row, dist in tree.child_dists.items() if row < max_nodes})  # fmt: skip
+
+
+def shape_key(item: SpecItem) -> tuple:
+    """What makes two speculation requests draft the same shape."""
+    return (item.chain_len, item.confidence_threshold, item.tree_depth, item.tree_width, tuple(item.tree_expansion))

@@ -71,3 +71,31 @@ def cut_to_expansion(tree: TokenTree, expansion: Sequence[int]) -> TokenTree:
     if not expansion or len(tree) == sum(expansion_widths(expansion)):
         return tree
     return subtree(tree, select_expansion(tree, expansion))
+
+
+def first_child_path(tree: TokenTree) -> list[int]:
+    """The nodes from the root down through each node's first child (the draft's most likely path: a chain whole,
+    the top-1 line of a fixed expansion)."""
+    first: dict[int, int] = {}
+    for node, parent in enumerate(tree.parent_ids):
+        first.setdefault(parent, node)
+    path, node = [], first.get(-1)
+    while node is not None:
+        path.append(node)
+        node = first.get(node)
+    return path
+
+
+def below_root(tree: TokenTree) -> TokenTree:
+    """The tree under node 0, re-rooted there: node 0 becomes the last committed token (a relay lookahead's
+    root is the draft's guess of the bonus token). ``tree`` has node 0 as its only top-level node."""
+    out = TokenTree(token_ids=tree.token_ids[1:], parent_ids=[p - 1 for p in tree.parent_ids[1:]],
+                    draft_probs=tree.draft_probs[1:] if tree.draft_probs else [])  # fmt: skip
+    # child_dists are keyed by row (row 0: the last committed token, row i + 1: node i): row 1 becomes row 0
+    out.child_dists = {row - 1: dist for row, dist in tree.child_dists.items() if row >= 1}
+    return out
+
+
+def single_root(tree: TokenTree) -> bool:
+    """Node 0 is the tree's one top-level node (a relay lookahead: the guessed bonus token, the next tree below)."""
+    return len(tree) > 0 and tree.parent_ids[0] == -1 and -1 not in tree.parent_ids[1:]

@@ -229,6 +229,8 @@ class VerifyItem:
 
 
 RELAY_TAKE, RELAY_DROP = 1, 2
+# RelayHandoff.lookahead_flags (services/draft/relay_lookahead.py): also draft a lookahead; the last one was taken
+LOOKAHEAD, LOOKAHEAD_TAKEN = 1, 2
 
 
 @dataclass

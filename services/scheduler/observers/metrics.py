@@ -27,7 +27,7 @@ class MetricsObserver:
         self.scheduler = scheduler
         self._feature_bytes = (0, 0, 0)  # the relay's all-time (in, out, pushed) at the last step
         self._prefill = (0, 0)  # chunked prefill's all-time (chunks, cached tokens) at the last step
-        self._relay = (0, 0, 0, 0)  # the draft relay's counts at the last step
+        self._relay = (0, 0, 0, 0, 0)  # the draft relay's counts at the last step
         self._grammar_ns = {"target": 0, "draft": 0}  # the workers' all-time grammar time at the last step
         self._inner: dict[int, tuple[object, object]] = {}  # id(worker) -> (worker, what holds its grammar_ns)
         metrics.read_load(waiting=lambda: len(scheduler.waiting), running=lambda: len(scheduler.running))
@@ -69,10 +69,12 @@ class MetricsObserver:
         relay, ahead = getattr(self.scheduler, "relay", None), getattr(self.scheduler, "verify_ahead", None)
         if relay is None:
             return
-        now = (relay.num_relayed, relay.gate.num_misses, relay.num_missed, ahead.num_sent if ahead is not None else 0)
+        looked = getattr(self._unwrapped(self.scheduler.target), "relay_lookaheads", 0)
+        now = (relay.num_relayed, relay.gate.num_misses, relay.num_missed, ahead.num_sent if ahead is not None else 0,
+               looked if isinstance(looked, int) else 0)  # fmt: skip
         last = self._relay
         self.metrics.observe_relay(handed_off=now[0] - last[0], dropped=now[1] - last[1], missed=now[2] - last[2],
-                                   verify_ahead=now[3] - last[3])  # fmt: skip
+                                   verify_ahead=now[3] - last[3], lookahead=now[4] - last[4])  # fmt: skip
         self._relay = now
 
     def _observe_grammar(self) -> None:

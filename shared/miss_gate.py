@@ -1,6 +1,7 @@
 """When drafting ahead stops paying: a gate over the last ``window`` guesses of the next plan's shape.
 
-Draft run-ahead (draft_ahead.py) and the draft relay (draft_relay.py) both draft a request's next tree
+Draft run-ahead (scheduler/draft_ahead.py), the draft relay (scheduler/draft_relay.py) and its lookahead
+(services/target/draft_relay.py) all draft a request's next tree
 before its plan is known, on the guess that the plan keeps the shape; a guess that misses costs draft
 work (run-ahead) or the step's speculation (relay). Over the last ``window`` guesses, more than
 ``max_miss`` missed -> no guesses for ``pause_steps`` steps, then it tries again; each window missed

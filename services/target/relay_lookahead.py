@@ -1,0 +1,69 @@
+"""Relay lookahead, the target's side (the draft's: services/draft/relay_lookahead.py): which handoffs ask for a
+lookahead, and whether the tokens a step committed take the last one.
+
+A lookahead answers a handoff of shape S with a tree rooted at the draft's guess g of the bonus token, the
+next tree (shape S) below it, drafted on the prefix ``base + [g]``, where ``base`` is the first-child path of
+the tree the next step verifies. That step takes it when it commits exactly ``base + [g]`` and keeps the
+shape S; the handoff then says TAKEN, and the draft, checking the same, confirms it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.engine.spec_cap import item_depth, shape_key
+from shared.engine.tree_cut import below_root, single_root
+from shared.engine.types import LOOKAHEAD, SpecItem, TokenTree
+from shared.engine.types import LOOKAHEAD_TAKEN as TAKEN
+from shared.miss_gate import MissGate
+from shared.rpc.packing import unpack_trees
+
+__all__ = ["LOOKAHEAD", "TAKEN", "Ahead", "Handed", "Lookahead", "is_taken", "lookahead_gate", "unpack_lookaheads",
+           "wants_lookahead"]  # fmt: skip
+
+
+@dataclass
+class Handed:
+    """One sequence of a handoff."""
+
+    item: SpecItem  # the tokens the draft lacks (this step's included) and the shape to draft next
+    base: list[int] | None  # the first-child path of the relayed tree this step verified (None: it verified none)
+    lookahead: bool  # ask for a lookahead (wants_lookahead)
+
+
+@dataclass
+class Ahead:
+    """Where a sequence's lookahead will come from: the handoff whose answer carries it, and its item there."""
+
+    step: int
+    index: int
+    item: SpecItem
+
+
+@dataclass
+class Lookahead:
+    root: int  # the guessed bonus token
+    below: TokenTree  # the tree to verify next, re-rooted under it
+
+
+def wants_lookahead(item: SpecItem, remaining: int) -> bool:
+    """A chain or a fixed expansion (a beam's first level holds many nodes) with room for two more trees of this
+    depth in the ``remaining`` tokens the sequence may emit after this step (else the shape shrinks: no use)."""
+    return bool(item.chain_len or item.tree_expansion) and remaining >= 2 * (item_depth(item) + 1)
+
+
+def is_taken(item: SpecItem, base: list[int] | None, look: Lookahead | None, ahead: Ahead | None) -> bool:
+    """The step committed exactly the lookahead's assumed prefix, and keeps the shape it was drafted for."""
+    return (look is not None and base is not None and ahead is not None and shape_key(item) == shape_key(ahead.item)
+            and item.new_tokens == [*base, look.root])  # fmt: skip
+
+
+def unpack_lookaheads(reply) -> list[Lookahead | None]:
+    """RelayTrees.lookaheads, one per item (None where the draft drafted none)."""
+    trees = unpack_trees(reply.lookaheads, len(reply.lookaheads.has_probs))
+    return [Lookahead(t.token_ids[0], below_root(t)) if single_root(t) else None for t in trees]
+
+
+def lookahead_gate() -> MissGate:
+    """Lookaheads pause for a while where fewer than one in ten is taken (each miss cost the draft a call)."""
+    return MissGate(window=64, max_miss=0.9, pause_steps=256)

@@ -1,0 +1,69 @@
+"""Relay lookahead over real services: the draft answers each handoff with the tree after the next one too, and a
+step that commits exactly its assumed prefix verifies it without waiting. Greedy output stays the target's,
+whether the lookaheads are all taken (the draft is the target) or some are and some roll back (a draft
+that disagrees now and then)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from shared.engine.types import RELAY_TAKE, PrefillItem, SpecItem, VerifyItem
+from tests.services.test_relay_over_grpc import relaying
+from tests.support.model_services import greedy_reference
+
+PROMPTS = {"a": [3, 14, 15, 92, 65, 35], "b": [27, 18, 28, 18, 28]}
+
+
+@pytest.fixture(scope="module")
+def noisy_draft_dir(tmp_path_factory):
+    """The tiny llama with noise on every weight: it agrees with the target on some tokens, not all."""
+    import torch
+
+    from shared.models.tiny import build_tiny
+
+    model = build_tiny("llama")
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.3 * p.std())
+    path = tmp_path_factory.mktemp("models") / "tiny-llama-noisy"
+    model.save_pretrained(path)
+    return path
+
+
+async def _serve(target_dir, draft_dir, shape: dict, steps: int) -> tuple[dict[str, list[int]], int, object]:
+    async with relaying(target_dir, draft_dir) as (target, draft, tw, dw):
+        items = [PrefillItem(k, p) for k, p in PROMPTS.items()]
+        firsts = [r.first_token for r in await tw.prefill(items)]
+        await dw.prefill(items)
+        out = {k: [t] for k, t in zip(PROMPTS, firsts)}
+        trees = await dw.speculate([SpecItem(k, [t], **shape) for k, t in zip(PROMPTS, firsts)])
+        verifies = [VerifyItem(k, tree, handoff=SpecItem(k, [], **shape), remaining=99) for k, tree in zip(PROMPTS, trees)]
+        for _ in range(steps):
+            for item, res in zip(verifies, await tw.verify(verifies)):
+                assert not res.relay_missed and res.relayed
+                out[item.seq_id] += res.tokens
+            verifies = [VerifyItem(k, relay=RELAY_TAKE, handoff=SpecItem(k, [], **shape), remaining=99 - len(out[k]))
+                        for k in PROMPTS]  # fmt: skip
+        return out, tw.relay_lookaheads, draft.engine_host.relay_lookahead
+
+
+@pytest.mark.parametrize("shape", [{"chain_len": 3}, {"tree_depth": 2, "tree_width": 4, "tree_expansion": (2, 2)}],
+                         ids=["chain", "expansion"])  # fmt: skip
+def test_a_draft_that_is_the_target_has_every_lookahead_taken(tiny_model_dir, shape):
+    out, looked, draft = asyncio.run(_serve(tiny_model_dir, tiny_model_dir, shape, steps=8))
+    for k, prompt in PROMPTS.items():
+        assert out[k] == greedy_reference(tiny_model_dir, tuple(prompt), len(out[k]))
+    # step 1 verifies the scheduler's trees, step 2 the first answer's; from step 3 on every tree is a lookahead,
+    # which the handoffs after steps 2-8 took on the draft (the last one's is not verified here)
+    assert looked == 2 * 6 and draft.num_taken == 2 * 7
+
+
+def test_a_draft_that_disagrees_rolls_back_and_the_output_is_still_the_targets(tiny_model_dir, noisy_draft_dir):
+    out, looked, draft = asyncio.run(_serve(tiny_model_dir, noisy_draft_dir, {"chain_len": 2}, steps=24))
+    for k, prompt in PROMPTS.items():
+        assert out[k] == greedy_reference(tiny_model_dir, tuple(prompt), len(out[k]))
+    assert 0 < looked < 2 * 22  # some taken, some rolled back
+    assert looked <= draft.num_taken <= looked + 2  # the last handoff's takes are not verified here
