@@ -37,6 +37,11 @@ class MeasuredGateConfig(BaseModel):
     run_steps: int = Field(4, ge=2, description="Steps in a row per exploration run (the first one is not counted).")
     explore_every: int = Field(50, ge=2, description="Steps in a bucket between runs of the slower mode.")
     decay: float = Field(0.99, gt=0.0, le=1.0, description="Weight kept by older steps at each new one.")
+    lag: int = Field(
+        1, ge=1,
+        description="A step is counted for its mode when this many choices in a row (its own included) were that mode: "
+        "where a choice pays off only a step later (the relay lookahead), the step after a switch is not the mode's.",
+    )
     margin: float = Field(
         0.05, ge=0.0,
         description="Serial must measure this much faster per token to overrule the models' choice to pipeline "
@@ -77,7 +82,7 @@ class MeasuredGate:
         self.config = config or MeasuredGateConfig()
         self.buckets: dict[int, _Bucket] = {}
         self._pending: tuple[int, str, bool] | None = None  # (bucket, mode, counted) of the step asked about
-        self._last: str | None = None  # the mode the last step ran in, asked about or not
+        self._last: list[str | None] = [None] * self.config.lag  # the modes of the last steps, asked about or not
 
     def choose(self, batch_size: int) -> str:
         """PIPE or SERIAL for a step the cost models would pipeline."""
@@ -101,8 +106,8 @@ class MeasuredGate:
                     self._start_run(b, mode)
                 else:
                     mode = best
-        counted = self._last == mode
-        self._last = mode
+        counted = all(m == mode for m in self._last)
+        self._last = [*self._last[1:], mode]
         self._pending = (bucket(batch_size), mode, counted)
         return mode
 
@@ -121,7 +126,7 @@ class MeasuredGate:
 
     def ran_serial(self) -> None:
         """A step this gate was not asked about ran serially (no chain to pipeline, or the models said no)."""
-        self._last = SERIAL
+        self._last = [*self._last[1:], SERIAL]
         self._pending = None
 
     def observe(self, tokens: int, seconds: float) -> None:

@@ -17,11 +17,18 @@ its result is dropped and its release settles it on both workers, as decode run-
 (services/scheduler/run_ahead.py). Anything that could change the plan stops the run-ahead for a step:
 a request waiting, one not relayed (a missed tree, the end of its budget), a chunked prefill, a draft or
 target in recovery, elastic draft memory.
+
+With ``repeat`` R (step streams: TargetPlan.repeat, services/target/repeat_plan.py) the verify sent ahead
+also asks the target for R continuation steps of the same requests, run by the target itself: one plan per
+R+1 steps, and no round trip between them. Each continuation is read as the next step's verify, whatever
+the loop would have planned (so admission waits up to R steps more, and a request that ends meanwhile is
+verified up to R times more for nothing); R is cut so that no request's budget runs out before the last.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from scheduler.request import Request, RequestState
 from scheduler.spec_shape import SpecShape
@@ -29,18 +36,29 @@ from shared.engine.types import RELAY_TAKE, AcceptResult, TokenTree, VerifyItem
 
 
 class VerifyAhead:
-    def __init__(self) -> None:
+    def __init__(self, repeat: int = 0) -> None:
+        self.repeat = repeat  # continuation steps each verify sent ahead asks for (step streams only)
         self._task: asyncio.Task | None = None
         self._batch: list[Request] = []
         self._shapes: list[SpecShape] = []
+        self._owed = 0  # continuation steps of the last plan still to read
+        self._items: list[VerifyItem] = []  # that plan's items
         self.num_sent = 0  # verifies sent ahead, all time
+        self.num_continued = 0  # continuation steps read, all time
 
     @property
     def pending(self) -> bool:
         return self._task is not None
 
     def start(self, loop, batch: list[Request], results: list[AcceptResult]) -> bool:
-        """After step N's verify, before its commit: send step N+1's verify when its plan is already known."""
+        """After step N's verify, before its commit: send step N+1's verify when its plan is already known (or read
+        the next continuation step of the last one sent, which comes whatever the loop would plan)."""
+        if self._owed:
+            self._owed -= 1
+            items = [replace(item, continued=True, repeat=0) for item in self._items]
+            self._task = asyncio.get_running_loop().create_task(loop.target.verify(items), name="verify-continued")
+            self.num_continued += 1
+            return True
         relay = loop.relay
         if (not batch or loop._waiting or len(batch) != len(loop._running) or not loop.target_link.up
                 or not loop.link.usable or loop.link.stale or loop.elastic is not None):  # fmt: skip
@@ -48,10 +66,12 @@ class VerifyAhead:
         outs = [relay.out(req.id) for req in batch]
         if not all(res.relayed and out is not None for res, out in zip(results, outs)):
             return False
-        items = [VerifyItem(req.id, relay=RELAY_TAKE, handoff=out.shape.spec_item(req.id, []),
-                            remaining=req.num_remaining - len(res.tokens))
-                 for req, res, out in zip(batch, results, outs)]  # fmt: skip
+        remaining = [req.num_remaining - len(res.tokens) for req, res in zip(batch, results)]
+        repeat = _repeat(self.repeat, remaining, [out.shape for out in outs])
+        items = [VerifyItem(req.id, relay=RELAY_TAKE, handoff=out.shape.spec_item(req.id, []), remaining=left,
+                            repeat=repeat) for req, out, left in zip(batch, outs, remaining)]  # fmt: skip
         self._batch, self._shapes = list(batch), [out.shape for out in outs]
+        self._owed, self._items = repeat, items
         self._task = asyncio.get_running_loop().create_task(loop.target.verify(items), name="verify-ahead")
         self.num_sent += 1
         return True
@@ -65,6 +85,7 @@ class VerifyAhead:
             if len(results) != len(batch):
                 raise RuntimeError(f"target verify returned {len(results)} results for {len(batch)} items")
         except Exception as exc:  # noqa: BLE001 - as _verify: reported to the requests
+            self._owed = 0  # a continuation of a failed plan is not read (the stream drops or drains it)
             loop.relay.failed(batch, loop.link)
             loop._fail(batch, "target verify failed", exc, report)
             return None
@@ -80,4 +101,13 @@ class VerifyAhead:
     def cancel(self) -> None:
         if self._task is not None:
             self._task.cancel()
-        self._task = None
+        self._task, self._owed = None, 0
+
+
+def _repeat(most: int, remaining: list[int], shapes: list[SpecShape]) -> int:
+    """Continuation steps, up to ``most``, that every request can take whole: each step may emit a shape's depth + 1
+    tokens, and the first of R+1 steps leaves ``remaining`` after the step before."""
+    for r in range(most, 0, -1):
+        if all(left >= (r + 2) * (shape.max_depth + 1) for left, shape in zip(remaining, shapes)):
+            return r
+    return 0

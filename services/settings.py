@@ -335,6 +335,13 @@ class ServiceSettings(BaseModel):
         description="Scheduler: how it drives the model services: stream (one long-lived step stream per "
         "service, one message per step; docs/services.md) or unary (one RPC per call, the older protocol).",
     )
+    plan_repeat: int = Field(
+        1, ge=0, le=4,
+        description="Scheduler over step streams: where the next steps are known when a plan leaves (decode "
+        "run-ahead; relayed verify run-ahead under a fixed policy), the plan asks the target to run this many more "
+        "by itself (services/target/repeat_plan.py): fewer plan messages and no round trip between those steps; "
+        "a request that ends meanwhile is decoded or verified that many times more for nothing.",
+    )  # fmt: skip
     run_ahead: bool = Field(
         True,
         description="Scheduler without a draft, over step streams: send each plain-decode step's plan as soon as "
@@ -352,11 +359,13 @@ class ServiceSettings(BaseModel):
         "straight back to it, so a speculative step crosses two hops, not four (scheduler/draft_relay.py); "
         "where it is off or cannot apply, draft_ahead.",
     )
-    relay_lookahead: bool = Field(
-        True,
+    relay_lookahead: Literal["measured", "always", "off"] = Field(
+        "measured",
         description="Target, draft relay: with each answer the draft also drafts the tree after the next one on its "
         "optimistic prefix (that tree's first-child path accepted, the bonus token guessed); a step that commits "
-        "exactly that prefix verifies it without waiting for the draft (services/draft/relay_lookahead.py).",
+        "exactly that prefix verifies it without waiting for the draft (services/draft/relay_lookahead.py). "
+        "measured: where steps measure faster per token with it than without, per batch size, and while at least "
+        "one in ten is taken; always: every handoff; off: never.",
     )
     feature_path: Literal["direct", "relay"] = Field(
         "direct",

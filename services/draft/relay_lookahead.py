@@ -108,8 +108,8 @@ class Lookaheads:
             for (k, item), tree in zip(firsts, speculate([item for _, item in firsts])):
                 fresh[k] = tree
                 ahead = lookahead_shape(item, self.limits) if flags[k] & LOOKAHEAD else None
-                path = [tree.token_ids[i] for i in first_child_path(tree)]
-                if ahead is not None and path:
+                path = [tree.token_ids[i] for i in first_child_path(tree)] if ahead is not None else None
+                if path:
                     seconds.append((k, replace(ahead, new_tokens=path), path))
         if seconds:
             try:

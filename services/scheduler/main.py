@@ -151,7 +151,7 @@ async def _start(
     if draft is not None:
         closers.append(draft.close)
     elif settings.run_ahead and hasattr(target, "run_ahead"):  # every step a plain decode: the next goes ahead
-        target.run_ahead = RunAhead()
+        target.run_ahead = RunAhead(repeat=settings.plan_repeat)
     if internal_tls is not None:  # a renewed client certificate or CA reaches new calls without a restart
         follow = asyncio.get_running_loop().create_task(
             follow_client_tls(internal_tls, [w for w in (target, draft) if w is not None]), name="internal-tls")
@@ -220,6 +220,8 @@ async def _start(
         queue_policy=queue_policy(settings.queue_policy, cost_model=budget.cost_model, draft_cost_model=draft_cost),
         detokenize=codec.decode if codec else None,
     )
+    if scheduler.verify_ahead is not None and relay:  # relayed over step streams: a plan may run several steps
+        scheduler.verify_ahead.repeat = settings.plan_repeat
     levels = getattr(getattr(scheduler.queue_policy, "config", None), "levels", None)
     if levels is not None:  # LAPS-SD's queues (services/scheduler/policies.py)
         log.info("queue policy %s: %d queues, %s, M = %g", scheduler.queue_policy.name,

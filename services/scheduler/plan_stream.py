@@ -19,7 +19,8 @@ Any break drops the call; the next exchange opens a new one, as does one that fi
 idle (a service restarted between steps: the plan goes to the new process, as a unary call would). Exchanges are serialised (one plan in
 flight per worker, as the loop's contract has it). A plan may also be sent ahead and its outcome read
 later (``send`` / ``receive``, services/scheduler/run_ahead.py): outcomes come back in plan order, so
-an exchange waits for none to be outstanding.
+an exchange waits for none to be outstanding. A plan sent with ``repeat`` R (services/target/repeat_plan.py)
+owes R more outcomes, numbered on from its step, each read by its own ``receive``.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ class PlanStream:
         self._lock = asyncio.Lock()
         self._step = 0
         self._ahead: int | None = None  # the step of a plan sent whose outcome is not read yet
+        self._owed = 0  # continuation outcomes still owed after that one (TargetPlan.repeat)
+        self._continuing = False  # those are owed by an exchanged plan (read by receive_continuation)
         self._deadline = WaitDeadline()  # asyncio.timeout's behaviour, one timer for every wait (wait_deadline.py)
         self.num_opened = 0  # calls opened so far (1 + reconnects)
         self.bytes_out = 0  # plan bytes written, all time
@@ -79,8 +82,15 @@ class PlanStream:
     def locked(self) -> bool:
         return self._lock.locked()
 
+    @property
+    def owes(self) -> bool:
+        """An outcome is owed: a plan sent ahead, or a continuation of a repeated plan."""
+        return self._ahead is not None
+
     async def exchange(self, plan: Any) -> Any:
         async with self._lock:
+            while self._ahead is not None and self._continuing:  # continuations nobody read: the loop moved on
+                await self._receive_locked(self._ahead, in_band_errors=False)
             if self._ahead is not None:
                 raise RuntimeError(f"{self.role} {self.method}: an exchange while plan {self._ahead} awaits its outcome")
             call = self._prepare(plan)
@@ -90,12 +100,30 @@ class PlanStream:
                     reply = await call.read()
             except _BREAKS as err:
                 raise self._broken(err) from None
-            self._ahead = None
+            self._advance(plan.step)
+            self._continuing = self._ahead is not None
             return self._check(reply, plan.step, in_band_errors=True)
 
+    async def receive_continuation(self) -> Any:
+        """The outcome of the next continuation step owed by an exchanged plan (TargetPlan.repeat)."""
+        async with self._lock:
+            if self._ahead is None or not self._continuing:
+                raise WorkerRpcError(self.role, self.method, rpc_error(grpc.StatusCode.UNAVAILABLE,
+                                                                      "no continuation step is owed"))  # fmt: skip
+            return await self._receive_locked(self._ahead, in_band_errors=True)
+
+    def _advance(self, step: int) -> None:
+        """The outcome of ``step`` is read: the next one owed, if a continuation follows."""
+        self._ahead = None
+        if self._owed:
+            self._owed -= 1
+            self._ahead = step + 1
+
     async def send(self, plan: Any) -> int:
-        """Write one plan (opening the call if needed); its outcome is ``receive(step)``'s, in plan order."""
+        """Write one plan (opening the call if needed); its outcome is ``receive(step)``'s, in plan order (and with
+        ``repeat``, those of its continuations: ``receive(step + 1)`` ...)."""
         call = self._prepare(plan)
+        self._continuing = False
         try:
             with self._deadline.within(self.timeout_s):
                 await call.write(plan)
@@ -105,7 +133,11 @@ class PlanStream:
 
     async def receive(self, step: int, *, in_band_errors: bool = True) -> Any:
         """The outcome of plan ``step``, the oldest sent; a StepError in it raises (``in_band_errors``)."""
-        call, self._ahead = self._call, None
+        return await self._receive_locked(step, in_band_errors=in_band_errors)
+
+    async def _receive_locked(self, step: int, *, in_band_errors: bool) -> Any:
+        call = self._call
+        self._advance(step)
         if call is None:  # dropped since the plan left (a failed write)
             raise WorkerRpcError(self.role, self.method, rpc_error(grpc.StatusCode.UNAVAILABLE, "the step stream broke"))
         try:
@@ -119,6 +151,8 @@ class PlanStream:
         """Number the plan, add the trace context, count its bytes; the call to write it on."""
         self._step += 1
         plan.step = self._ahead = self._step
+        self._owed = getattr(plan, "repeat", 0)  # continuation outcomes owed after this one, numbered on
+        self._step += self._owed
         carrier = trace_carrier()
         if carrier:
             plan.trace_context.update(carrier)
@@ -161,7 +195,7 @@ class PlanStream:
 
     def drop(self) -> None:
         """Forget the call (cancelled if still open) and any outcome owed; the next exchange opens a new one."""
-        call, self._call, self._ahead = self._call, None, None
+        call, self._call, self._ahead, self._owed, self._continuing = self._call, None, None, 0, False
         if call is not None:
             call.cancel()
 

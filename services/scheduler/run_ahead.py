@@ -24,6 +24,12 @@ of the same sequence, in the target's own state. So:
   call, as any target failure does (the loop re-prefills everything once the target answers).
 A tree to verify (a draft's) for a sequence holding a result would be out of step with the target, so
 the scheduler turns run-ahead on only when it has no draft (services/scheduler/main.py).
+
+With ``repeat`` R (TargetPlan.repeat, services/target/repeat_plan.py) a plan sent ahead also asks the
+target to decode the same sequences R more times by itself: one plan per R+1 steps, and no round trip
+between them. Results then queue per sequence, oldest first, and the next plan leaves once the owed
+outcomes are read and taken. A continuation decodes a sequence that ended meanwhile once more, for nothing,
+as a plan sent ahead does; the loop's releases since the plan left drop those results.
 """
 
 from __future__ import annotations
@@ -35,8 +41,11 @@ from shared.engine.types import AcceptResult, VerifyItem
 
 @dataclass
 class RunAhead:
-    results: dict[str, AcceptResult] = field(default_factory=dict)  # seq id -> its next decode, computed ahead
-    sent: tuple[int, list[str]] | None = None  # (plan step, seq ids) of the plan ahead, outcome not read yet
+    results: dict[str, list[AcceptResult]] = field(default_factory=dict)  # seq id -> its next decodes, computed ahead
+    sent: tuple[int, list[str], list[str]] | None = None  # (step, seq ids, releases) of the next outcome owed
+    owed: int = 0  # continuation outcomes owed after that one
+    repeat: int = 0  # continuation steps each plan sent ahead asks for
+    released: set[str] = field(default_factory=set)  # ids released since the last plan left (their results drop)
     num_plans: int = 0  # plans sent ahead, all time
     num_used: int = 0  # results sent ahead that the loop took
     num_dropped: int = 0  # results sent ahead and dropped (released, prefilled again)
@@ -46,7 +55,10 @@ class RunAhead:
         hits: dict[int, AcceptResult] = {}
         misses: list[VerifyItem] = []
         for i, item in enumerate(verifies):
-            res = self.results.pop(item.seq_id, None)
+            queued = self.results.get(item.seq_id)
+            res = queued.pop(0) if queued else None
+            if queued is not None and not queued:
+                del self.results[item.seq_id]
             if res is not None and len(item.tree):
                 raise RuntimeError(f"run-ahead: a tree to verify for {item.seq_id}, which the target decoded ahead")
             if res is not None:
@@ -59,15 +71,18 @@ class RunAhead:
     def keep(self, seq_ids: list[str], results: list[AcceptResult], released: set[str]) -> None:
         """An ahead plan's outcome: held per sequence, but not for those released since it left."""
         for seq_id, res in zip(seq_ids, results):
-            if seq_id in released:
+            if seq_id in released or seq_id in self.released:
                 self.num_dropped += 1
             else:
-                self.results[seq_id] = res
+                self.results.setdefault(seq_id, []).append(res)
 
     def drop(self, seq_ids) -> None:
         for seq_id in seq_ids:
-            if self.results.pop(seq_id, None) is not None:
-                self.num_dropped += 1
+            self.num_dropped += len(self.results.pop(seq_id, ()))
+
+    def buffered(self, seq_ids) -> bool:
+        """Some of these sequences still hold a result computed ahead."""
+        return any(seq_id in self.results for seq_id in seq_ids)
 
     @staticmethod
     def merge(verifies: list[VerifyItem], hits: dict[int, AcceptResult], computed: list[AcceptResult]) -> list[AcceptResult]:

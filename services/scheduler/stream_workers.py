@@ -27,7 +27,8 @@ import logging
 
 from services.scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker, WorkerProtocolError, WorkerRpcError
 from services.scheduler.plan_stream import PlanStream
-from services.scheduler.relay_packing import pack_relay, relay_outcome, relayed_trees
+from services.scheduler.relay_packing import relay_outcome, relayed_trees
+from shared.rpc.relay_pack import pack_relay
 from services.scheduler.run_ahead import RunAhead
 from shared.rpc.call_details import rewritten_metadata
 from shared.rpc.chain_packing import pack_chain_items
@@ -145,8 +146,9 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
 
     @property
     def busy(self) -> bool:
-        """A call is using the stream (a plan sent ahead alone is not: a flush reads its outcome first)."""
-        return self._order.locked() or self.stream.locked
+        """A call is using the stream, or a continuation step's outcome is owed (a plan sent ahead alone is not: a
+        flush reads its outcome first)."""
+        return self._order.locked() or self.stream.locked or (self.stream.owes and self.run_ahead is None)
 
     async def prefill(self, items: list[PrefillItem]) -> list[PrefillResult]:
         return (await self.step(items, []))[0]
@@ -162,19 +164,28 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
         if ahead is None:
             return await self._step_now(prefills, verifies)
         async with self._order:
-            await self._settle()
+            await self._settle()  # the oldest outcome owed (sent ahead last step, or a continuation)
             ahead.drop(p.seq_id for p in prefills)
             hits, misses = ahead.split(verifies)
-            results, computed = await self._step_now(prefills, misses) if prefills or misses else ([], [])
+            if prefills or misses:
+                if ahead.sent is not None:  # the stream must owe nothing before a plan of its own
+                    await self._settle_all()
+                    more, misses = ahead.split(misses)  # their next decodes were in those outcomes
+                    rest = [i for i in range(len(verifies)) if i not in hits]
+                    hits |= {rest[j]: res for j, res in more.items()}
+                results, computed = await self._step_now(prefills, misses) if prefills or misses else ([], [])
+            else:
+                results, computed = [], []
             accepts = ahead.merge(verifies, hits, computed)
             ids = [v.seq_id for v in verifies] + [r.seq_id for r in results if not r.pending]
-            if ids:
+            if ids and ahead.sent is None and not ahead.buffered(ids):
                 await self._send_ahead(ids)
             return results, accepts
 
     async def _send_ahead(self, ids: list[str]) -> None:
-        """The next plain decode of ``ids``, sent now; its outcome is read at the next step or flush."""
-        plan = target_pb2.TargetPlan(verify_ids=ids, trees=pack_trees([_NO_TREE] * len(ids)))
+        """The next plain decode of ``ids`` (and with ``repeat``, the ones after it), sent now; its outcome is read
+        at the next step or flush."""
+        plan = target_pb2.TargetPlan(verify_ids=ids, trees=pack_trees([_NO_TREE] * len(ids)), repeat=self.run_ahead.repeat)
         released = self.releases.take()
         plan.releases.extend(released)
         try:
@@ -183,18 +194,27 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
             self.releases.ids[:0] = released
             log.debug("target: a plan sent ahead failed (%s)", exc)
             return
-        self.run_ahead.sent = (step, ids, released)
-        self.run_ahead.num_plans += 1
+        ahead = self.run_ahead
+        ahead.sent, ahead.owed, ahead.released = (step, ids, released), plan.repeat, set()
+        ahead.num_plans += 1
+
+    async def _settle_all(self) -> None:
+        while self.run_ahead is not None and self.run_ahead.sent is not None:
+            await self._settle()
 
     async def _settle(self) -> None:
-        """Read the outcome of the plan sent ahead, if any, into the run-ahead results."""
+        """Read the oldest outcome owed (a plan sent ahead, or one of its continuations) into the run-ahead results."""
         ahead = self.run_ahead
         if ahead is None or ahead.sent is None:
             return
         (step, ids, released), ahead.sent = ahead.sent, None
+        if ahead.owed:  # a continuation's outcome follows this one
+            ahead.owed -= 1
+            ahead.sent = (step + 1, ids, [])
         try:
             reply = await self.stream.receive(step, in_band_errors=False)
         except BaseException:
+            ahead.sent, ahead.owed = None, 0  # the stream is dropped: nothing more is owed
             self.releases.ids[:0] = released  # not known to be applied: they go again (idempotent)
             raise
         self.grammar_ns += reply.timing.grammar_ns
@@ -209,24 +229,32 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
     async def _step_now(
         self, prefills: list[PrefillItem], verifies: list[VerifyItem]
     ) -> tuple[list[PrefillResult], list[AcceptResult]]:
-        plan = target_pb2.TargetPlan(prefills=[stream_prefill_to_pb(i) for i in prefills],
-                                     verify_ids=[i.seq_id for i in verifies],
-                                     trees=pack_trees([i.tree for i in verifies]))  # fmt: skip
-        if self.feature_spec is not None:
-            plan.features.CopyFrom(feature_spec_to_pb(self.feature_spec))
-            if self.push_features_to:
-                plan.push_features_to = self.push_features_to
-        if self.relay_to:
-            pack_relay(plan, verifies, self.relay_to)
-        reply = await self._send(plan)
+        if verifies and verifies[0].continued:  # a step the target runs by itself (repeat_plan.py): its outcome only
+            if prefills:
+                raise ValueError("a continuation step has no prefills")
+            flagged, handing = any(i.relay for i in verifies), any(i.handoff is not None for i in verifies)
+            reply = await self.stream.receive_continuation()
+            self.grammar_ns += reply.timing.grammar_ns
+        else:
+            plan = target_pb2.TargetPlan(prefills=[stream_prefill_to_pb(i) for i in prefills],
+                                         verify_ids=[i.seq_id for i in verifies], repeat=verifies[0].repeat if verifies else 0,
+                                         trees=pack_trees([i.tree for i in verifies]))  # fmt: skip
+            if self.feature_spec is not None:
+                plan.features.CopyFrom(feature_spec_to_pb(self.feature_spec))
+                if self.push_features_to:
+                    plan.push_features_to = self.push_features_to
+            if self.relay_to:
+                pack_relay(plan, verifies, self.relay_to)
+            flagged, handing = bool(plan.relay_flags), plan.HasField("relay")
+            reply = await self._send(plan)
         self.pushed_feature_bytes += reply.pushed_feature_bytes
         first = unpack_i32(reply.first_tokens, "first_tokens")
         if len(first) != len(prefills):
             raise WorkerProtocolError(f"target StepStream: {len(first)} first tokens for {len(prefills)} prefills")
-        relayed = relayed_trees(reply, verifies) if plan.relay_flags else None
+        relayed = relayed_trees(reply, verifies) if flagged else None
         sizes = [len(relayed.get(k, i.tree)) if relayed else len(i.tree) for k, i in enumerate(verifies)]
         accepts = unpack_accepts(reply.accepts, sizes) if verifies else []
-        if plan.relay_flags or plan.HasField("relay"):
+        if flagged or handing:
             relay_outcome(reply, verifies, accepts, relayed or {})
             self.relay_lookaheads += reply.relay_lookaheads
         if self.feature_spec is not None:
@@ -254,12 +282,13 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
             self.releases.add(list(seq_ids))
             if self.run_ahead is not None:
                 self.run_ahead.drop(seq_ids)
+                self.run_ahead.released.update(seq_ids)  # a continuation still owed may decode them once more
 
     async def flush(self, releases_only: bool = False) -> None:
         """Read a plan sent ahead, then send the queued releases now, alone."""
         async with self._order:
-            await self._settle()
-            if self.releases.ids:
+            await self._settle_all()
+            if self.releases.ids and not self.stream.owes:  # a continuation step owed: they ride on the next plan
                 await self._send(target_pb2.TargetPlan())
 
     async def _send(self, plan: target_pb2.TargetPlan) -> target_pb2.TargetOutcome:
@@ -280,7 +309,7 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
     async def renew_credentials(self, credentials, grace_s: float = 60.0) -> None:
         await super().renew_credentials(credentials, grace_s)
         async with self._order:
-            await self._settle()  # a plan sent ahead is read on the old stream before it goes
+            await self._settle_all()  # a plan sent ahead is read on the old stream before it goes
             await self._renew_bare(credentials, grace_s)
 
     async def close(self) -> None:
@@ -377,7 +406,7 @@ class StreamDraftWorker(_BareStream, GrpcDraftWorker):
     async def renew_credentials(self, credentials, grace_s: float = 60.0) -> None:
         await super().renew_credentials(credentials, grace_s)
         async with self._order:
-            await self._settle()  # a plan sent ahead is read on the old stream before it goes
+            await self._settle_all()  # a plan sent ahead is read on the old stream before it goes
             await self._renew_bare(credentials, grace_s)
 
     async def close(self) -> None:

@@ -23,8 +23,10 @@ token guessed). When a step commits exactly that prefix, the handoff says TAKEN 
 the lookahead at once: the draft's hop leaves the step's critical path, as frontier pipelining takes it
 out of the scheduler's. A lookahead is checked against the previous answer before the handoff is written;
 a sequence that answer lost is not handed off, and its next tree is missed (the scheduler resynchronises
-it). Where lookaheads stop paying (``shared/miss_gate.py``: under one in ten taken), none are asked for
-a while.
+it). Where lookaheads stop paying, none are asked for a while: under one in ten taken
+(``shared/miss_gate.py``), or steps measured slower per token with them than without at this batch size
+(``scheduler/frontier_gate.py``'s gate: where the processes are busy rather than waiting on each other, as
+at batch 64 on a 2-core host, the lookahead's extra work costs more than the wait it saves).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import grpc.aio
 from opentelemetry import context as otel_context
 
 from services.target.draft_dial import cannot_dial, dial_draft
+from scheduler.frontier_gate import PIPE, MeasuredGate, MeasuredGateConfig
 from services.target.relay_lookahead import LOOKAHEAD, TAKEN, Ahead, Handed, is_taken, lookahead_gate, unpack_lookaheads
 from shared.engine.tree_cut import cut_to_expansion
 from shared.engine.types import SpecItem, TokenTree
@@ -70,28 +73,46 @@ class DraftRelay:
         self._ready: dict[str, TokenTree] = {}  # seq id -> the lookahead its next verify takes
         self._lost: set[str] = set()  # sequences an answer lost after their tree was taken from a lookahead
         self._unsent: deque[tuple] = deque()  # handoffs made, not written yet, in order
-        self.lookahead = getattr(settings, "relay_lookahead", True)
+        self.lookahead = getattr(settings, "relay_lookahead", "measured")  # measured, always or off
         self.gate = lookahead_gate()
+        self.measured = MeasuredGate(MeasuredGateConfig(run_steps=8, explore_every=200, lag=2))  # with lookaheads or without: the faster
+        self._last_handoff = 0.0  # perf_counter at the last handoff
+        self._typical = 0.0  # a step's time between handoffs, decayed (longer gaps are idle, not counted)
         self.num_taken = 0  # lookaheads taken, all time
         self._down_until = 0.0  # monotonic time before which nothing is relayed (the stream failed: RETRY_S)
         self.num_handoffs = 0  # sequences handed off, all time
         self.num_missed = 0  # trees asked for that never came
 
-    def handoff(self, address: str, items: list[Handed], trace_context=None) -> list[str]:
-        """Hand the draft one step's tokens and next shapes; the ids handed off. The message is written by ``flush``,
-        which the step stream calls once the step's outcome is on its way to the scheduler (its path is the
-        longer one); a write that fails loses the answer, and the trees are missed."""
+    def handoff(self, address: str, items: list[Handed], trace_context=None, tokens: int = 0) -> list[str]:
+        """Hand the draft one step's tokens and next shapes (``tokens``: how many the step committed for them); the
+        ids handed off. The message is written by ``flush``, which the step stream calls once the step's outcome
+        is on its way to the scheduler (its path is the longer one); a write that fails loses the answer, and the
+        trees are missed."""
         if not items or self.disabled or time.monotonic() < self._down_until:
             return []  # the scheduler drafts them itself meanwhile
+        look = self.lookahead == "always" or (self.lookahead == "measured" and self._choose(len(items), tokens))
         self._step = step = self._step + 1
         for h in items:  # an answer never asked for (the scheduler moved on): superseded
             self._unwhere(h.item.seq_id)
             self._ready.pop(h.item.seq_id, None)
         self._answers[step] = fut = asyncio.get_running_loop().create_future()  # one per handoff
         self._users[step] = 1  # until written
-        self._unsent.append((address, step, fut, items, trace_context, self.lookahead and self.gate.open()))
+        self._unsent.append((address, step, fut, items, trace_context, look))
         self.num_handoffs += len(items)
         return [h.item.seq_id for h in items]
+
+    def _choose(self, batch_size: int, tokens: int) -> bool:
+        """Whether this handoff asks for lookaheads; the step since the last handoff measured for the gate."""
+        now = time.perf_counter()
+        since, self._last_handoff = now - self._last_handoff, now
+        typical = self._typical or since
+        if since < 0.5 and since < 5 * typical:  # back to back: a step's time (not an idle stretch between requests)
+            self.measured.observe(tokens, since)
+        else:
+            self.measured.ran_serial()
+        if since < 0.5:
+            self._typical = 0.95 * typical + 0.05 * min(since, 5 * typical)
+        return self.measured.choose(batch_size) == PIPE and self.gate.open()
 
     async def flush(self) -> None:
         """Write the handoffs made since the last flush."""

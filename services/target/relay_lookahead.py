@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared.engine.spec_cap import item_depth, shape_key
-from shared.engine.tree_cut import below_root, single_root
+from shared.engine.tree_cut import below_root, first_child_path, single_root
 from shared.engine.types import LOOKAHEAD, SpecItem, TokenTree
 from shared.engine.types import LOOKAHEAD_TAKEN as TAKEN
 from shared.miss_gate import MissGate
@@ -27,7 +27,7 @@ class Handed:
     """One sequence of a handoff."""
 
     item: SpecItem  # the tokens the draft lacks (this step's included) and the shape to draft next
-    base: list[int] | None  # the first-child path of the relayed tree this step verified (None: it verified none)
+    base: TokenTree | None  # the relayed tree this step verified, uncut (None: it verified none)
     lookahead: bool  # ask for a lookahead (wants_lookahead)
 
 
@@ -52,10 +52,12 @@ def wants_lookahead(item: SpecItem, remaining: int) -> bool:
     return bool(item.chain_len or item.tree_expansion) and remaining >= 2 * (item_depth(item) + 1)
 
 
-def is_taken(item: SpecItem, base: list[int] | None, look: Lookahead | None, ahead: Ahead | None) -> bool:
-    """The step committed exactly the lookahead's assumed prefix, and keeps the shape it was drafted for."""
-    return (look is not None and base is not None and ahead is not None and shape_key(item) == shape_key(ahead.item)
-            and item.new_tokens == [*base, look.root])  # fmt: skip
+def is_taken(item: SpecItem, base: TokenTree | None, look: Lookahead | None, ahead: Ahead | None) -> bool:
+    """The step committed exactly the lookahead's assumed prefix (the first-child path of ``base``, the tree it
+    verified, and the guessed bonus token), and keeps the shape it was drafted for."""
+    if look is None or base is None or ahead is None or shape_key(item) != shape_key(ahead.item):
+        return False
+    return item.new_tokens == [*(base.token_ids[i] for i in first_child_path(base)), look.root]
 
 
 def unpack_lookaheads(reply) -> list[Lookahead | None]:

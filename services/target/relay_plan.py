@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from services.target.relay_lookahead import Handed, wants_lookahead
 from shared.engine.errors import InvalidRequestError
 from shared.engine.spec_cap import capped_item, cut_chain
-from shared.engine.tree_cut import first_child_path
 from shared.engine.types import RELAY_DROP, RELAY_TAKE, AcceptResult, SpecItem, TokenTree, VerifyItem
 from shared.rpc.gen.tandem.v1 import target_pb2
 from shared.rpc.chain_packing import unpack_chain_items
@@ -28,7 +27,7 @@ class Taken:
 
     trees: list[TokenTree] = field(default_factory=list)  # the relayed trees verified, in plan order
     missed: list[str] = field(default_factory=list)  # the ids whose tree never came
-    bases: dict[str, list[int]] = field(default_factory=dict)  # seq id -> its tree's first-child path (lookahead)
+    bases: dict[str, TokenTree] = field(default_factory=dict)  # seq id -> its whole relayed tree (a lookahead's base)
     lookaheads: int = 0  # trees that were lookaheads (no wait for the draft)
 
 
@@ -58,26 +57,27 @@ async def take_relayed(relay, plan: target_pb2.TargetPlan, verifies: list[Verify
         elif flag == RELAY_TAKE:
             item.tree = cut_chain(tree, cut.get(item.seq_id, 0))
             out.trees.append(item.tree)
-            out.bases[item.seq_id] = [tree.token_ids[i] for i in first_child_path(tree)]  # the whole tree's
+            out.bases[item.seq_id] = tree  # uncut: a lookahead assumes its whole first-child path
     return out
 
 
 def hand_off(relay, plan: target_pb2.TargetPlan, handoffs: list[tuple[SpecItem, int]], results: list[AcceptResult],
-             bases: dict[str, list[int]]) -> list[str]:  # fmt: skip
+             bases: dict[str, TokenTree]) -> list[str]:  # fmt: skip
     """Hand the draft this step's tokens of the relayed sequences (``relay_items``); the ids handed off. ``bases``:
-    the first-child paths of the relayed trees this step verified (a lookahead's assumed prefix)."""
+    the relayed trees this step verified (a lookahead assumes their first-child paths)."""
     by_id = dict(zip(plan.verify_ids, results))
-    items = []
+    items, tokens = [], 0
     for item, remaining in handoffs:
         res = by_id.get(item.seq_id)
         if res is None or not res.tokens:
             continue  # not verified in this plan: nothing to hand off
         item.new_tokens += res.tokens
+        tokens += len(res.tokens)
         left = remaining - len(res.tokens) - 1
         item = capped_item(item, left)
         if item is not None:
             items.append(Handed(item, bases.get(item.seq_id), wants_lookahead(item, left)))
-    return relay.handoff(plan.relay.draft, items, dict(plan.trace_context)) if items else []
+    return relay.handoff(plan.relay.draft, items, dict(plan.trace_context), tokens) if items else []
 
 
 def relay_items(msg: target_pb2.RelayPlan) -> list[tuple[SpecItem, int]]:

@@ -20,7 +20,7 @@ from services.engine_host import EngineHost
 from services.spans import annotate, event, grammar_cost
 from services.target.draft_relay import DraftRelay
 from services.target.feature_push import FeaturePusher
-from services.target.step_stream import run_target_plan
+from services.target.step_stream import run_plan
 from shared.engine.target_engine import TargetEngine, TargetStepOutput
 from shared.engine.types import PrefillItem, VerifyItem
 from shared.engine.features import FeatureSpec
@@ -81,8 +81,9 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
 
     async def StepStream(self, request_iterator, context: grpc.aio.ServicerContext):
         async for plan in request_iterator:  # one plan, one engine step, one outcome (step_stream.py)
-            yield await run_target_plan(self, plan)
-            await self.relay.flush()  # the step's handoff to the draft, once its outcome has left (draft_relay.py)
+            async for outcome in run_plan(self, plan):  # and its continuation steps (repeat_plan.py)
+                yield outcome
+                await self.relay.flush()  # the step's handoff to the draft, once its outcome has left (draft_relay.py)
 
     async def Release(
         self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext

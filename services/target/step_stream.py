@@ -19,6 +19,8 @@ from shared.rpc.convert import CallTimer, feature_block_to_pb, feature_spec_from
 from shared.rpc.gen.tandem.v1 import common_pb2, target_pb2
 from shared.rpc.interceptors import status_for_exception
 from services.target.relay_plan import hand_off, relay_items, take_relayed
+from services.target.repeat_plan import MAX_REPEAT, check_repeat, continuation, refused
+from shared.engine.errors import InvalidRequestError
 from shared.rpc.packing import pack_accepts, pack_i32, pack_trees, stream_prefill_from_pb, unpack_trees
 
 log = logging.getLogger(__name__)
@@ -33,11 +35,29 @@ def plan_name(num_prefills: int, num_verifies: int) -> str:
     return "Prefill" if num_prefills else "Verify" if num_verifies else "Release"
 
 
-async def run_target_plan(servicer, plan: target_pb2.TargetPlan) -> target_pb2.TargetOutcome:
+async def run_plan(servicer, plan: target_pb2.TargetPlan):
+    """A plan's outcome, then its continuation steps' (TargetPlan.repeat, repeat_plan.py), one by one."""
+    results: list = []
+    reply = await run_target_plan(servicer, plan, results)
+    yield reply
+    for _ in range(min(plan.repeat, MAX_REPEAT)):
+        if reply.HasField("error"):  # nothing committed: its continuations answer the same
+            plan = target_pb2.TargetPlan(step=plan.step + 1)
+            reply = refused(plan.step, reply.error)
+        else:
+            plan, results = continuation(plan, results), []
+            reply = await run_target_plan(servicer, plan, results)
+        yield reply
+
+
+async def run_target_plan(servicer, plan: target_pb2.TargetPlan, results: list | None = None) -> target_pb2.TargetOutcome:
+    """One step; ``results`` gets its verifies' AcceptResults."""
     timer = CallTimer()
     name = plan_name(len(plan.prefills), len(plan.verify_ids))
     with plan_span(getattr(servicer.host, "tracer_provider", None), SERVICE, name, plan.trace_context):
         try:
+            if problem := check_repeat(plan):
+                raise InvalidRequestError(problem)
             prefills = [stream_prefill_from_pb(m) for m in plan.prefills]
             trees = unpack_trees(plan.trees, len(plan.verify_ids))
             verifies = [VerifyItem(seq_id, tree) for seq_id, tree in zip(plan.verify_ids, trees)]
@@ -52,6 +72,8 @@ async def run_target_plan(servicer, plan: target_pb2.TargetPlan) -> target_pb2.T
             return target_pb2.TargetOutcome(step=plan.step, error=common_pb2.StepError(code=code.value[0],
                                                                                        message=details))  # fmt: skip
     reply = target_pb2.TargetOutcome(step=plan.step, costs=costs, timing=timing)
+    if results is not None:
+        results.extend(out.verifies)
     if handoffs:  # written as the outcome leaves: the draft drafts while the scheduler commits
         reply.relayed.extend(hand_off(servicer.relay, plan, handoffs, out.verifies, taken.bases))
     if plan.relay_flags:

@@ -34,7 +34,7 @@ def noisy_draft_dir(tmp_path_factory):
 
 
 async def _serve(target_dir, draft_dir, shape: dict, steps: int) -> tuple[dict[str, list[int]], int, object]:
-    async with relaying(target_dir, draft_dir) as (target, draft, tw, dw):
+    async with relaying(target_dir, draft_dir, relay_lookahead="always") as (target, draft, tw, dw):
         items = [PrefillItem(k, p) for k, p in PROMPTS.items()]
         firsts = [r.first_token for r in await tw.prefill(items)]
         await dw.prefill(items)

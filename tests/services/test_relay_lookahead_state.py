@@ -106,10 +106,13 @@ def test_a_failed_lookahead_call_keeps_the_fresh_trees():
 def test_the_target_takes_only_the_exact_prefix_in_the_same_shape():
     item = SpecItem("a", [1, 2, 3, 9], chain_len=3)
     look, ahead = Lookahead(9, TokenTree.chain([4, 5, 6])), Ahead(1, 0, SpecItem("a", chain_len=3))
-    assert is_taken(item, [1, 2, 3], look, ahead)
-    assert not is_taken(item, [1, 2, 4], look, ahead)  # a rejection
-    assert not is_taken(SpecItem("a", [1, 2, 3, 8], chain_len=3), [1, 2, 3], look, ahead)  # another bonus
-    assert not is_taken(SpecItem("a", [1, 2, 3, 9], chain_len=2), [1, 2, 3], look, ahead)  # the shape changed
+    base = TokenTree.chain([1, 2, 3])
+    assert is_taken(item, base, look, ahead)
+    assert not is_taken(item, TokenTree.chain([1, 2, 4]), look, ahead)  # a rejection
+    assert not is_taken(SpecItem("a", [1, 2, 3, 8], chain_len=3), base, look, ahead)  # another bonus
+    assert not is_taken(SpecItem("a", [1, 2, 3, 9], chain_len=2), base, look, ahead)  # the shape changed
+    tree = TokenTree([1, 7, 2, 8], [-1, -1, 0, 0])  # 1 -> 2 is the first-child path of a 2-2 tree
+    assert is_taken(SpecItem("a", [1, 2, 9], chain_len=3), tree, look, ahead)
     assert not is_taken(item, None, look, ahead)  # this step verified no relayed tree
     assert wants_lookahead(SpecItem("a", chain_len=3), 8) and not wants_lookahead(SpecItem("a", chain_len=3), 7)
     assert not wants_lookahead(SpecItem("a", tree_depth=2, tree_width=2), 100)  # a beam

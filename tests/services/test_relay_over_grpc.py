@@ -16,9 +16,9 @@ PROMPT = [3, 14, 15, 92, 65, 35]
 
 
 @asynccontextmanager
-async def relaying(model_dir, draft_dir=None):
+async def relaying(model_dir, draft_dir=None, **overrides):
     """A target and a draft service, and the scheduler's stream workers to them, the target relaying to the draft."""
-    async with serving(model_dir, draft_dir or model_dir) as (target, draft):
+    async with serving(model_dir, draft_dir or model_dir, **overrides) as (target, draft):
         tw, dw = StreamTargetWorker(target.address), StreamDraftWorker(draft.address)
         tw.relay_to = draft.address
         try:
