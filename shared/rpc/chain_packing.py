@@ -8,8 +8,10 @@
         rollbacks      = int32 [0, 2]          (empty when all are 0; confidence_thresholds likewise)
 
 One message with a handful of fields for the whole batch, instead of a StreamSpecItem (and its chain
-message) per item: at batch 64 building and parsing those took ~0.4 ms a step. Only items that are chains
-or appends without features pack; a plan with any other keeps ``items`` (``pack_chain_items`` says None).
+message) per item: at batch 64 building and parsing those took ~0.4 ms a step. Items that all draft one
+fixed expansion tree (SpecInfer's) pack too: ``tree_expansion`` once, ``chain_lengths`` 1 where an item
+drafts. Only items without features pack, all chains or all of one expansion; a plan with any other keeps
+``items`` (``pack_chain_items`` says None).
 """
 
 from __future__ import annotations
@@ -18,21 +20,29 @@ from collections.abc import Sequence
 from itertools import accumulate
 
 from shared.engine.errors import InvalidRequestError
+from shared.engine.spec_checks import expansion_widths
 from shared.engine.types import SpecItem
 from shared.rpc.gen.tandem.v1 import draft_pb2
 from shared.rpc.packing import pack_f32, pack_i32, unpack_f32, unpack_i32
 
 
 def pack_chain_items(items: Sequence[SpecItem]) -> draft_pb2.PackedChainItems | None:
-    """The items as columns, or None when one of them is a tree or carries features."""
+    """The items as columns, or None when one carries features, one is a beam, or they mix shapes."""
+    expansions = set()
     for item in items:
-        if item.tree_depth or item.tree_width or item.tree_expansion or item.features is not None:
+        if item.features is not None or ((item.tree_depth or item.tree_width) and not item.tree_expansion):
             return None
+        if item.tree_expansion:
+            expansions.add(tuple(item.tree_expansion))
+    if len(expansions) > 1 or (expansions and any(i.chain_len for i in items)):
+        return None
+    expansion = next(iter(expansions), ())
     msg = draft_pb2.PackedChainItems(
         seq_ids=[i.seq_id for i in items],
         num_new_tokens=pack_i32([len(i.new_tokens) for i in items]),
         new_tokens=pack_i32([t for i in items for t in i.new_tokens]),
-        chain_lengths=pack_i32([i.chain_len for i in items]),
+        chain_lengths=pack_i32([i.chain_len for i in items] if not expansion else [int(bool(i.tree_expansion)) for i in items]),
+        tree_expansion=expansion,
     )
     if any(i.rollback for i in items):
         msg.rollbacks = pack_i32([i.rollback for i in items])
@@ -57,6 +67,12 @@ def unpack_chain_items(msg: draft_pb2.PackedChainItems) -> list[SpecItem]:
     if any(x < 0 for x in lengths) or any(x < 0 for x in rollbacks):
         raise InvalidRequestError("packed chain items: a negative chain length or rollback")
     ends = list(accumulate(counts))
+    if msg.tree_expansion:
+        expansion = tuple(msg.tree_expansion)
+        width = max(expansion_widths(expansion))
+        return [SpecItem(seq_id, tokens[end - c : end], rollback=rollback,
+                         **({"tree_depth": len(expansion), "tree_width": width, "tree_expansion": expansion} if length else {}))
+                for seq_id, c, end, length, rollback in zip(msg.seq_ids, counts, ends, lengths, rollbacks)]  # fmt: skip
     return [SpecItem(seq_id, tokens[end - c : end], chain_len=length, confidence_threshold=threshold, rollback=rollback)
             for seq_id, c, end, length, rollback, threshold in zip(msg.seq_ids, counts, ends, lengths, rollbacks,
                                                                     thresholds)]  # fmt: skip

@@ -43,3 +43,18 @@ def test_trees_and_features_do_not_pack():
 def test_columns_that_disagree_are_invalid(bad):
     with pytest.raises(InvalidRequestError):
         unpack_chain_items(draft_pb2.PackedChainItems(**bad))
+
+
+def test_items_of_one_fixed_expansion_pack_as_columns_too():
+    from shared.engine.types import SpecItem
+    from shared.rpc.chain_packing import pack_chain_items, unpack_chain_items
+
+    tree = dict(tree_depth=2, tree_width=4, tree_expansion=(2, 2))
+    items = [SpecItem("a", [5, 6], **tree), SpecItem("b", [7], rollback=1, **tree), SpecItem("c", [8])]
+    msg = pack_chain_items(items)
+    assert list(msg.tree_expansion) == [2, 2]
+    assert unpack_chain_items(msg) == items
+    assert pack_chain_items([SpecItem("a", [], **tree), SpecItem("b", [], chain_len=2)]) is None  # mixed shapes
+    assert pack_chain_items([SpecItem("a", [], tree_depth=2, tree_width=2)]) is None  # a beam
+    assert pack_chain_items([SpecItem("a", [], **tree), SpecItem("b", [], tree_depth=1, tree_width=3,
+                                                                  tree_expansion=(3,))]) is None  # two expansions
