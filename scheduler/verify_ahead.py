@@ -42,6 +42,7 @@ class VerifyAhead:
         self._batch: list[Request] = []
         self._shapes: list[SpecShape] = []
         self._owed = 0  # continuation steps of the last plan still to read
+        self._collected_at = -1  # the loop step that collected the last verify sent ahead
         self._items: list[VerifyItem] = []  # that plan's items
         self.num_sent = 0  # verifies sent ahead, all time
         self.num_continued = 0  # continuation steps read, all time
@@ -53,6 +54,9 @@ class VerifyAhead:
     def start(self, loop, batch: list[Request], results: list[AcceptResult]) -> bool:
         """After step N's verify, before its commit: send step N+1's verify when its plan is already known (or read
         the next continuation step of the last one sent, which comes whatever the loop would plan)."""
+        if self._owed and self._collected_at != loop._num_steps:
+            self._owed = 0  # not read in the step that collected its plan (nothing left to verify): the stream
+            # drains it before its next plan (services/scheduler/plan_stream.py)
         if self._owed:
             self._owed -= 1
             items = [replace(item, continued=True, repeat=0) for item in self._items]
@@ -80,6 +84,7 @@ class VerifyAhead:
         """Step N+1's verify, for the requests still running (the others' results are dropped); None when it failed
         (a verify failure, handled as the loop handles one)."""
         task, batch, shapes, self._task = self._task, self._batch, self._shapes, None
+        self._collected_at = loop._num_steps
         try:
             results = await task
             if len(results) != len(batch):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from services.scheduler.stream_workers import StreamTargetWorker
 from services.target.repeat_plan import check_repeat
 from shared.engine.types import RELAY_TAKE, PrefillItem, SpecItem, TokenTree, VerifyItem
@@ -91,3 +93,43 @@ def test_relayed_continuations_take_the_drafts_trees(tiny_model_dir):
 
     out = asyncio.run(main())
     assert out == greedy_reference(tiny_model_dir, tuple(PROMPT), len(out))
+
+
+@pytest.mark.parametrize("repeat", [1, 3])
+def test_the_loop_with_relayed_continuations_is_lossless_across_ends_and_arrivals(tiny_model_dir, repeat):
+    """The scheduler's loop over both services, relaying under a fixed policy with continuation steps: requests that
+    end at different steps (their continuations verify them for nothing), then one that arrives when the loop has
+    gone idle with a continuation unread (drained before its prefill): greedy output is the target's throughout,
+    and nothing is left on either service."""
+    from scheduler.engine_loop import Scheduler, SchedulerConfig
+    from scheduler.policies.speculation import FixedChain
+    from scheduler.request import Request
+
+    first = [Request(id=f"a{i}", prompt_ids=PROMPT[i:], max_new_tokens=40) for i in range(3)]
+    for i, req in enumerate(first):  # each ends at a stop token, mid-budget (where continuations still run)
+        ref = greedy_reference(tiny_model_dir, tuple(req.prompt_ids), 40)
+        k = next(k for k in range(6 + 3 * i, 40) if ref[k] not in ref[:k])
+        req.stop_token_ids = [ref[k]]
+
+    async def main():
+        async with relaying(tiny_model_dir, relay_lookahead="always") as (target, draft, tw, dw):
+            sched = Scheduler(tw, dw, spec_policy=FixedChain(3), config=SchedulerConfig(draft_relay=True))
+            sched.verify_ahead.repeat = repeat
+            outs = await asyncio.gather(*(s.collect() for s in [sched.submit(r) for r in first]),
+                                        sched.run_until_idle())  # fmt: skip
+            late = Request(id="late", prompt_ids=PROMPT, max_new_tokens=20)
+            stream = sched.submit(late)
+            outs = [*outs[:-1], (await asyncio.gather(stream.collect(), sched.run_until_idle()))[0]]
+            await tw.flush()
+            await dw.flush()
+            info = (await tw.info(), await dw.info())
+            return [*first, late], outs, info, sched.verify_ahead
+
+    reqs, outs, (tinfo, dinfo), ahead = asyncio.run(main())
+    for req, out in zip(reqs, outs):
+        ref = greedy_reference(tiny_model_dir, tuple(req.prompt_ids), req.max_new_tokens)
+        if req.stop_token_ids:
+            ref = ref[: ref.index(req.stop_token_ids[0]) + 1]
+        assert out == ref, req.id
+    assert tinfo.num_live_seqs == 0 and dinfo.num_live_seqs == 0
+    assert ahead.num_continued > 0
