@@ -97,8 +97,11 @@ class VerifyAhead:
         keep = []
         for i, req in enumerate(batch):
             out = loop.relay.pop(req.id)
-            if req.state is RequestState.RUNNING and req.id in loop._running and out is not None:
-                loop.relay.consume(req, out)
+            if req.state is RequestState.RUNNING and req.id in loop._running:
+                # the target committed its tokens whether or not a relayed tree was verified (a continuation of
+                # a request whose tree was missed ran a plain decode): they are the request's next tokens
+                if out is not None:
+                    loop.relay.consume(req, out)
                 keep.append(i)
         trees = [results[i].relay_tree or TokenTree() for i in keep]
         return [batch[i] for i in keep], [shapes[i] for i in keep], trees, [results[i] for i in keep]
