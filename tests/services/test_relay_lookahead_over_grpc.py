@@ -47,6 +47,8 @@ async def _serve(target_dir, draft_dir, shape: dict, steps: int) -> tuple[dict[s
                 out[item.seq_id] += res.tokens
             verifies = [VerifyItem(k, relay=RELAY_TAKE, handoff=SpecItem(k, [], **shape), remaining=99 - len(out[k]))
                         for k in PROMPTS]  # fmt: skip
+        await tw.release(list(PROMPTS))
+        await tw.flush()  # the releases wait for the last handoff's answers: the draft has taken them all
         return out, tw.relay_lookaheads, draft.engine_host.relay_lookahead
 
 
