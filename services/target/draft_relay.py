@@ -73,6 +73,7 @@ class DraftRelay:
         self._ready: dict[str, TokenTree] = {}  # seq id -> the lookahead its next verify takes
         self._lost: set[str] = set()  # sequences an answer lost after their tree was taken from a lookahead
         self._unsent: deque[tuple] = deque()  # handoffs made, not written yet, in order
+        self._writing = asyncio.Lock()  # flush's: one handoff written at a time
         self.lookahead = getattr(settings, "relay_lookahead", "measured")  # measured, always or off
         self.gate = lookahead_gate()
         self.measured = MeasuredGate(MeasuredGateConfig(run_steps=8, explore_every=200, lag=2))  # with lookaheads or without: the faster
@@ -115,9 +116,11 @@ class DraftRelay:
         return self.measured.choose(batch_size) == PIPE and self.gate.open()
 
     async def flush(self) -> None:
-        """Write the handoffs made since the last flush."""
-        while self._unsent:
-            await self._write(*self._unsent.popleft())
+        """Write the handoffs made since the last flush, one writer at a time (each scheduler's step stream flushes;
+        two writes at once on one gRPC call fail it), in the order they were made."""
+        async with self._writing:
+            while self._unsent:
+                await self._write(*self._unsent.popleft())
 
     async def _write(self, address: str, step: int, fut: asyncio.Future, handed: list[Handed], trace_context,
                      look: bool) -> None:  # fmt: skip

@@ -53,6 +53,8 @@ class FeaturePusher:
         self._shares: dict[str, bool] = {}  # draft address -> whether it shares this host's memory (its Info)
         self._refused: set[str] = set()  # drafts that could not open the ring: over gRPC for good
         self._ask_after: dict[str, float] = {}  # a draft whose Info failed: not asked again before then
+        self._writing = asyncio.Lock()  # one push at a time: each scheduler's step stream pushes, and two writes at
+        # once on one gRPC call fail it
 
     def _open(self, address: str):
         if address != self.address:
@@ -76,6 +78,10 @@ class FeaturePusher:
             return True
         if self.disabled:
             return False
+        async with self._writing:
+            return await self._push(address, seq_ids, blocks)
+
+    async def _push(self, address: str, seq_ids: list[str], blocks: list[FeatureBlock]) -> bool:
         size = sum(len(b.data) for b in blocks)
         try:
             call = self._open(address)

@@ -69,3 +69,39 @@ def test_a_draft_that_disagrees_rolls_back_and_the_output_is_still_the_targets(t
         assert out[k] == greedy_reference(tiny_model_dir, tuple(prompt), len(out[k]))
     assert 0 < looked < 2 * 22  # some taken, some rolled back
     assert looked <= draft.num_taken <= looked + 2  # the last handoff's takes are not verified here
+
+
+def test_schedulers_relaying_through_one_target_write_their_handoffs_in_turn(tiny_model_dir):
+    """Each scheduler's step stream hands off on the target's one relay stream: two flushes at once must not write
+    at once (gRPC fails a call given two writes together, and the relay's trees would be missed for a while)."""
+    from services.scheduler.stream_workers import StreamDraftWorker, StreamTargetWorker
+
+    async def drive(tw, dw, seq_id):
+        out = [(await tw.prefill([PrefillItem(seq_id, PROMPTS["a"])]))[0].first_token]
+        await dw.prefill([PrefillItem(seq_id, PROMPTS["a"])])
+        tree = (await dw.speculate([SpecItem(seq_id, [out[0]], chain_len=2)]))[0]
+        item = VerifyItem(seq_id, tree, handoff=SpecItem(seq_id, [], chain_len=2), remaining=99)
+        missed = 0
+        for _ in range(12):
+            res = (await tw.verify([item]))[0]
+            missed += res.relay_missed
+            out += res.tokens
+            item = VerifyItem(seq_id, relay=RELAY_TAKE, handoff=SpecItem(seq_id, [], chain_len=2), remaining=99 - len(out))
+        return out, missed
+
+    async def main():
+        async with relaying(tiny_model_dir, relay_lookahead="always") as (target, draft, tw, dw):
+            more = [(StreamTargetWorker(target.address), StreamDraftWorker(draft.address)) for _ in range(3)]
+            for w, _ in more:
+                w.relay_to = draft.address
+            try:
+                pairs = [(tw, dw), *more]
+                return await asyncio.gather(*(drive(t, d, f"s{k}") for k, (t, d) in enumerate(pairs)))
+            finally:
+                for t, d in more:
+                    await t.close()
+                    await d.close()
+
+    for out, missed in asyncio.run(main()):
+        assert missed == 0
+        assert out == greedy_reference(tiny_model_dir, tuple(PROMPTS["a"]), len(out))
