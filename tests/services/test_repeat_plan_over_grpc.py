@@ -6,6 +6,7 @@ nothing; continuations nobody read are drained before the next exchange."""
 from __future__ import annotations
 
 import asyncio
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -24,24 +25,30 @@ def _decode(ids, repeat):
     return target_pb2.TargetPlan(verify_ids=ids, trees=pack_trees([TokenTree()] * len(ids)), repeat=repeat)
 
 
+@asynccontextmanager
+async def prefilled(model_dir):
+    """A target service, the scheduler's stream worker to it, and sequence "a" prefilled: (worker, its tokens)."""
+    async with serving(model_dir) as (target, _):
+        tw = StreamTargetWorker(target.address, timeout_s=10)
+        try:
+            yield tw, [(await tw.prefill([PrefillItem("a", PROMPT)]))[0].first_token]
+        finally:
+            await tw.close()
+
+
 def test_a_decode_plan_with_continuations_answers_each_step_and_the_tokens_are_the_targets(tiny_model_dir):
     async def main():
-        async with serving(tiny_model_dir) as (target, _):
-            tw = StreamTargetWorker(target.address, timeout_s=10)
-            try:
-                out = [(await tw.prefill([PrefillItem("a", PROMPT)]))[0].first_token]
-                stream = tw.stream
-                step = await stream.send(_decode(["a"], 2))
-                for k in range(3):  # the plan's step, then its two continuations
-                    reply = await stream.receive(step + k)
-                    assert reply.step == step + k and not reply.HasField("error")
-                    out += unpack_accepts(reply.accepts, [0])[0].tokens
-                assert not stream.owes
-                # the next plan is numbered after the continuations, and the stream goes on
-                out += (await tw.verify([VerifyItem("a")]))[0].tokens
-                return out
-            finally:
-                await tw.close()
+        async with prefilled(tiny_model_dir) as (tw, out):
+            stream = tw.stream
+            step = await stream.send(_decode(["a"], 2))
+            for k in range(3):  # the plan's step, then its two continuations
+                reply = await stream.receive(step + k)
+                assert reply.step == step + k and not reply.HasField("error")
+                out += unpack_accepts(reply.accepts, [0])[0].tokens
+            assert not stream.owes
+            # the next plan is numbered after the continuations, and the stream goes on
+            out += (await tw.verify([VerifyItem("a")]))[0].tokens
+            return out
 
     out = asyncio.run(main())
     assert out == greedy_reference(tiny_model_dir, tuple(PROMPT), len(out)) and len(out) == 5
@@ -49,23 +56,18 @@ def test_a_decode_plan_with_continuations_answers_each_step_and_the_tokens_are_t
 
 def test_a_refused_plan_and_its_continuations_commit_nothing(tiny_model_dir):
     async def main():
-        async with serving(tiny_model_dir) as (target, _):
-            tw = StreamTargetWorker(target.address, timeout_s=10)
-            try:
-                out = [(await tw.prefill([PrefillItem("a", PROMPT)]))[0].first_token]
-                stream = tw.stream
-                step = await stream.send(_decode(["nobody"], 2))  # an unknown sequence
-                replies = [await stream.receive(step + k, in_band_errors=False) for k in range(3)]
-                assert all(r.HasField("error") for r in replies) and len({r.error.code for r in replies}) == 1
-                # nothing of those ran: the next decode continues the sequence where it was
-                out += (await tw.verify([VerifyItem("a")]))[0].tokens
-                # an exchanged plan's continuations that nobody reads are drained by the next exchange
-                await tw.verify([VerifyItem("a", repeat=2)])
-                assert tw.stream.owes
-                await tw.verify([VerifyItem("a")])
-                return out
-            finally:
-                await tw.close()
+        async with prefilled(tiny_model_dir) as (tw, out):
+            stream = tw.stream
+            step = await stream.send(_decode(["nobody"], 2))  # an unknown sequence
+            replies = [await stream.receive(step + k, in_band_errors=False) for k in range(3)]
+            assert all(r.HasField("error") for r in replies) and len({r.error.code for r in replies}) == 1
+            # nothing of those ran: the next decode continues the sequence where it was
+            out += (await tw.verify([VerifyItem("a")]))[0].tokens
+            # an exchanged plan's continuations that nobody reads are drained by the next exchange
+            await tw.verify([VerifyItem("a", repeat=2)])
+            assert tw.stream.owes
+            await tw.verify([VerifyItem("a")])
+            return out
 
     out = asyncio.run(main())
     assert out == greedy_reference(tiny_model_dir, tuple(PROMPT), 2)
