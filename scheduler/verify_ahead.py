@@ -23,6 +23,10 @@ also asks the target for R continuation steps of the same requests, run by the t
 R+1 steps, and no round trip between them. Each continuation is read as the next step's verify, whatever
 the loop would have planned (so admission waits up to R steps more, and a request that ends meanwhile is
 verified up to R times more for nothing); R is cut so that no request's budget runs out before the last.
+As the last continuation owed is read, the same requests going on as known, the read first asks the target
+for R+1 more (TargetPlan.goes_on): the plan is at the target before that step ends, so the target never
+waits for the scheduler between groups of steps. A request that ended stops it (its release rides on the
+loop's next plan), as does anything that stops a verify sent ahead.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class VerifyAhead:
         self._items: list[VerifyItem] = []  # that plan's items
         self.num_sent = 0  # verifies sent ahead, all time
         self.num_continued = 0  # continuation steps read, all time
+        self.num_went_on = 0  # plans that went on from the last continuation owed (TargetPlan.goes_on), all time
 
     @property
     def pending(self) -> bool:
@@ -59,18 +64,17 @@ class VerifyAhead:
             # drains it before its next plan (services/scheduler/plan_stream.py)
         if self._owed:
             self._owed -= 1
-            items = [replace(item, continued=True, repeat=0) for item in self._items]
+            more = self._more(loop, batch, results) if not self._owed else 0  # the last one owed: go on after it?
+            self._owed += more
+            self.num_went_on += bool(more)
+            items = [replace(item, continued=True, repeat=more) for item in self._items]
             self._task = asyncio.get_running_loop().create_task(loop.target.verify(items), name="verify-continued")
             self.num_continued += 1
             return True
-        relay = loop.relay
-        if (not batch or loop._waiting or len(batch) != len(loop._running) or not loop.target_link.up
-                or not loop.link.usable or loop.link.stale or loop.elastic is not None):  # fmt: skip
+        known = self._known(loop, batch, results)
+        if known is None:
             return False
-        outs = [relay.out(req.id) for req in batch]
-        if not all(res.relayed and out is not None for res, out in zip(results, outs)):
-            return False
-        remaining = [req.num_remaining - len(res.tokens) for req, res in zip(batch, results)]
+        outs, remaining = known
         repeat = _repeat(self.repeat, remaining, [out.shape for out in outs])
         items = [VerifyItem(req.id, relay=RELAY_TAKE, handoff=out.shape.spec_item(req.id, []), remaining=left,
                             repeat=repeat) for req, out, left in zip(batch, outs, remaining)]  # fmt: skip
@@ -79,6 +83,25 @@ class VerifyAhead:
         self._task = asyncio.get_running_loop().create_task(loop.target.verify(items), name="verify-ahead")
         self.num_sent += 1
         return True
+
+    def _known(self, loop, batch: list[Request], results: list[AcceptResult]) -> tuple[list, list[int]] | None:
+        """The relay outs of ``batch`` and what each request may still emit after ``results``, when the next verify's
+        plan is known already: every request running relayed, nobody waiting, both workers well; else None."""
+        if (not batch or loop._waiting or len(batch) != len(loop._running) or not loop.target_link.up
+                or not loop.link.usable or loop.link.stale or loop.elastic is not None):  # fmt: skip
+            return None
+        outs = [loop.relay.out(req.id) for req in batch]
+        if not all(res.relayed and out is not None for res, out in zip(results, outs)):
+            return None
+        return outs, [req.num_remaining - len(res.tokens) for req, res in zip(batch, results)]
+
+    def _more(self, loop, batch: list[Request], results: list[AcceptResult]) -> int:
+        """Steps to go on with after the last continuation owed (0: none), asked for as it is read so that the target
+        runs them without waiting for a plan (TargetPlan.goes_on): while the plan's requests all still run as known."""
+        if not self.repeat or len(batch) != len(self._items) or (known := self._known(loop, batch, results)) is None:
+            return 0  # one that ended is released by the next plan of the loop's own
+        outs, remaining = known
+        return _repeat(self.repeat + 1, remaining, [out.shape for out in outs])  # the one owed and these: R + 1 steps
 
     async def collect(self, loop, report) -> tuple[list[Request], list[SpecShape], list[TokenTree], list[AcceptResult]] | None:
         """Step N+1's verify, for the requests still running (the others' results are dropped); None when it failed

@@ -32,6 +32,9 @@ from wsgiref.simple_server import WSGIServer
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from shared.metric_flush import FlushingRegistry
+from shared.step_tally import StepTally
+
 # Latency buckets in seconds: TTFT spans ms to tens of s under load; TPOT lives in 5-500 ms.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
@@ -62,7 +65,7 @@ class TandemMetrics:
     def __init__(
         self, registry: CollectorRegistry | None = None, namespace: str = "tandem", max_positions: int = 16
     ) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
+        self.registry = registry if registry is not None else FlushingRegistry()  # observers flush before a scrape
         self.max_positions = max_positions
         ns, reg = namespace, self.registry
 
@@ -215,34 +218,31 @@ class TandemMetrics:
     def observe_steps(self, steps: Sequence[tuple[int, int, int, int]]) -> None:
         """Many requests' verification steps, each ``(num_proposed, num_accepted, depth, num_pruned)``, at the
         cost of one update per series: a batch of 64 is 64 additions, not 64 x (4 + 2 x depth) counter locks."""
-        if not steps:
-            return
-        proposed = accepted = pruned = 0
-        lengths: dict[int, int] = {}  # counts in plain dicts: a collections.Counter costs more to make than to fill
-        depths: dict[int, int] = {}  # min(depth, max_positions)
-        reached: dict[int, int] = {}  # accepted positions: min(accepted, depth, max)
-        cap = self.max_positions
-        for num_proposed, num_accepted, depth, num_pruned in steps:
-            proposed += num_proposed
-            accepted += num_accepted
-            pruned += num_pruned
-            lengths[num_accepted + 1] = lengths.get(num_accepted + 1, 0) + 1
-            key = min(depth, cap)
-            depths[key] = depths.get(key, 0) + 1
-            key = min(num_accepted, depth, cap)
-            reached[key] = reached.get(key, 0) + 1
-        self.draft_tokens_proposed_total.inc(proposed)
-        self.draft_tokens_accepted_total.inc(accepted)
-        if pruned:
-            self.draft_tokens_pruned_total.inc(pruned)
-        for length, n in lengths.items():
+        tally = StepTally(self.max_positions)
+        tally.add_steps(steps)
+        self.apply(tally)
+
+    def apply(self, tally: "StepTally") -> None:
+        """Steps summed in a StepTally: one update per series."""
+        if tally.proposed:
+            self.draft_tokens_proposed_total.inc(tally.proposed)
+        if tally.accepted:
+            self.draft_tokens_accepted_total.inc(tally.accepted)
+        if tally.pruned:
+            self.draft_tokens_pruned_total.inc(tally.pruned)
+        for length, n in tally.lengths.items():
             observe_n(self.accepted_length, length, n)
-        for counts, children in ((depths, self._proposed_at), (reached, self._accepted_at)):
+        for counts, children in ((tally.depths, self._proposed_at), (tally.reached, self._accepted_at)):
             at_least = 0  # steps that reached this position: those whose depth (or accepted length) exceeds it
-            for position in range(max(counts) - 1, -1, -1):
+            for position in range(max(counts, default=0) - 1, -1, -1):
                 at_least += counts.get(position + 1, 0)
                 if at_least:
                     children(position).inc(at_least)
+        for k, n in tally.ks.items():
+            observe_n(self.speculation_length, k, n)
+        if tally.last_mean_k is not None:
+            self.step_speculation_length.set(tally.last_mean_k)
+        self.observe_admission(preempted=tally.preempted, resumed=tally.resumed, evicted=tally.evicted)
 
     def _proposed_at(self, position: int):
         return self._position_child(self.position_proposed_total, self._proposed_children, position)
@@ -271,13 +271,9 @@ class TandemMetrics:
 
     def observe_speculation(self, ks: list[int]) -> None:
         """The k chosen for every request of one step."""
-        counts: dict[int, int] = {}
-        for k in ks:
-            counts[k] = counts.get(k, 0) + 1
-        for k, n in counts.items():
-            observe_n(self.speculation_length, k, n)
-        if ks:
-            self.step_speculation_length.set(sum(ks) / len(ks))
+        tally = StepTally(self.max_positions)
+        tally.add_speculation(ks)
+        self.apply(tally)
 
     def observe_feature_bytes(self, *, received: int, sent: int, pushed: int = 0) -> None:
         if pushed:

@@ -20,7 +20,8 @@ idle (a service restarted between steps: the plan goes to the new process, as a 
 flight per worker, as the loop's contract has it). A plan may also be sent ahead and its outcome read
 later (``send`` / ``receive``, services/scheduler/run_ahead.py): outcomes come back in plan order, so
 an exchange waits for none to be outstanding. A plan sent with ``repeat`` R (services/target/repeat_plan.py)
-owes R more outcomes, numbered on from its step, each read by its own ``receive``.
+owes R more outcomes, numbered on from its step, each read by its own ``receive``; ``go_on`` asks for more of
+them (TargetPlan.goes_on) before the last one owed is read.
 """
 
 from __future__ import annotations
@@ -111,6 +112,27 @@ class PlanStream:
                 raise WorkerRpcError(self.role, self.method, rpc_error(grpc.StatusCode.UNAVAILABLE,
                                                                       "no continuation step is owed"))  # fmt: skip
             return await self._receive_locked(self._ahead, in_band_errors=True)
+
+    async def go_on(self, plan: Any) -> None:
+        """Write a plan that goes on (TargetPlan.goes_on): 1 + ``plan.repeat`` more continuation steps after those
+        owed, each read by its own ``receive_continuation``. Written while the last one owed may still run, so the
+        target never waits for a plan."""
+        async with self._lock:
+            if self._ahead is None or not self._continuing:
+                raise WorkerRpcError(self.role, self.method, rpc_error(grpc.StatusCode.UNAVAILABLE,
+                                                                      "no continuation step to go on from"))  # fmt: skip
+            plan.step = self._step + 1  # numbered on from the last outcome owed
+            self._step += 1 + plan.repeat
+            self._owed += 1 + plan.repeat
+            carrier = trace_carrier()
+            if carrier:
+                plan.trace_context.update(carrier)
+            self.bytes_out += plan.ByteSize()
+            try:
+                with self._deadline.within(self.timeout_s):
+                    await self._call.write(plan)
+            except _BREAKS as err:
+                raise self._broken(err) from None
 
     def _advance(self, step: int) -> None:
         """The outcome of ``step`` is read: the next one owed, if a continuation follows."""

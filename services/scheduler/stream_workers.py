@@ -233,6 +233,8 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
             if prefills:
                 raise ValueError("a continuation step has no prefills")
             flagged, handing = any(i.relay for i in verifies), any(i.handoff is not None for i in verifies)
+            if verifies[0].repeat:  # and the steps after the last one owed (TargetPlan.goes_on)
+                await self.stream.go_on(target_pb2.TargetPlan(goes_on=True, repeat=verifies[0].repeat - 1))
             reply = await self.stream.receive_continuation()
             self.grammar_ns += reply.timing.grammar_ns
         else:

@@ -10,9 +10,18 @@ continuation verifies the same sequences with no trees of the scheduler's (a pla
 relay, flag 1: the tree the draft relayed for it) and hands them off again with their remaining budget
 less what the step emitted; it has no prefills, releases or features. The scheduler, which sent the plan,
 knows each continuation's items and reads its outcome as the next step's verify.
+
+A plan that goes on (TargetPlan.goes_on) asks for 1 + R more continuation steps of the last step the
+stream ran. The scheduler writes it while that step still runs, so the target reads it as soon as it is
+done and never waits for a plan between groups of steps:
+
+    plan s (repeat 1) ─▶ outcome s ─▶ outcome s+1 ─▶ outcome s+2 ─▶ outcome s+3 ...
+                                ╰─ goes_on s+2 (repeat 1) is written here, read when s+1 is done
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from shared.rpc.relay_pack import pack_relay
 from services.target.relay_plan import relay_items
@@ -29,6 +38,30 @@ def check_repeat(plan: target_pb2.TargetPlan) -> str | None:
         return f"repeat: at most {MAX_REPEAT} continuation steps, not {plan.repeat}"
     if plan.repeat and plan.HasField("features"):
         return "repeat: a plan that asks for features does not repeat"
+    return None
+
+
+@dataclass
+class LastStep:
+    """The last step a stream ran: what a plan that goes on continues (or the error it answers)."""
+
+    plan: target_pb2.TargetPlan | None = None
+    results: list[AcceptResult] = field(default_factory=list)  # its verifies' results, in verify order
+    error: common_pb2.StepError | None = None  # it was refused: nothing to go on from
+
+    def ran(self, plan: target_pb2.TargetPlan, reply: target_pb2.TargetOutcome, results: list[AcceptResult]) -> None:
+        if reply.HasField("error"):
+            self.plan, self.results, self.error = None, [], reply.error
+        else:
+            self.plan, self.results, self.error = plan, results, None
+
+
+def check_goes_on(plan: target_pb2.TargetPlan, last: LastStep) -> str | None:
+    """Why a plan that goes on cannot (its steps then answer this error), or None."""
+    if plan.prefills or plan.verify_ids or plan.releases or plan.HasField("features") or plan.HasField("relay"):
+        return "goes_on: a plan that goes on carries only step and repeat"
+    if last.plan is None and last.error is None:
+        return "goes_on: no step of this stream to go on from"
     return None
 
 

@@ -14,12 +14,15 @@ reloads; the scheduler calls it around the draft's Offload and Reload.
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc.aio
 
 from services.engine_host import EngineHost
 from services.spans import annotate, event, grammar_cost
 from services.target.draft_relay import DraftRelay
 from services.target.feature_push import FeaturePusher
+from services.target.repeat_plan import LastStep
 from services.target.step_stream import run_plan
 from shared.engine.target_engine import TargetEngine, TargetStepOutput
 from shared.engine.types import PrefillItem, VerifyItem
@@ -80,10 +83,20 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
         )
 
     async def StepStream(self, request_iterator, context: grpc.aio.ServicerContext):
-        async for plan in request_iterator:  # one plan, one engine step, one outcome (step_stream.py)
-            async for outcome in run_plan(self, plan):  # and its continuation steps (repeat_plan.py)
-                yield outcome
-                await self.relay.flush()  # the step's handoff to the draft, once its outcome has left (draft_relay.py)
+        last = LastStep()  # what a plan that goes on continues (repeat_plan.py)
+        handing = None
+        try:
+            async for plan in request_iterator:  # one plan, one engine step, one outcome (step_stream.py)
+                async for outcome in run_plan(self, plan, last):  # and its continuation steps (repeat_plan.py)
+                    if handing is not None:
+                        await handing
+                    # the step's handoff to the draft leaves beside its outcome (draft_relay.py): the next tree
+                    # is drafted while the outcome travels; the next step's take waits for the write
+                    handing = asyncio.ensure_future(self.relay.flush())
+                    yield outcome
+        finally:
+            if handing is not None:
+                await handing
 
     async def Release(
         self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext

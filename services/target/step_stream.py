@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 
+import grpc
+
 from services.plan_spans import plan_span
 from shared.engine.features import FeatureBlock
 from shared.engine.types import VerifyItem
@@ -19,13 +21,14 @@ from shared.rpc.convert import CallTimer, feature_block_to_pb, feature_spec_from
 from shared.rpc.gen.tandem.v1 import common_pb2, target_pb2
 from shared.rpc.interceptors import status_for_exception
 from services.target.relay_plan import hand_off, relay_items, take_relayed
-from services.target.repeat_plan import MAX_REPEAT, check_repeat, continuation, refused
+from services.target.repeat_plan import MAX_REPEAT, LastStep, check_goes_on, check_repeat, continuation, refused
 from shared.engine.errors import InvalidRequestError
 from shared.rpc.packing import pack_accepts, pack_i32, pack_trees, stream_prefill_from_pb, unpack_trees
 
 log = logging.getLogger(__name__)
 SERVICE = "tandem.v1.TargetService"
 _EMPTY_BLOCK = common_pb2.FeatureBlock()
+_INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 
 
 def plan_name(num_prefills: int, num_verifies: int) -> str:
@@ -35,18 +38,28 @@ def plan_name(num_prefills: int, num_verifies: int) -> str:
     return "Prefill" if num_prefills else "Verify" if num_verifies else "Release"
 
 
-async def run_plan(servicer, plan: target_pb2.TargetPlan):
-    """A plan's outcome, then its continuation steps' (TargetPlan.repeat, repeat_plan.py), one by one."""
-    results: list = []
-    reply = await run_target_plan(servicer, plan, results)
-    yield reply
-    for _ in range(min(plan.repeat, MAX_REPEAT)):
-        if reply.HasField("error"):  # nothing committed: its continuations answer the same
-            plan = target_pb2.TargetPlan(step=plan.step + 1)
-            reply = refused(plan.step, reply.error)
-        else:
-            plan, results = continuation(plan, results), []
-            reply = await run_target_plan(servicer, plan, results)
+async def run_plan(servicer, plan: target_pb2.TargetPlan, last: LastStep | None = None):
+    """A plan's outcome, then its continuation steps' (TargetPlan.repeat, repeat_plan.py), one by one; ``last``
+    keeps the stream's last step, which a plan that goes on (TargetPlan.goes_on) continues."""
+    last = last if last is not None else LastStep()
+    first = plan.step
+    if plan.goes_on:
+        if problem := check_goes_on(plan, last) or check_repeat(plan):
+            last.plan, last.error = None, common_pb2.StepError(code=_INVALID, message=problem)
+    else:
+        results: list = []
+        reply = await run_target_plan(servicer, plan, results)
+        last.ran(plan, reply, results)
+        yield reply
+        first += 1
+    for step in range(first, plan.step + 1 + min(plan.repeat, MAX_REPEAT)):
+        if last.error is not None:  # nothing committed: its continuations answer the same
+            yield refused(step, last.error)
+            continue
+        nxt, results = continuation(last.plan, last.results), []
+        nxt.step = step
+        reply = await run_target_plan(servicer, nxt, results)
+        last.ran(nxt, reply, results)
         yield reply
 
 

@@ -227,7 +227,8 @@ class VerifyItem:
     remaining: int = 0
     relay_cut: int = 0  # with RELAY_TAKE: a relayed chain is cut to this many nodes (0: whole)
     # step streams (services/target/repeat_plan.py), the same on every item of a call: ``repeat`` continuation
-    # steps the target runs by itself after this plan; ``continued``: this call is such a step (its outcome is read)
+    # steps the target runs by itself after this plan; ``continued``: this call is such a step (its outcome is read),
+    # and with ``repeat`` N it first asks for N more after the last one owed (TargetPlan.goes_on)
     repeat: int = 0
     continued: bool = False
 

@@ -1,7 +1,8 @@
 """A plan's continuation steps over a real target service (TargetPlan.repeat, services/target/repeat_plan.py): one
 plan, R+1 outcomes numbered on from its step, each the step the scheduler would have planned: plain decodes,
 or relayed verifies that take the draft's trees. A refused plan's continuations answer its error and commit
-nothing; continuations nobody read are drained before the next exchange."""
+nothing; continuations nobody read are drained before the next exchange. A plan that goes on (TargetPlan.goes_on)
+continues the stream's last step for 1 + R more."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
+from services.scheduler.grpc_workers import WorkerRpcError
 from services.scheduler.stream_workers import StreamTargetWorker
 from services.target.repeat_plan import check_repeat
 from shared.engine.types import RELAY_TAKE, PrefillItem, SpecItem, TokenTree, VerifyItem
@@ -74,6 +76,51 @@ def test_a_refused_plan_and_its_continuations_commit_nothing(tiny_model_dir):
     assert "at most 4" in check_repeat(_decode(["a"], 9))  # and such a plan answers that error 1 + 4 times
 
 
+def test_a_plan_that_goes_on_continues_the_last_step_and_the_tokens_are_the_targets(tiny_model_dir):
+    async def main():
+        async with prefilled(tiny_model_dir) as (tw, out):
+            out += (await tw.verify([VerifyItem("a", repeat=1)]))[0].tokens  # a plan for two steps
+            # read the second while asking for two more after it (TargetPlan.goes_on), then one more
+            out += (await tw.verify([VerifyItem("a", continued=True, repeat=2)]))[0].tokens
+            for more in (1, 0, 0):
+                out += (await tw.verify([VerifyItem("a", continued=True, repeat=more)]))[0].tokens
+            assert not tw.stream.owes
+            out += (await tw.verify([VerifyItem("a")]))[0].tokens  # numbered after them all
+            return out, tw.stream.num_opened
+
+    out, opened = asyncio.run(main())
+    assert out == greedy_reference(tiny_model_dir, tuple(PROMPT), len(out)) and len(out) == 7 and opened == 1
+
+
+def test_a_plan_that_goes_on_from_nothing_or_a_refused_step_commits_nothing(tiny_model_dir):
+    async def main():
+        async with prefilled(tiny_model_dir) as (tw, out):
+            stream = tw.stream
+            step = await stream.send(_decode(["nobody"], 0))  # refused: an unknown sequence
+            assert (await stream.receive(step, in_band_errors=False)).HasField("error")
+            step = await stream.send(target_pb2.TargetPlan(goes_on=True, repeat=1))  # goes on from that refusal
+            same = [await stream.receive(step + k, in_band_errors=False) for k in range(2)]
+            step = await stream.send(target_pb2.TargetPlan(goes_on=True, verify_ids=["a"]))  # more than step and repeat
+            bad = await stream.receive(step, in_band_errors=False)
+            out += (await tw.verify([VerifyItem("a")]))[0].tokens  # nothing of those ran
+            with pytest.raises(WorkerRpcError):  # the worker asks only while a continuation is owed
+                await stream.go_on(target_pb2.TargetPlan(goes_on=True))
+        async with serving(tiny_model_dir) as (target, _):  # a fresh stream: nothing to go on from
+            tw = StreamTargetWorker(target.address, timeout_s=10)
+            try:
+                step = await tw.stream.send(target_pb2.TargetPlan(goes_on=True))
+                fresh = await tw.stream.receive(step, in_band_errors=False)
+            finally:
+                await tw.close()
+        return out, same, bad, fresh
+
+    out, same, bad, fresh = asyncio.run(main())
+    assert out == greedy_reference(tiny_model_dir, tuple(PROMPT), 2)
+    assert all(r.HasField("error") for r in same) and len({r.error.code for r in same}) == 1
+    assert "carries only step and repeat" in bad.error.message
+    assert "no step of this stream" in fresh.error.message
+
+
 def test_relayed_continuations_take_the_drafts_trees(tiny_model_dir):
     async def main():
         async with relaying(tiny_model_dir) as (target, draft, tw, dw):
@@ -135,3 +182,4 @@ def test_the_loop_with_relayed_continuations_is_lossless_across_ends_and_arrival
         assert out == ref, req.id
     assert tinfo.num_live_seqs == 0 and dinfo.num_live_seqs == 0
     assert ahead.num_continued > 0
+    assert ahead.num_went_on > 0 or repeat > 1  # plans that went on before the last one owed (at 3, none has room)

@@ -2,7 +2,8 @@
 
     on_step     per request: draft tokens proposed/accepted, accepted length, per-position acceptance,
                 the chosen k (histogram; the step's mean k as a gauge); draft offloads/reloads,
-                KV pool resizes and the KV token budget
+                KV pool resizes and the KV token budget. Summed per step and flushed to the series every
+                FLUSH_S and before every scrape (shared/metric_flush.py)
     on_finish   TTFT, TPOT, SLO attainment, goodput tokens, finish reason
     scrapes     queue depth and running requests, read from the scheduler then (``read_load``)
 
@@ -16,7 +17,9 @@ from scheduler.engine_loop import Scheduler
 from scheduler.report import StepReport
 from scheduler.request import Request
 from services.scheduler.slo_class import slo_class
+from shared.metric_flush import StepBatch
 from shared.metrics import TandemMetrics
+from shared.step_tally import StepTally
 
 
 class MetricsObserver:
@@ -25,11 +28,13 @@ class MetricsObserver:
     def __init__(self, metrics: TandemMetrics, scheduler: Scheduler) -> None:
         self.metrics = metrics
         self.scheduler = scheduler
-        self._feature_bytes = (0, 0, 0)  # the relay's all-time (in, out, pushed) at the last step
-        self._prefill = (0, 0)  # chunked prefill's all-time (chunks, cached tokens) at the last step
-        self._relay = (0, 0, 0, 0, 0)  # the draft relay's counts at the last step
-        self._grammar_ns = {"target": 0, "draft": 0}  # the workers' all-time grammar time at the last step
+        self._feature_bytes = (0, 0, 0)  # the relay's all-time (in, out, pushed) at the last flush
+        self._prefill = (0, 0)  # chunked prefill's all-time (chunks, cached tokens) at the last flush
+        self._relay = (0, 0, 0, 0, 0)  # the draft relay's counts at the last flush
+        self._grammar_ns = {"target": 0, "draft": 0}  # the workers' all-time grammar time at the last flush
         self._inner: dict[int, tuple[object, object]] = {}  # id(worker) -> (worker, what holds its grammar_ns)
+        self._tally = StepTally(metrics.max_positions)  # the steps since the last flush (shared/metric_flush.py)
+        self._batch = StepBatch(metrics.registry, self.flush)
         metrics.read_load(waiting=lambda: len(scheduler.waiting), running=lambda: len(scheduler.running))
 
     def on_step(self, report: StepReport) -> None:
@@ -41,29 +46,42 @@ class MetricsObserver:
                 continue
             depth = o.num_drafted if o.shape.kind == "chain" else o.shape.max_depth
             steps.append((o.num_drafted, o.num_accepted, depth, o.num_pruned))
-        self.metrics.observe_steps(steps)
-        self.metrics.observe_plain_steps(plain)
-        self.metrics.observe_speculation([o.shape.max_depth for o in report.outcomes])
-        relay = self.scheduler.features
-        if relay is not None:
-            now = (relay.bytes_in, relay.bytes_out, relay.bytes_pushed)
-            last = self._feature_bytes
-            self.metrics.observe_feature_bytes(received=now[0] - last[0], sent=now[1] - last[1], pushed=now[2] - last[2])
-            self._feature_bytes = now
-        self._observe_relay()
-        chunks = self.scheduler.chunks
-        self.metrics.observe_prefill(chunks=chunks.num_chunks - self._prefill[0],
-                                     cached_tokens=chunks.num_cached_tokens - self._prefill[1])
-        self._prefill = (chunks.num_chunks, chunks.num_cached_tokens)
-        self.metrics.observe_admission(preempted=len(report.preempted_ids), resumed=len(report.resumed_ids),
-                                       evicted=len(report.evicted_ids))
-        self.metrics.observe_draft_memory(
+        with self._batch.lock:
+            t = self._tally
+            t.add_steps(steps)
+            t.add_plain(plain)
+            t.add_speculation([o.shape.max_depth for o in report.outcomes])
+            t.preempted += len(report.preempted_ids)
+            t.resumed += len(report.resumed_ids)
+            t.evicted += len(report.evicted_ids)
+        self.metrics.observe_draft_memory(  # events are rare; the gauges are set only on a change
             event=report.draft_memory_event,
             offloaded=report.draft_offloaded,
             pool_event=report.kv_pool_event,
             kv_token_budget=report.kv_token_budget,
         )
-        self._observe_grammar()
+        if self._batch.due():
+            self.flush()
+
+    def flush(self) -> None:
+        """The steps since the last flush into the series, and the all-time counts read since then (from the loop
+        every ``FLUSH_S``, and from a scrape's thread before it collects)."""
+        with self._batch.lock:
+            tally, self._tally = self._tally, StepTally(self.metrics.max_positions)
+            self.metrics.apply(tally)
+            relay = self.scheduler.features
+            if relay is not None:
+                now = (relay.bytes_in, relay.bytes_out, relay.bytes_pushed)
+                last = self._feature_bytes
+                self.metrics.observe_feature_bytes(received=now[0] - last[0], sent=now[1] - last[1],
+                                                   pushed=now[2] - last[2])  # fmt: skip
+                self._feature_bytes = now
+            self._observe_relay()
+            chunks = self.scheduler.chunks
+            self.metrics.observe_prefill(chunks=chunks.num_chunks - self._prefill[0],
+                                         cached_tokens=chunks.num_cached_tokens - self._prefill[1])  # fmt: skip
+            self._prefill = (chunks.num_chunks, chunks.num_cached_tokens)
+            self._observe_grammar()
 
     def _observe_relay(self) -> None:
         relay, ahead = getattr(self.scheduler, "relay", None), getattr(self.scheduler, "verify_ahead", None)

@@ -19,14 +19,13 @@ Acceptance rate = rate(num_accepted_tokens) / rate(num_draft_tokens); mean accep
 
 from __future__ import annotations
 
-import collections
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from scheduler.engine_loop import Scheduler
 from scheduler.policies.queue import reserved_tokens
 from scheduler.report import StepReport
 from scheduler.request import FinishReason, Request
+from shared.metric_flush import StepBatch
 from shared.metrics import TPOT_BUCKETS, TTFT_BUCKETS
 
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
@@ -88,28 +87,45 @@ class VllmMetricsObserver:
         c.running.set_function(lambda: len(scheduler.running))
         c.waiting.set_function(lambda: len(scheduler.waiting))
         c.kv_usage.set_function(self._kv_usage)
+        self._sums = [0, 0, 0, 0]  # drafts, draft tokens, accepted tokens, generated tokens since the last flush
+        self._reached: dict[int, int] = {}
+        self._batch = StepBatch(registry, self.flush)
 
     def on_step(self, report: StepReport) -> None:
-        c = self._children
         drafts = drafted = accepted = 0
-        reached: collections.Counter[int] = collections.Counter()  # accepted positions per drafting request
-        for o in report.outcomes:
-            if o.num_drafted:
-                drafts += 1
-                drafted += o.num_drafted
-                accepted += o.num_accepted
-                reached[min(o.num_accepted, MAX_POSITIONS)] += 1
-        if drafts:  # one update per series (a counter's ``inc`` takes a lock)
+        with self._batch.lock:  # a scrape's thread may flush meanwhile
+            reached = self._reached  # accepted positions per drafting request, since the last flush
+            for o in report.outcomes:
+                if o.num_drafted:
+                    drafts += 1
+                    drafted += o.num_drafted
+                    accepted += o.num_accepted
+                    key = min(o.num_accepted, MAX_POSITIONS)
+                    reached[key] = reached.get(key, 0) + 1
+            self._sums[0] += drafts
+            self._sums[1] += drafted
+            self._sums[2] += accepted
+            self._sums[3] += report.num_emitted
+        if self._batch.due():
+            self.flush()
+
+    def flush(self) -> None:
+        """The steps since the last flush into the series, one update per series (shared/metric_flush.py)."""
+        c = self._children
+        with self._batch.lock:
+            (drafts, drafted, accepted, emitted), self._sums = self._sums, [0, 0, 0, 0]
+            reached, self._reached = self._reached, {}
+        if drafts:  # a counter's ``inc`` takes a lock
             c.drafts.inc(drafts)
             c.draft_tokens.inc(drafted)
             c.accepted_tokens.inc(accepted)
-            at_least = 0
-            for position in range(max(reached) - 1, -1, -1):
-                at_least += reached.get(position + 1, 0)
-                if at_least:
-                    c.accepted_at(position).inc(at_least)
-        if report.num_emitted:
-            c.generation_tokens.inc(report.num_emitted)
+        at_least = 0
+        for position in range(max(reached, default=0) - 1, -1, -1):
+            at_least += reached.get(position + 1, 0)
+            if at_least:
+                c.accepted_at(position).inc(at_least)
+        if emitted:
+            c.generation_tokens.inc(emitted)
 
     def on_finish(self, request: Request) -> None:
         c = self._children
