@@ -118,7 +118,7 @@ class PlanStream:
         owed, each read by its own ``receive_continuation``. Written while the last one owed may still run, so the
         target never waits for a plan."""
         async with self._lock:
-            if self._ahead is None or not self._continuing:
+            if self._ahead is None:
                 raise WorkerRpcError(self.role, self.method, rpc_error(grpc.StatusCode.UNAVAILABLE,
                                                                       "no continuation step to go on from"))  # fmt: skip
             plan.step = self._step + 1  # numbered on from the last outcome owed

@@ -29,7 +29,11 @@ With ``repeat`` R (TargetPlan.repeat, services/target/repeat_plan.py) a plan sen
 target to decode the same sequences R more times by itself: one plan per R+1 steps, and no round trip
 between them. Results then queue per sequence, oldest first, and the next plan leaves once the owed
 outcomes are read and taken. A continuation decodes a sequence that ended meanwhile once more, for nothing,
-as a plan sent ahead does; the loop's releases since the plan left drop those results.
+as a plan sent ahead does; the loop's releases since the plan left drop those results. As the last outcome
+owed is read, with nothing released since the plan left, the worker first asks for R+1 more decodes of the
+same sequences (TargetPlan.goes_on): the target goes on without waiting for a plan. A release stops that
+(it rides on the next plan of its own), and a step that prefills reads everything owed first (admission
+waits for them).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class RunAhead:
     repeat: int = 0  # continuation steps each plan sent ahead asks for
     released: set[str] = field(default_factory=set)  # ids released since the last plan left (their results drop)
     num_plans: int = 0  # plans sent ahead, all time
+    num_went_on: int = 0  # plans that went on from the last outcome owed (TargetPlan.goes_on), all time
     num_used: int = 0  # results sent ahead that the loop took
     num_dropped: int = 0  # results sent ahead and dropped (released, prefilled again)
 

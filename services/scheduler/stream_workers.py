@@ -164,7 +164,7 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
         if ahead is None:
             return await self._step_now(prefills, verifies)
         async with self._order:
-            await self._settle()  # the oldest outcome owed (sent ahead last step, or a continuation)
+            await self._settle(go_on=True)  # the oldest outcome owed (sent ahead last step, or a continuation)
             ahead.drop(p.seq_id for p in prefills)
             hits, misses = ahead.split(verifies)
             if prefills or misses:
@@ -202,12 +202,19 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
         while self.run_ahead is not None and self.run_ahead.sent is not None:
             await self._settle()
 
-    async def _settle(self) -> None:
-        """Read the oldest outcome owed (a plan sent ahead, or one of its continuations) into the run-ahead results."""
+    async def _settle(self, go_on: bool = False) -> None:
+        """Read the oldest outcome owed (a plan sent ahead, or one of its continuations) into the run-ahead results;
+        ``go_on`` (a step's read, not a flush's): the last one owed first asks for more of the same decodes."""
         ahead = self.run_ahead
         if ahead is None or ahead.sent is None:
             return
         (step, ids, released), ahead.sent = ahead.sent, None
+        if go_on and not ahead.owed and ahead.repeat and not self.releases.ids and not ahead.released:
+            try:  # the last one owed, nothing released since: go on with the same decodes (TargetPlan.goes_on)
+                await self.stream.go_on(target_pb2.TargetPlan(goes_on=True, repeat=ahead.repeat))
+                ahead.owed, ahead.num_went_on = ahead.repeat + 1, ahead.num_went_on + 1
+            except WorkerRpcError as exc:  # the stream is dropped: what is owed fails below, as any read would
+                log.debug("target: a plan that goes on failed (%s)", exc)
         if ahead.owed:  # a continuation's outcome follows this one
             ahead.owed -= 1
             ahead.sent = (step + 1, ids, [])

@@ -94,6 +94,7 @@ def test_greedy_decoding_with_run_ahead_equals_transformers_and_frees_everything
         assert out == req.output_ids == expected
     assert (info.kv_blocks_free, info.num_live_seqs) == (NUM_BLOCKS, 0)  # ahead results of ended ones released
     assert ahead.num_plans > 5 // (repeat + 1) and ahead.num_used > 10 and ahead.num_dropped >= 1 and not ahead.results
+    assert ahead.num_went_on > 0 or repeat != 1  # plans that went on while nothing was released (at 3: no room)
 
 
 @REPEATS
