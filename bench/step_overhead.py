@@ -29,6 +29,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from shared.gc_freeze import freeze_after_startup
+
 SHAPES = {"decode": "none", "chain4": "fixed:4", "tree6": "specinfer:2-2"}
 TOKENS_PER_STEP = {"decode": 1, "chain4": 5, "tree6": 3}  # the zero-cost target accepts the first-child path
 LAYERS = "2,16,29"
@@ -175,6 +177,7 @@ async def run(cases: list[tuple[str, int, int]], repeats: int, steps: int, log=p
                 if (protocol, shape, width) not in schedulers:
                     schedulers[(protocol, shape, width)] = await start_scheduler(
                         services, protocol, shape, width, redis_server.url, home)
+        freeze_after_startup()  # as the scheduler's own entry point does once it serves (shared/gc_freeze.py)
         n = 0
         for rep in range(repeats):
             for shape, batch, width in cases:

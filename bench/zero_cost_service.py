@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     engine_host.EngineHost.load = classmethod(load)
     settings = ServiceSettings.from_env()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    run_loop(serve(settings, role))
+    run_loop(serve(settings, role, freeze_gc=True))  # as services.model_main's own entry point
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ class VerifyAhead:
         self._shapes: list[SpecShape] = []
         self._owed = 0  # continuation steps of the last plan still to read
         self._collected_at = -1  # the loop step that collected the last verify sent ahead
-        self._items: list[VerifyItem] = []  # that plan's items
+        self._items: list[VerifyItem] = []  # that plan's items, as its continuations read them (continued)
         self.num_sent = 0  # verifies sent ahead, all time
         self.num_continued = 0  # continuation steps read, all time
         self.num_went_on = 0  # plans that went on from the last continuation owed (TargetPlan.goes_on), all time
@@ -67,7 +67,8 @@ class VerifyAhead:
             more = self._more(loop, batch, results) if not self._owed else 0  # the last one owed: go on after it?
             self._owed += more
             self.num_went_on += bool(more)
-            items = [replace(item, continued=True, repeat=more) for item in self._items]
+            items = self._items if not more else [replace(self._items[0], repeat=more), *self._items[1:]]  # the
+            # worker reads the call's ``repeat`` off its first item
             self._task = asyncio.get_running_loop().create_task(loop.target.verify(items), name="verify-continued")
             self.num_continued += 1
             return True
@@ -79,7 +80,7 @@ class VerifyAhead:
         items = [VerifyItem(req.id, relay=RELAY_TAKE, handoff=out.shape.spec_item(req.id, []), remaining=left,
                             repeat=repeat) for req, out, left in zip(batch, outs, remaining)]  # fmt: skip
         self._batch, self._shapes = list(batch), [out.shape for out in outs]
-        self._owed, self._items = repeat, items
+        self._owed, self._items = repeat, [replace(item, continued=True, repeat=0) for item in items] if repeat else []
         self._task = asyncio.get_running_loop().create_task(loop.target.verify(items), name="verify-ahead")
         self.num_sent += 1
         return True

@@ -50,9 +50,11 @@ async def start(settings: ServiceSettings, role: ModelRole) -> RunningService:
     return await start_model_service(settings, role, service, _register(role))
 
 
-async def serve(settings: ServiceSettings, role: ModelRole, *, ready: asyncio.Event | None = None) -> None:
-    """Serve until cancelled or SIGTERM/SIGINT; ``ready`` is set once SERVING."""
-    await serve_until_stopped(start(settings, role), ready=ready)
+async def serve(settings: ServiceSettings, role: ModelRole, *, ready: asyncio.Event | None = None,
+                freeze_gc: bool = False) -> None:  # fmt: skip
+    """Serve until cancelled or SIGTERM/SIGINT; ``ready`` is set once SERVING; ``freeze_gc``: the process's own
+    entry point (shared/gc_freeze.py)."""
+    await serve_until_stopped(start(settings, role), ready=ready, freeze_gc=freeze_gc)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"usage: python -m services.model_main {'|'.join(ROLES)}")
     settings = ServiceSettings.from_env()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    run_loop(serve(settings, args[0]))  # type: ignore[arg-type]
+    run_loop(serve(settings, args[0], freeze_gc=True))  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

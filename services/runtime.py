@@ -30,6 +30,7 @@ import grpc.aio
 from grpc_health.v1 import health
 
 from services.settings import ServiceSettings
+from shared.gc_freeze import freeze_after_startup
 from shared.rpc.server import add_health, bind, create_server, set_serving
 from shared.rpc.shared_secret import SecretServerInterceptor
 from shared.rpc.tls import TlsConfigError
@@ -145,13 +146,17 @@ def _serve_metrics(settings: ServiceSettings, engine_host):
     return server
 
 
-async def serve_until_stopped(starting: Awaitable[RunningService], *, ready: asyncio.Event | None = None) -> None:
+async def serve_until_stopped(starting: Awaitable[RunningService], *, ready: asyncio.Event | None = None,
+                              freeze_gc: bool = False) -> None:  # fmt: skip
     """Await ``starting``, set ``ready``, serve until cancelled or SIGTERM/SIGINT, then stop gracefully.
-    An unusable certificate or key ends the process with one line naming the file (exit status 1)."""
+    An unusable certificate or key ends the process with one line naming the file (exit status 1).
+    ``freeze_gc`` (a process's own entry point): what startup made is frozen out of the collector's passes."""
     try:
         running = await starting
     except TlsConfigError as exc:
         raise SystemExit(f"cannot start: {exc}") from None
+    if freeze_gc:
+        freeze_after_startup()
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     handled = []

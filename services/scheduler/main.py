@@ -341,9 +341,10 @@ async def _start_http(settings: ServiceSettings, servicer, model_name: str, keys
     return port
 
 
-async def serve(settings: ServiceSettings, *, ready: asyncio.Event | None = None) -> None:
-    """Serve until cancelled or SIGTERM/SIGINT, then drain for ``shutdown_grace_s``; ``ready`` is set once SERVING."""
-    await serve_until_stopped(start(settings, set_global_tracing=True), ready=ready)
+async def serve(settings: ServiceSettings, *, ready: asyncio.Event | None = None, freeze_gc: bool = False) -> None:
+    """Serve until cancelled or SIGTERM/SIGINT, then drain for ``shutdown_grace_s``; ``ready`` is set once SERVING;
+    ``freeze_gc``: the process's own entry point (shared/gc_freeze.py)."""
+    await serve_until_stopped(start(settings, set_global_tracing=True), ready=ready, freeze_gc=freeze_gc)
 
 
 def internal_channel_args(tls: ClientTls | None) -> dict[str, Any]:
@@ -508,4 +509,4 @@ async def _close_all(closers: list[Callable[[], Any]]) -> None:
 if __name__ == "__main__":
     settings = ServiceSettings.from_env()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    run_loop(serve(settings))
+    run_loop(serve(settings, freeze_gc=True))
