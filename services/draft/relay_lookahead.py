@@ -7,15 +7,17 @@ so the lookahead's root is its guess of the target's bonus token and the tree be
 step's tree on that prefix::
 
     handoff N   (tokens, shape, LOOKAHEAD)  ─▶ fresh tree T for step N+1, and lookahead L = g ─▶ T' (step N+2)
-    handoff N+1 (tokens == path(T) + [g], LOOKAHEAD|TAKEN): the target verifies T' at N+2 without waiting;
-                the draft confirms g, commits path(T') optimistically and drafts the next lookahead: ONE call
-    handoff N+1 (any other tokens, LOOKAHEAD): the draft rolls path(T) back and drafts afresh (two calls:
-                the fresh tree, then its lookahead)
+    handoff N+1 (tokens == path(T) + [g], same shape, LOOKAHEAD): taken, as the target takes it: T' is
+                verified at N+2 without waiting; the draft keeps path(T) + [g], commits path(T')
+                optimistically and drafts the next lookahead: ONE call, its answer says ``taken``
+    handoff N+1 (any other tokens or shape): the draft rolls path(T) back and drafts afresh (two calls with
+                LOOKAHEAD: the fresh tree, then its lookahead)
 
-The target decides TAKEN (services/target/draft_relay.py): the tokens the step committed are exactly the
-lookahead's assumed prefix, and the shape is the one it was drafted for. The draft checks the same and
-answers a disagreement ``missing`` (the scheduler resynchronises the sequence). The tree verified after a
-take is the draft's own tree conditioned on the very prefix the target committed, with its draft
+Both sides decide the take from the same facts (services/target/draft_relay.py): the tokens the step
+committed are exactly the lookahead's assumed prefix, the shape is the one it was drafted for, and the
+handoff asks for a lookahead again. So the target writes each handoff as soon as its step is done, without
+waiting for the last answer, and checks the draft's ``taken`` when it reads the answer. The tree verified
+after a take is the draft's own tree conditioned on the very prefix the target committed, with its draft
 distributions, so verification stays lossless, as in frontier pipelining.
 
 The optimistic tokens stay inside the draft service: a speculate from the scheduler (its own stream or the
@@ -31,7 +33,6 @@ from dataclasses import dataclass, replace
 from shared.engine.spec_cap import shape_key
 from shared.engine.tree_cut import below_root, first_child_path, single_root
 from shared.engine.types import LOOKAHEAD, SpecItem, TokenTree
-from shared.engine.types import LOOKAHEAD_TAKEN as TAKEN
 
 
 def lookahead_shape(item: SpecItem, limits: dict[str, int | None]) -> SpecItem | None:
@@ -81,29 +82,27 @@ class Lookaheads:
             self.states.pop(seq_id, None)
 
     def run(self, speculate: Callable[[list[SpecItem]], list[TokenTree]], items: list[SpecItem],
-            flags: bytes) -> tuple[list[TokenTree], list[TokenTree], set[int]]:  # fmt: skip
-        """One handoff: (fresh trees, lookaheads, indices that could not be applied), each list in item order.
-        ``speculate`` is the engine's; it runs once for the fresh trees (if any) and once for the lookaheads."""
+            flags: bytes) -> tuple[list[TokenTree], list[TokenTree], set[int], set[int]]:  # fmt: skip
+        """One handoff: (fresh trees, lookaheads, indices that could not be applied, indices that took their last
+        lookahead), each list in item order. ``speculate`` is the engine's; it runs once for the fresh trees (if
+        any) and once for the lookaheads."""
         n = len(items)
         flags = bytes(flags).ljust(n, b"\0")
-        fresh, looks, bad = [TokenTree()] * n, [TokenTree()] * n, set()
+        fresh, looks, bad, taken = [TokenTree()] * n, [TokenTree()] * n, set(), set()
         firsts: list[tuple[int, SpecItem]] = []
         seconds: list[tuple[int, SpecItem, list[int]]] = []  # (index, lookahead item, its optimistic path)
         for k, item in enumerate(items):
-            flag = flags[k]
             st = self.states.pop(item.seq_id, None)
-            if flag & TAKEN:
-                ahead = lookahead_shape(item, self.limits) if flag & LOOKAHEAD else None
-                if (st is None or st.guess is None or ahead is None or shape_key(item) != st.shape
-                        or item.new_tokens != [*st.path, st.guess]):  # fmt: skip
-                    bad.add(k)  # the target and the draft disagree: the scheduler resynchronises it
-                    continue
+            ahead = lookahead_shape(item, self.limits) if flags[k] & LOOKAHEAD else None
+            if (ahead is not None and st is not None and st.guess is not None and shape_key(item) == st.shape
+                    and item.new_tokens == [*st.path, st.guess]):  # fmt: skip
+                taken.add(k)  # the step committed the lookahead's prefix: the target verifies it next
                 self.num_taken += 1
                 seconds.append((k, replace(ahead, new_tokens=[st.guess, *st.next_path]), st.next_path))
-            else:
-                if st is not None and st.path:
-                    item.rollback += len(st.path)  # the optimistic prefix failed (or was not taken)
-                firsts.append((k, item))
+                continue
+            if st is not None and st.path:
+                item.rollback += len(st.path)  # the optimistic prefix failed (or was not asked for again)
+            firsts.append((k, item))
         if firsts:
             for (k, item), tree in zip(firsts, speculate([item for _, item in firsts])):
                 fresh[k] = tree
@@ -115,10 +114,10 @@ class Lookaheads:
             try:
                 drafted = speculate([item for _, item, _ in seconds])
             except Exception:  # the fresh trees stand; a taken sequence has nothing to verify next: missing
-                bad.update(k for k, _, _ in seconds if flags[k] & TAKEN)
+                bad.update(k for k, _, _ in seconds if k in taken)
                 for k, _, _ in seconds:
                     self.states.pop(items[k].seq_id, None)
-                raise _LookaheadFailed(fresh, looks, bad) from None
+                raise _LookaheadFailed(fresh, looks, bad, taken - bad) from None
             for (k, item, path), tree in zip(seconds, drafted):
                 self.num_drafted += 1
                 rooted = single_root(tree)
@@ -127,12 +126,12 @@ class Lookaheads:
                 self.states[item.seq_id] = Optimistic(path, tree.token_ids[0] if rooted else None,
                                                       [below.token_ids[i] for i in first_child_path(below)],
                                                       shape_key(items[k]))  # fmt: skip
-        return fresh, looks, bad
+        return fresh, looks, bad, taken
 
 
 class _LookaheadFailed(Exception):
     """The lookahead call failed after the fresh trees were drafted: what to answer anyway."""
 
-    def __init__(self, fresh, looks, bad) -> None:
+    def __init__(self, fresh, looks, bad, taken) -> None:
         super().__init__("the relay lookahead call failed")
-        self.answer = (fresh, looks, bad)
+        self.answer = (fresh, looks, bad, taken)

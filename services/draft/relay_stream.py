@@ -43,7 +43,7 @@ async def run_relay_handoff(servicer, handoff: draft_pb2.RelayHandoff) -> draft_
     held = servicer.engine.runner.seqs
     flags = handoff.lookahead_flags
     ready = [(k, i) for k, i in enumerate(items) if i.seq_id in held and i.features is None]
-    fresh, looks, bad = {}, {}, set()
+    fresh, looks, bad, taken = {}, {}, set(), set()
     ran = None
     if ready:
         with plan_span(getattr(servicer.host, "tracer_provider", None), SERVICE, "Speculate", handoff.trace_context):
@@ -55,10 +55,11 @@ async def run_relay_handoff(servicer, handoff: draft_pb2.RelayHandoff) -> draft_
             except Exception as exc:  # noqa: BLE001 - the engine validates before it mutates, but say unknown
                 log.info("relay handoff %d failed: %s", handoff.step, exc)
             else:
-                got_fresh, got_looks, got_bad = ran.result[0]
+                got_fresh, got_looks, got_bad, got_taken = ran.result[0]
                 fresh = {k: t for (k, _), t in zip(ready, got_fresh)}
                 looks = {k: t for (k, _), t in zip(ready, got_looks) if len(t)}
                 bad = {ready[j][0] for j in got_bad}
+                taken = {ready[j][0] for j in got_taken}
                 annotate(drafted_tokens=[len(t) for t in got_fresh], lookahead_tokens=[len(t) for t in got_looks])
     missing = [i.seq_id for k, i in enumerate(items) if k not in fresh or k in bad]
     timing = ran.timing(timer, forward_ns=round(sum(c.duration_s for c in ran.result[1]) * 1e9)) if ran else timer.timing()
@@ -66,6 +67,8 @@ async def run_relay_handoff(servicer, handoff: draft_pb2.RelayHandoff) -> draft_
                                   trees=pack_trees([fresh.get(k, TokenTree()) for k in range(len(items))]))  # fmt: skip
     if looks:
         answer.lookaheads.CopyFrom(pack_trees([looks.get(k, TokenTree()) for k in range(len(items))]))
+    if taken - bad:
+        answer.taken = bytes(1 if k in taken and k not in bad else 0 for k in range(len(items)))
     return answer
 
 

@@ -19,11 +19,12 @@ stream may then prefill or speculate it again without a race.
 
 Lookahead (services/draft/relay_lookahead.py): each answer also carries, per sequence, the tree after the
 next one, drafted on the optimistic prefix (the next tree's first-child path accepted whole, the bonus
-token guessed). When a step commits exactly that prefix, the handoff says TAKEN and the next verify takes
-the lookahead at once: the draft's hop leaves the step's critical path, as frontier pipelining takes it
-out of the scheduler's. A lookahead is checked against the previous answer before the handoff is written;
-a sequence that answer lost is not handed off, and its next tree is missed (the scheduler resynchronises
-it). Where lookaheads stop paying, none are asked for a while: under one in ten taken
+token guessed). When a step commits exactly that prefix, the next verify takes the lookahead at once: the
+draft's hop leaves the step's critical path, as frontier pipelining takes it out of the scheduler's. Both
+sides decide the take from the same facts, so the handoff is written as soon as its step is done, without
+waiting for the last answer; the draft's answer to it says ``taken``, and where that disagrees with the
+target (or the answer is lost), the sequence is missed at its next verify and the scheduler resynchronises it.
+Where lookaheads stop paying, none are asked for a while: under one in ten taken
 (``shared/miss_gate.py``), or steps measured slower per token with them than without at this batch size
 (``scheduler/frontier_gate.py``'s gate: where the processes are busy rather than waiting on each other, as
 at batch 64 on a 2-core host, the lookahead's extra work costs more than the wait it saves).
@@ -41,7 +42,8 @@ from opentelemetry import context as otel_context
 
 from services.target.draft_dial import cannot_dial, dial_draft
 from scheduler.frontier_gate import PIPE, MeasuredGate, MeasuredGateConfig
-from services.target.relay_lookahead import LOOKAHEAD, TAKEN, Ahead, Handed, is_taken, lookahead_gate, unpack_lookaheads
+from services.target.relay_lookahead import (LOOKAHEAD, Ahead, Check, Handed, is_taken, lookahead_gate,
+                                             unpack_lookaheads)  # fmt: skip
 from shared.engine.tree_cut import cut_to_expansion
 from shared.engine.types import SpecItem, TokenTree
 from shared.rpc.gen.tandem.v1 import draft_pb2
@@ -70,8 +72,9 @@ class DraftRelay:
         self._users: dict[int, int] = {}  # handoff -> references to its answer (_where, _ahead, unwritten)
         self._where: dict[str, tuple[int, int, tuple]] = {}  # seq id -> (its last handoff, index there, expansion)
         self._ahead: dict[str, Ahead] = {}  # seq id -> the answer carrying its lookahead
-        self._ready: dict[str, TokenTree] = {}  # seq id -> the lookahead its next verify takes
-        self._lost: set[str] = set()  # sequences an answer lost after their tree was taken from a lookahead
+        self._check: dict[str, Check] = {}  # seq id -> its last handoff may take that lookahead: decided at its take
+        self._confirm: dict[str, tuple[int, int, tuple]] = {}  # seq id -> the handoff whose answer must say taken
+        self._lost: set[str] = set()  # sequences whose draft state is not what this target took it to be
         self._unsent: deque[tuple] = deque()  # handoffs made, not written yet, in order
         self._writing = asyncio.Lock()  # flush's: one handoff written at a time
         self.lookahead = getattr(settings, "relay_lookahead", "measured")  # measured, always or off
@@ -95,7 +98,9 @@ class DraftRelay:
         self._step = step = self._step + 1
         for h in items:  # an answer never asked for (the scheduler moved on): superseded
             self._unwhere(h.item.seq_id)
-            self._ready.pop(h.item.seq_id, None)
+            if (c := self._check.pop(h.item.seq_id, None)) is not None:  # a take never decided: the draft may have
+                self._unref(c.ahead.step)  # taken it, so its state is not known
+                self._lost.add(h.item.seq_id)
         self._answers[step] = fut = asyncio.get_running_loop().create_future()  # one per handoff
         self._users[step] = 1  # until written
         self._unsent.append((address, step, fut, items, trace_context, look))
@@ -124,7 +129,7 @@ class DraftRelay:
 
     async def _write(self, address: str, step: int, fut: asyncio.Future, handed: list[Handed], trace_context,
                      look: bool) -> None:  # fmt: skip
-        items, flags, taken = await self._lookaheads(step, handed, look)
+        items, flags = self._place(step, handed, look)
         self._unref(step)
         if not items:
             return
@@ -147,84 +152,110 @@ class DraftRelay:
             self._drop()
             if not fut.done():
                 fut.set_result(None)
-            for seq_id in taken:  # the draft never heard it was taken: its state there is unknown
-                self._ready.pop(seq_id, None)
-                self._lost.add(seq_id)
+            for item in items:  # the draft never heard this handoff: no lookahead of its last answer is taken
+                if (c := self._check.pop(item.seq_id, None)) is not None:
+                    self._unref(c.ahead.step)
 
-    async def _lookaheads(self, step: int, handed: list[Handed], look: bool) -> tuple[list[SpecItem], list[int], list[str]]:
-        """Check each sequence's last answer (its lookahead, whether it lost the sequence) and place this handoff's
-        trees: (the items to write, their lookahead flags, the ids whose next tree is a lookahead taken here)."""
-        prev = {h.item.seq_id: a for h in handed if (a := self._ahead.pop(h.item.seq_id, None)) is not None}
-        await self._wait({a.step for a in prev.values()})
-        items, flags, taken = [], [], []
+    def _place(self, step: int, handed: list[Handed], look: bool) -> tuple[list[SpecItem], list[int]]:
+        """Where this handoff's trees will be (and its lookaheads), and which sequences' next verifies may take the
+        lookahead of their last answer (decided at that take, from that answer: nothing waits here, so the handoff
+        leaves as soon as its step is done); (the items to write, their lookahead flags)."""
+        items, flags = [], []
         for h in handed:
-            item, a = h.item, prev.get(h.item.seq_id)
-            tree = None
-            if a is not None:
-                answer = self._answers[a.step].result() if self._answers[a.step].done() else None
-                self._unref(a.step)
-                if answer is None or item.seq_id in answer[1]:  # lost there: not handed off, its next tree missed
-                    self._lost.add(item.seq_id)
-                    continue
-                tree = answer[2][a.index] if a.index < len(answer[2]) else None
+            item, seq_id = h.item, h.item.seq_id
+            a = self._ahead.pop(seq_id, None)
             flag = LOOKAHEAD if look and h.lookahead else 0
-            if flag and is_taken(item, h.base, tree, a):
-                flag |= TAKEN
-                self._ready[item.seq_id] = cut_to_expansion(tree.below, item.tree_expansion)
-                taken.append(item.seq_id)
-            if tree is not None and look:
-                self.gate.record(bool(flag & TAKEN))
             k = len(items)
-            if not flag & TAKEN:
-                self._where[item.seq_id] = (step, k, item.tree_expansion)
-                self._users[step] += 1
+            if a is not None and flag and h.base is not None:  # the draft takes it where the prefix is the one assumed
+                self._check[seq_id] = Check(a, item, h.base, step, k)  # holds a's answer
+            elif a is not None:
+                self._unref(a.step)
+            self._where[seq_id] = (step, k, item.tree_expansion)
+            self._users[step] += 1
             if flag:
-                self._ahead[item.seq_id] = Ahead(step, k, item)
+                self._ahead[seq_id] = Ahead(step, k, item)
                 self._users[step] += 1
             items.append(item)
             flags.append(flag)
-        self.num_taken += len(taken)
-        return items, flags, taken
+        return items, flags
 
     async def take(self, seq_ids: list[str]) -> tuple[list[TokenTree | None], int]:
         """The trees the draft drafted from these sequences' last handoffs, once all are answered (None where one
-        never came: missed), and how many were lookaheads. One wait for the whole plan; none when the answers are
-        in already (the usual case)."""
+        never came: missed), and how many were lookaheads. A sequence whose last handoff committed exactly the
+        assumed prefix of the lookahead before it takes that lookahead (no wait for the last answer), as the
+        draft does on its side; its last answer must then say taken, which the sequence's next take checks."""
         await self.flush()  # normally written as the last outcome left
+        await self._confirmed(seq_ids)
+        checks = [(s, c) for s in seq_ids if (c := self._check.pop(s, None)) is not None]
+        await self._wait({c.ahead.step for _, c in checks})
+        took: dict[str, TokenTree] = {}
+        for seq_id, c in checks:
+            answer = self._answer(c.ahead.step)
+            tree = answer[2][c.ahead.index] if answer is not None and seq_id not in answer[1] and \
+                c.ahead.index < len(answer[2]) else None  # fmt: skip
+            self._unref(c.ahead.step)
+            if is_taken(c.item, c.base, tree, c.ahead):
+                took[seq_id] = cut_to_expansion(tree.below, c.item.tree_expansion)
+            if tree is not None:
+                self.gate.record(seq_id in took)
         where = [self._where.get(s) for s in seq_ids]
-        await self._wait({at[0] for at in where if at is not None})
+        await self._wait({at[0] for s, at in zip(seq_ids, where) if at is not None and s not in took})
         trees, looked = [], 0
         for seq_id, at in zip(seq_ids, where):
-            ready = self._ready.pop(seq_id, None)
             if seq_id in self._lost:
                 trees.append(None)
-                continue
-            if ready is not None:
-                trees.append(ready)
+            elif seq_id in took:
+                trees.append(took[seq_id])
                 looked += 1
-                continue
-            answer = self._answers[at[0]].result() if at is not None and self._answers[at[0]].done() else None
-            ok = answer is not None and seq_id not in answer[1] and at[1] < len(answer[0])
-            trees.append(cut_to_expansion(answer[0][at[1]], at[2]) if ok else None)  # a beam: SpecInfer's cut
-            if not ok and (a := self._ahead.pop(seq_id, None)) is not None:  # that answer's lookahead is lost too
-                self._unref(a.step)
+                if at is not None:  # its answer is checked at the next take; it holds the reference till then
+                    self._confirm[seq_id] = self._where.pop(seq_id)
+            else:
+                answer = self._answer(at[0]) if at is not None else None
+                ok = (answer is not None and seq_id not in answer[1] and at[1] < len(answer[0])
+                      and not _took(answer, at[1]))  # fmt: skip
+                trees.append(cut_to_expansion(answer[0][at[1]], at[2]) if ok else None)  # a beam: SpecInfer's cut
+                if not ok and (a := self._ahead.pop(seq_id, None)) is not None:  # that answer's lookahead is lost too
+                    self._unref(a.step)
         for seq_id in seq_ids:
             self._unwhere(seq_id)
             self._lost.discard(seq_id)
+        self.num_taken += looked
         self.num_missed += trees.count(None)
         return trees, looked
+
+    async def _confirmed(self, seq_ids) -> None:
+        """The answers to the handoffs whose lookaheads these sequences took: each must say the draft took it too
+        (both decide from the same facts); where one does not, or never came, the sequence is lost (missed next,
+        and resynchronised by the scheduler)."""
+        confirms = [(s, at) for s in seq_ids if (at := self._confirm.pop(s, None)) is not None]
+        if not confirms:
+            return
+        await self._wait({at[0] for _, at in confirms})
+        for seq_id, at in confirms:
+            answer = self._answer(at[0])
+            if answer is None or seq_id in answer[1] or not _took(answer, at[1]):
+                self._lost.add(seq_id)
+            self._unref(at[0])
+
+    def _answer(self, step: int):
+        """The answer to handoff ``step`` if it came: (trees, missing ids, lookaheads, taken flags); None if lost."""
+        fut = self._answers[step]
+        return fut.result() if fut.done() else None
 
     async def settle(self, seq_ids) -> None:
         """Wait for the answers of these (released) sequences' handoffs, and forget them."""
         await self.flush()
         steps = {at[0] for at in (self._where.get(s) for s in seq_ids) if at is not None}
-        await self._wait(steps | {a.step for a in (self._ahead.get(s) for s in seq_ids) if a is not None})
+        steps |= {a.step for a in (self._ahead.get(s) for s in seq_ids) if a is not None}
+        steps |= {at[0] for at in (self._confirm.get(s) for s in seq_ids) if at is not None}
+        await self._wait(steps | {c.ahead.step for c in (self._check.get(s) for s in seq_ids) if c is not None})
         for seq_id in seq_ids:
             self._unwhere(seq_id)
-            a = self._ahead.pop(seq_id, None)
-            if a is not None:
-                self._unref(a.step)
-            self._ready.pop(seq_id, None)
+            for held in (self._ahead.pop(seq_id, None), self._check.pop(seq_id, None)):
+                if held is not None:
+                    self._unref(held.step if isinstance(held, Ahead) else held.ahead.step)
+            if (at := self._confirm.pop(seq_id, None)) is not None:
+                self._unref(at[0])
             self._lost.discard(seq_id)
 
     def _unwhere(self, seq_id: str) -> None:
@@ -276,7 +307,8 @@ class DraftRelay:
                     continue
                 try:
                     looks = unpack_lookaheads(reply) if reply.HasField("lookaheads") else []
-                    fut.set_result((unpack_trees(reply.trees, len(reply.trees.has_probs)), set(reply.missing), looks))
+                    fut.set_result((unpack_trees(reply.trees, len(reply.trees.has_probs)), set(reply.missing), looks,
+                                    reply.taken))  # fmt: skip
                 except Exception as exc:  # noqa: BLE001 - a malformed answer: its sequences missed
                     log.warning("draft relay: malformed answer to handoff %d (%s)", reply.step, exc)
                     fut.set_result(None)
@@ -297,6 +329,12 @@ class DraftRelay:
     def close(self) -> None:
         """At shutdown: the stream goes (what was still out is missed)."""
         self._drop()
+
+
+def _took(answer, index: int) -> bool:
+    """The draft's answer says its item ``index`` took the sequence's last lookahead."""
+    taken = answer[3]
+    return index < len(taken) and taken[index] == 1
 
 
 def _fail(waiting: dict) -> None:

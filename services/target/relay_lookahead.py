@@ -3,8 +3,9 @@ lookahead, and whether the tokens a step committed take the last one.
 
 A lookahead answers a handoff of shape S with a tree rooted at the draft's guess g of the bonus token, the
 next tree (shape S) below it, drafted on the prefix ``base + [g]``, where ``base`` is the first-child path of
-the tree the next step verifies. That step takes it when it commits exactly ``base + [g]`` and keeps the
-shape S; the handoff then says TAKEN, and the draft, checking the same, confirms it.
+the tree the next step verifies. That step takes it when it commits exactly ``base + [g]``, keeps the shape S
+and its handoff asks for a lookahead again; the draft decides the same from the same facts, and its answer
+to that handoff says ``taken``.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ from dataclasses import dataclass
 from shared.engine.spec_cap import item_depth, shape_key
 from shared.engine.tree_cut import below_root, first_child_path, single_root
 from shared.engine.types import LOOKAHEAD, SpecItem, TokenTree
-from shared.engine.types import LOOKAHEAD_TAKEN as TAKEN
 from shared.miss_gate import MissGate
 from shared.rpc.packing import unpack_trees
 
-__all__ = ["LOOKAHEAD", "TAKEN", "Ahead", "Handed", "Lookahead", "is_taken", "lookahead_gate", "unpack_lookaheads",
+__all__ = ["LOOKAHEAD", "Ahead", "Check", "Handed", "Lookahead", "is_taken", "lookahead_gate", "unpack_lookaheads",
            "wants_lookahead"]  # fmt: skip
 
 
@@ -38,6 +38,18 @@ class Ahead:
     step: int
     index: int
     item: SpecItem
+
+
+@dataclass
+class Check:
+    """A handoff that may take the lookahead of the sequence's last answer: decided when its next verify takes a
+    tree (is_taken, on that answer), as the draft decides when it reads the handoff."""
+
+    ahead: Ahead  # where that lookahead comes from (its answer's reference is held)
+    item: SpecItem  # this handoff's item: the tokens the step committed, the shape
+    base: TokenTree  # the relayed tree the step verified, uncut
+    step: int  # this handoff: its answer says whether the draft took it
+    index: int
 
 
 @dataclass

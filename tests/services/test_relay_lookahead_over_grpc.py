@@ -105,3 +105,36 @@ def test_schedulers_relaying_through_one_target_write_their_handoffs_in_turn(tin
     for out, missed in asyncio.run(main()):
         assert missed == 0
         assert out == greedy_reference(tiny_model_dir, tuple(PROMPTS["a"]), len(out))
+
+
+def test_a_take_the_draft_does_not_confirm_is_missed_and_resynchronised_and_nothing_is_lost(tiny_model_dir):
+    """Both sides decide a take from the same facts, so the target writes each handoff without waiting for the last
+    answer. Here the draft's answers deny some takes it made: the target, which took them, misses those sequences
+    at their next verify, and the scheduler's loop resynchronises them; greedy output stays the target's."""
+    from scheduler.engine_loop import Scheduler, SchedulerConfig
+    from scheduler.policies.speculation import FixedChain
+    from scheduler.request import Request
+
+    reqs = [Request(id=k, prompt_ids=p, max_new_tokens=40) for k, p in PROMPTS.items()]
+
+    async def main():
+        async with relaying(tiny_model_dir, relay_lookahead="always") as (target, draft, tw, dw):
+            lookaheads = draft.engine_host.relay_lookahead
+            run, calls = lookaheads.run, [0]
+
+            def denying(*args):
+                fresh, looks, bad, taken = run(*args)
+                calls[0] += 1
+                return fresh, looks, bad, taken if calls[0] % 5 else set()  # every fifth answer denies its takes
+
+            lookaheads.run = denying
+            sched = Scheduler(tw, dw, spec_policy=FixedChain(3), config=SchedulerConfig(draft_relay=True))
+            outs = await asyncio.gather(*(s.collect() for s in [sched.submit(r) for r in reqs]), sched.run_until_idle())
+            await tw.flush()
+            return outs[:-1], sched.relay.num_missed, tw.relay_lookaheads, await tw.info(), await dw.info()
+
+    outs, missed, looked, tinfo, dinfo = asyncio.run(main())
+    for req, out in zip(reqs, outs):
+        assert out == greedy_reference(tiny_model_dir, tuple(req.prompt_ids), req.max_new_tokens), req.id
+    assert missed > 0 and looked > 0  # takes denied, then missed; the others verified without waiting
+    assert tinfo.num_live_seqs == 0 and dinfo.num_live_seqs == 0

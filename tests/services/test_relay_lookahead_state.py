@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.draft.relay_lookahead import LOOKAHEAD, TAKEN, Lookaheads, _LookaheadFailed, lookahead_shape
+from services.draft.relay_lookahead import LOOKAHEAD, Lookaheads, _LookaheadFailed, lookahead_shape
 from services.target.relay_lookahead import Ahead, Lookahead, is_taken, wants_lookahead
 from shared.engine.tree_cut import below_root, first_child_path, single_root
 from shared.engine.types import SpecItem, TokenTree
@@ -34,8 +34,8 @@ class Draft:
 
 def test_a_fresh_tree_comes_with_a_lookahead_on_its_whole_path():
     draft, look = Draft(), Lookaheads()
-    fresh, looks, bad = look.run(draft, [SpecItem("a", [7], chain_len=3)], bytes([LOOKAHEAD]))
-    assert fresh[0].token_ids == [100, 101, 102] and not bad
+    fresh, looks, bad, taken = look.run(draft, [SpecItem("a", [7], chain_len=3)], bytes([LOOKAHEAD]))
+    assert fresh[0].token_ids == [100, 101, 102] and not bad and not taken
     # the second call commits the fresh chain optimistically and drafts one more level: the guessed bonus first
     assert draft.calls[1][0].new_tokens == [100, 101, 102] and draft.calls[1][0].chain_len == 4
     assert looks[0].token_ids == [103, 104, 105, 106]
@@ -46,29 +46,35 @@ def test_a_fresh_tree_comes_with_a_lookahead_on_its_whole_path():
 def test_taking_it_is_one_call_and_anything_else_rolls_the_optimistic_path_back():
     draft, look = Draft(), Lookaheads()
     look.run(draft, [SpecItem("a", [7], chain_len=3)], bytes([LOOKAHEAD]))
-    # the target committed the whole chain and the guessed bonus: it verifies 104-106 next, without waiting
-    fresh, looks, bad = look.run(draft, [SpecItem("a", [100, 101, 102, 103], chain_len=3)], bytes([LOOKAHEAD | TAKEN]))
-    assert len(draft.calls) == 3 and not bad and len(fresh[0]) == 0
+    # the target committed the whole chain and the guessed bonus: it verifies 104-106 next, without waiting, and
+    # the draft, seeing the same, takes it
+    fresh, looks, bad, taken = look.run(draft, [SpecItem("a", [100, 101, 102, 103], chain_len=3)], bytes([LOOKAHEAD]))
+    assert len(draft.calls) == 3 and not bad and taken == {0} and len(fresh[0]) == 0
     assert draft.calls[2][0].new_tokens == [103, 104, 105, 106] and draft.calls[2][0].rollback == 0
     assert looks[0].token_ids[0] == 107 and look.num_taken == 1
     # two accepted and another bonus: not taken, so the optimistic 104-106 go back before the true tokens
-    fresh, looks, bad = look.run(draft, [SpecItem("a", [104, 105, 9], chain_len=3)], bytes([LOOKAHEAD]))
-    assert draft.calls[3][0].rollback == 3 and draft.calls[3][0].new_tokens == [104, 105, 9]
+    fresh, looks, bad, taken = look.run(draft, [SpecItem("a", [104, 105, 9], chain_len=3)], bytes([LOOKAHEAD]))
+    assert draft.calls[3][0].rollback == 3 and draft.calls[3][0].new_tokens == [104, 105, 9] and not taken
     assert len(fresh[0]) == 3 and len(looks[0]) == 4
 
 
-def test_a_take_the_draft_cannot_confirm_is_answered_as_not_applied():
+def test_a_take_needs_the_assumed_prefix_the_same_shape_and_a_lookahead_asked_for_again():
     draft, look = Draft(), Lookaheads()
     look.run(draft, [SpecItem("a", [7], chain_len=3), SpecItem("b", [7], chain_len=3)], bytes([LOOKAHEAD] * 2))
     items = [SpecItem("a", [1, 2, 3, 4], chain_len=3), SpecItem("b", [7], chain_len=3)]
-    fresh, looks, bad = look.run(draft, items, bytes([LOOKAHEAD | TAKEN, LOOKAHEAD | TAKEN]))
-    assert bad == {0, 1}  # a: other tokens; b: tokens of no lookahead it drafted
-    assert "a" not in look.states and "b" not in look.states
+    fresh, looks, bad, taken = look.run(draft, items, bytes([LOOKAHEAD, LOOKAHEAD]))
+    assert not taken and not bad and all(len(t) == 3 for t in fresh)  # other tokens: rolled back, drafted afresh
+    assert [c.rollback for c in draft.calls[-2]] == [3, 3]
     # another shape than the lookahead was drafted for: not a take either
     look.run(draft, [SpecItem("c", [7], chain_len=2)], bytes([LOOKAHEAD]))
     st = look.states["c"]
-    _, _, bad = look.run(draft, [SpecItem("c", [*st.path, st.guess], chain_len=3)], bytes([LOOKAHEAD | TAKEN]))
-    assert bad == {0}
+    _, _, _, taken = look.run(draft, [SpecItem("c", [*st.path, st.guess], chain_len=3)], bytes([LOOKAHEAD]))
+    assert not taken and draft.calls[-2][0].rollback == len(st.path)
+    # nor the assumed prefix with no lookahead asked for (the target does not take it then)
+    look.run(draft, [SpecItem("d", [7], chain_len=2)], bytes([LOOKAHEAD]))
+    st = look.states["d"]
+    _, _, _, taken = look.run(draft, [SpecItem("d", [*st.path, st.guess], chain_len=2)], b"")
+    assert not taken and draft.calls[-1][0].rollback == len(st.path) and "d" not in look.states
 
 
 def test_the_schedulers_own_calls_roll_back_and_releases_forget():
@@ -87,7 +93,7 @@ def test_no_lookahead_for_a_beam_or_past_the_drafts_limits():
     shape = lookahead_shape(SpecItem("a", tree_depth=2, tree_width=4, tree_expansion=(2, 2)), {"max_depth": 8})
     assert shape.tree_expansion == (1, 2, 2) and shape.tree_depth == 3 and shape.tree_width == 4
     draft, look = Draft(), Lookaheads({"max_chain": 3})
-    fresh, looks, bad = look.run(draft, [SpecItem("a", [7], chain_len=3)], bytes([LOOKAHEAD]))
+    fresh, looks, bad, _ = look.run(draft, [SpecItem("a", [7], chain_len=3)], bytes([LOOKAHEAD]))
     assert len(draft.calls) == 1 and len(fresh[0]) == 3 and not len(looks[0]) and not look.states
 
 
@@ -98,9 +104,9 @@ def test_a_failed_lookahead_call_keeps_the_fresh_trees():
     draft.fail_on = 4  # call 3: b's fresh tree; call 4: both lookaheads
     items = [SpecItem("a", [*st.path, st.guess], chain_len=2), SpecItem("b", [7], chain_len=2)]
     with pytest.raises(_LookaheadFailed) as failed:
-        look.run(draft, items, bytes([LOOKAHEAD | TAKEN, LOOKAHEAD]))
-    fresh, looks, bad = failed.value.answer
-    assert len(fresh[1]) == 2 and bad == {0} and not look.states
+        look.run(draft, items, bytes([LOOKAHEAD, LOOKAHEAD]))
+    fresh, looks, bad, taken = failed.value.answer
+    assert len(fresh[1]) == 2 and bad == {0} and not taken and not look.states
 
 
 def test_the_target_takes_only_the_exact_prefix_in_the_same_shape():
