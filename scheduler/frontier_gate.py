@@ -24,6 +24,8 @@ Pure: the loop reports each step it asked about (``observe``).
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
@@ -37,6 +39,12 @@ class MeasuredGateConfig(BaseModel):
     run_steps: int = Field(4, ge=2, description="Steps in a row per exploration run (the first one is not counted).")
     explore_every: int = Field(50, ge=2, description="Steps in a bucket between runs of the slower mode.")
     decay: float = Field(0.99, gt=0.0, le=1.0, description="Weight kept by older steps at each new one.")
+    window: int = Field(
+        0, ge=0,
+        description="With N > 0, a mode's time per token is the median of its last N counted steps' instead of the "
+        "decayed sums: a few slow steps (a process warming up, a neighbour's burst) do not outvote the rest, and "
+        "none older than N steps of that mode counts.",
+    )  # fmt: skip
     lag: int = Field(
         1, ge=1,
         description="A step is counted for its mode when this many choices in a row (its own included) were that mode: "
@@ -59,13 +67,20 @@ class _Rate:
     tokens: float = 0.0
     seconds: float = 0.0
     steps: int = 0
+    recent: deque | None = None  # with a window: the last steps' seconds per token
 
-    def add(self, tokens: int, seconds: float, decay: float) -> None:
+    def add(self, tokens: int, seconds: float, decay: float, window: int = 0) -> None:
         self.tokens = decay * self.tokens + tokens
         self.seconds = decay * self.seconds + seconds
         self.steps += 1
+        if window and tokens > 0:
+            if self.recent is None:
+                self.recent = deque(maxlen=window)
+            self.recent.append(seconds / tokens)
 
     def per_token(self) -> float | None:
+        if self.recent:
+            return statistics.median(self.recent)
         return self.seconds / self.tokens if self.tokens > 0 else None
 
 
@@ -136,7 +151,7 @@ class MeasuredGate:
         key, mode, counted = self._pending
         self._pending = None
         if counted and seconds > 0:
-            self.buckets[key].rates[mode].add(tokens, seconds, self.config.decay)
+            self.buckets[key].rates[mode].add(tokens, seconds, self.config.decay, self.config.window)
 
     def describe(self) -> str:
         parts = []

@@ -53,6 +53,9 @@ from shared.rpc.packing import stream_spec_item_to_pb, unpack_trees
 RELAY_METHOD = "/tandem.v1.DraftService/Relay"
 WAIT_S = 30.0  # the longest a plan waits for a relayed tree (a draft that hangs; a broken stream answers at once)
 RETRY_S = 5.0  # after the stream failed (the draft away or unreachable), nothing is relayed for this long
+# lookaheads or not, per batch size: learnt in short alternating runs, so that both modes see the process warm up
+# alike, then compared on the median of each mode's last steps (a step counts after two choices of its mode)
+RELAY_GATE = MeasuredGateConfig(min_steps=12, run_steps=6, explore_every=200, lag=2, window=16)
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +82,7 @@ class DraftRelay:
         self._writing = asyncio.Lock()  # flush's: one handoff written at a time
         self.lookahead = getattr(settings, "relay_lookahead", "measured")  # measured, always or off
         self.gate = lookahead_gate()
-        self.measured = MeasuredGate(MeasuredGateConfig(run_steps=8, explore_every=200, lag=2))  # with lookaheads or without: the faster
+        self.measured = MeasuredGate(RELAY_GATE)  # with lookaheads or without: the faster
         self._last_handoff = 0.0  # perf_counter at the last handoff
         self._typical = 0.0  # a step's time between handoffs, decayed (longer gaps are idle, not counted)
         self.num_taken = 0  # lookaheads taken, all time

@@ -80,3 +80,17 @@ def test_serial_must_be_clearly_faster_to_overrule_pipelining():
             assert gate.choose(1) == mode
             gate.observe(1, seconds)
         assert gate.preferred(1) == expected
+
+
+def test_with_a_window_a_few_slow_steps_do_not_outvote_the_rest():
+    """The relay lookahead's gate: the median of each mode's last steps, so a process warming up (its first
+    pipelined steps ten times slower) does not make serial look faster for long."""
+    cfg = MeasuredGateConfig(min_steps=4, run_steps=4, lag=1, window=8, margin=0.05)
+    gate, decayed = MeasuredGate(cfg), MeasuredGate(cfg.model_copy(update={"window": 0}))
+    for g in (gate, decayed):
+        for i in range(16):  # learning: pipe 0.10 s per token with two 1.0 s outliers, serial 0.12
+            mode = g.choose(1)
+            slow = mode == PIPE and i in (1, 2)
+            g.observe(1, 1.0 if slow else 0.10 if mode == PIPE else 0.12)
+    assert gate.preferred(1) == PIPE and decayed.preferred(1) == SERIAL
+    assert abs(gate.buckets[0].rates[PIPE].per_token() - 0.10) < 1e-9
