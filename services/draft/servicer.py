@@ -25,6 +25,7 @@ from services.draft.relay_lookahead import Lookaheads
 from services.draft.relay_stream import relay_on_engine, run_relay_handoff
 from services.draft.spec_stream import run_draft_plan
 from services.spans import annotate, event, grammar_cost
+from services.stream_writer import StreamWriter
 from shared.engine.draft_engine import DraftEngine
 from shared.engine.ngram_drafter import NgramDraftEngine
 from shared.engine.suffix_drafter import SuffixDraftEngine
@@ -95,8 +96,12 @@ class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
             yield await run_draft_plan(self, plan)
 
     async def Relay(self, request_iterator, context: grpc.aio.ServicerContext):
-        async for handoff in request_iterator:  # the target's handoffs: one engine call, one answer each (relay_stream.py)
-            yield await run_relay_handoff(self, handoff)
+        answers = StreamWriter(context, "relay-answers")  # the next handoff is read while an answer leaves
+        try:
+            async for handoff in request_iterator:  # the target's handoffs: one engine call, one answer each
+                answers.put(await run_relay_handoff(self, handoff))  # (relay_stream.py)
+        finally:
+            await answers.close()
 
     async def PushFeatures(self, request_iterator, context: grpc.aio.ServicerContext) -> draft_pb2.FeaturePushAck:
         num = 0

@@ -22,6 +22,7 @@ from services.engine_host import EngineHost
 from services.spans import annotate, event, grammar_cost
 from services.target.draft_relay import DraftRelay
 from services.target.feature_push import FeaturePusher
+from services.stream_writer import StreamWriter
 from services.target.repeat_plan import LastStep
 from services.target.step_stream import run_plan
 from shared.engine.target_engine import TargetEngine, TargetStepOutput
@@ -84,7 +85,7 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
 
     async def StepStream(self, request_iterator, context: grpc.aio.ServicerContext):
         last = LastStep()  # what a plan that goes on continues (repeat_plan.py)
-        handing = None
+        handing, outcomes = None, StreamWriter(context, "step-outcomes")  # the next step runs while one leaves
         try:
             async for plan in request_iterator:  # one plan, one engine step, one outcome (step_stream.py)
                 async for outcome in run_plan(self, plan, last):  # and its continuation steps (repeat_plan.py)
@@ -93,10 +94,11 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
                     # the step's handoff to the draft leaves beside its outcome (draft_relay.py): the next tree
                     # is drafted while the outcome travels; the next step's take waits for the write
                     handing = asyncio.ensure_future(self.relay.flush())
-                    yield outcome
+                    outcomes.put(outcome)
         finally:
             if handing is not None:
                 await handing
+            await outcomes.close()
 
     async def Release(
         self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
