@@ -50,6 +50,11 @@ class MeasuredGateConfig(BaseModel):
         description="A step is counted for its mode when this many choices in a row (its own included) were that mode: "
         "where a choice pays off only a step later (the relay lookahead), the step after a switch is not the mode's.",
     )
+    hysteresis: float = Field(
+        0.0, ge=0.0,
+        description="Once a mode is taken, the other must measure this much further past the margin to replace it: "
+        "where both modes are about as fast, noise does not flip the choice for a whole exploration period.",
+    )
     margin: float = Field(
         0.05, ge=0.0,
         description="Serial must measure this much faster per token to overrule the models' choice to pipeline "
@@ -90,6 +95,7 @@ class _Bucket:
     steps: int = 0  # steps asked about in this bucket
     run_mode: str | None = None  # the mode of the run in progress
     run_left: int = 0  # its steps still to go
+    settled: str | None = None  # the mode taken once both were learnt (with hysteresis)
 
 
 class MeasuredGate:
@@ -115,7 +121,7 @@ class MeasuredGate:
                 mode = PIPE if pipe.steps <= serial.steps else SERIAL
                 self._start_run(b, mode)
             else:
-                best = self.preferred(batch_size)
+                best = b.settled = self._settle(b, batch_size)
                 if b.steps % cfg.explore_every == 0:
                     mode = SERIAL if best == PIPE else PIPE
                     self._start_run(b, mode)
@@ -128,6 +134,19 @@ class MeasuredGate:
 
     def _start_run(self, b: _Bucket, mode: str) -> None:
         b.run_mode, b.run_left = mode, self.config.run_steps - 1
+
+    def _settle(self, b: _Bucket, batch_size: int) -> str | None:
+        """The preferred mode, kept until the other measures ``hysteresis`` further past the margin."""
+        h = self.config.hysteresis
+        if not h or b.settled is None:
+            return self.preferred(batch_size)
+        pipe, serial = b.rates[PIPE].per_token(), b.rates[SERIAL].per_token()
+        if pipe is None or serial is None:
+            return b.settled
+        edge = 1.0 - self.config.margin  # serial wins below this ratio to pipe, without hysteresis
+        if b.settled == PIPE:
+            return SERIAL if serial < (edge - h) * pipe else PIPE
+        return PIPE if serial > (edge + h) * pipe else SERIAL
 
     def preferred(self, batch_size: int) -> str | None:
         """The mode with the lower measured time per token in this bucket; None before both were measured."""

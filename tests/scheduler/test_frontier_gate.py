@@ -94,3 +94,30 @@ def test_with_a_window_a_few_slow_steps_do_not_outvote_the_rest():
             g.observe(1, 1.0 if slow else 0.10 if mode == PIPE else 0.12)
     assert gate.preferred(1) == PIPE and decayed.preferred(1) == SERIAL
     assert abs(gate.buckets[0].rates[PIPE].per_token() - 0.10) < 1e-9
+
+
+def test_with_hysteresis_the_mode_taken_stays_until_the_other_is_clearly_faster():
+    cfg = MeasuredGateConfig(min_steps=1, run_steps=2, lag=1, window=4, margin=0.05, hysteresis=0.08, explore_every=1000)
+    gate = MeasuredGate(cfg)
+    per_token = {PIPE: 0.100, SERIAL: 0.098}  # about even: pipelining is kept (the margin)
+
+    def steps(n):
+        modes = []
+        for _ in range(n):
+            mode = gate.choose(1)
+            gate.observe(1, per_token[mode])
+            modes.append(mode)
+        return modes
+
+    assert steps(4) == [PIPE, PIPE, SERIAL, SERIAL] and steps(4) == [PIPE] * 4
+    gate.buckets[0].rates[SERIAL].recent.extend([0.090] * 4)  # 10 % faster: past the margin, not the hysteresis
+    assert steps(4) == [PIPE] * 4
+    per_token[SERIAL] = 0.080
+    gate.buckets[0].rates[SERIAL].recent.extend([0.080] * 4)  # 20 % faster: taken
+    assert steps(4) == [SERIAL] * 4
+    per_token[PIPE] = 0.083
+    gate.buckets[0].rates[PIPE].recent.extend([0.083] * 4)  # pipe back within 4 %: serial is kept
+    assert steps(4) == [SERIAL] * 4
+    per_token[PIPE] = 0.070
+    gate.buckets[0].rates[PIPE].recent.extend([0.070] * 4)
+    assert steps(4) == [PIPE] * 4
