@@ -50,6 +50,11 @@ class MeasuredGateConfig(BaseModel):
         description="A step is counted for its mode when this many choices in a row (its own included) were that mode: "
         "where a choice pays off only a step later (the relay lookahead), the step after a switch is not the mode's.",
     )
+    abba: bool = Field(
+        False,
+        description="While learning, runs go P S S P P S ... instead of P S P S ...: each mode is as often measured "
+        "first as second, so a steady trend in step times (a process warming up) favours neither.",
+    )
     hysteresis: float = Field(
         0.0, ge=0.0,
         description="Once a mode is taken, the other must measure this much further past the margin to replace it: "
@@ -117,8 +122,11 @@ class MeasuredGate:
             b.run_left -= 1
         else:
             pipe, serial = b.rates[PIPE], b.rates[SERIAL]
-            if min(pipe.steps, serial.steps) < cfg.min_steps:  # still learning: alternate runs, the scarcer first
-                mode = PIPE if pipe.steps <= serial.steps else SERIAL
+            if min(pipe.steps, serial.steps) < cfg.min_steps:  # still learning: alternate runs, the scarcer first,
+                if pipe.steps == serial.steps and b.run_mode is not None and cfg.abba:  # on a tie the last one again:
+                    mode = b.run_mode  # P S S P P S ..., so a trend (a process warming up) favours neither
+                else:
+                    mode = PIPE if pipe.steps <= serial.steps else SERIAL
                 self._start_run(b, mode)
             else:
                 best = b.settled = self._settle(b, batch_size)

@@ -44,6 +44,7 @@ from services.target.draft_dial import cannot_dial, dial_draft
 from scheduler.frontier_gate import PIPE, MeasuredGate, MeasuredGateConfig
 from services.target.relay_lookahead import (LOOKAHEAD, Ahead, Check, Handed, is_taken, lookahead_gate,
                                              unpack_lookaheads)  # fmt: skip
+from shared.engine.spec_cap import shape_key
 from shared.engine.tree_cut import cut_to_expansion
 from shared.engine.types import SpecItem, TokenTree
 from shared.rpc.gen.tandem.v1 import draft_pb2
@@ -53,11 +54,12 @@ from shared.rpc.packing import stream_spec_item_to_pb, unpack_trees
 RELAY_METHOD = "/tandem.v1.DraftService/Relay"
 WAIT_S = 30.0  # the longest a plan waits for a relayed tree (a draft that hangs; a broken stream answers at once)
 RETRY_S = 5.0  # after the stream failed (the draft away or unreachable), nothing is relayed for this long
-# lookaheads or not, per batch size: learnt in short alternating runs, so that both modes see the process warm up
-# alike, then compared on the median of each mode's last steps (a step counts after two choices of its mode), the
+# lookaheads or not, per batch size: learnt in short alternating runs (P S S P ...), so that both modes see the
+# process warm up alike, then compared on the median of each mode's last steps (a step counts after two choices of its mode), the
 # mode taken kept until the other is clearly faster (on 2 cores: 20 % faster with them at batch 1, 35 % without at 64,
 # about even at 8)
-RELAY_GATE = MeasuredGateConfig(min_steps=12, run_steps=6, explore_every=200, lag=2, window=24, hysteresis=0.08)
+RELAY_GATE = MeasuredGateConfig(min_steps=20, run_steps=6, explore_every=200, lag=2, window=24, hysteresis=0.08,
+                                abba=True)  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +86,8 @@ class DraftRelay:
         self._writing = asyncio.Lock()  # flush's: one handoff written at a time
         self.lookahead = getattr(settings, "relay_lookahead", "measured")  # measured, always or off
         self.gate = lookahead_gate()
-        self.measured = MeasuredGate(RELAY_GATE)  # with lookaheads or without: the faster
+        self.measured: dict[tuple, MeasuredGate] = {}  # by shape: with lookaheads or without, the faster
+        self._asked: MeasuredGate | None = None  # the gate the last handoff asked
         self._last_handoff = 0.0  # perf_counter at the last handoff
         self._typical = 0.0  # a step's time between handoffs, decayed (longer gaps are idle, not counted)
         self.num_taken = 0  # lookaheads taken, all time
@@ -99,7 +102,7 @@ class DraftRelay:
         trees are missed."""
         if not items or self.disabled or time.monotonic() < self._down_until:
             return []  # the scheduler drafts them itself meanwhile
-        look = self.lookahead == "always" or (self.lookahead == "measured" and self._choose(len(items), tokens))
+        look = self.lookahead == "always" or (self.lookahead == "measured" and self._choose(items, tokens))
         self._step = step = self._step + 1
         for h in items:  # an answer never asked for (the scheduler moved on): superseded
             self._unwhere(h.item.seq_id)
@@ -112,18 +115,26 @@ class DraftRelay:
         self.num_handoffs += len(items)
         return [h.item.seq_id for h in items]
 
-    def _choose(self, batch_size: int, tokens: int) -> bool:
-        """Whether this handoff asks for lookaheads; the step since the last handoff measured for the gate."""
+    def _choose(self, items: list[Handed], tokens: int) -> bool:
+        """Whether this handoff asks for lookaheads; the step since the last handoff measured for the gate that chose
+        for it. One gate per shape (the first item's): a step's time per token follows its shape (a chain of 4
+        commits up to 5 tokens, a 2-2 expansion 3), so modes measured on different shapes do not compare."""
         now = time.perf_counter()
         since, self._last_handoff = now - self._last_handoff, now
         typical = self._typical or since
-        if since < 0.5 and since < 5 * typical:  # back to back: a step's time (not an idle stretch between requests)
-            self.measured.observe(tokens, since)
-        else:
-            self.measured.ran_serial()
+        if self._asked is not None:
+            if since < 0.5 and since < 5 * typical:  # back to back: a step's time (not an idle stretch)
+                self._asked.observe(tokens, since)
+            else:
+                self._asked.ran_serial()
         if since < 0.5:
             self._typical = 0.95 * typical + 0.05 * min(since, 5 * typical)
-        return self.measured.choose(batch_size) == PIPE and self.gate.open()
+        key = shape_key(items[0].item)
+        gate = self.measured.get(key)
+        if gate is None:
+            gate = self.measured[key] = MeasuredGate(RELAY_GATE)
+        self._asked = gate
+        return gate.choose(len(items)) == PIPE and self.gate.open()
 
     async def flush(self) -> None:
         """Write the handoffs made since the last flush, one writer at a time (each scheduler's step stream flushes;

@@ -121,3 +121,24 @@ def test_with_hysteresis_the_mode_taken_stays_until_the_other_is_clearly_faster(
     per_token[PIPE] = 0.070
     gate.buckets[0].rates[PIPE].recent.extend([0.070] * 4)
     assert steps(4) == [PIPE] * 4
+
+
+def test_abba_learning_lets_a_warming_up_process_favour_neither_mode():
+    """Step times falling steadily (a process warming up) with both modes equally fast: learnt P S P S ..., the mode
+    measured second always looks faster; learnt P S S P P S ..., neither does."""
+
+    def learn(abba: bool) -> tuple[float, float, list[str]]:
+        gate = MeasuredGate(MeasuredGateConfig(min_steps=8, run_steps=3, lag=1, window=64, abba=abba))
+        t, modes = 1.0, []
+        while not gate.buckets or min(r.steps for r in gate.buckets[0].rates.values()) < 8:
+            modes.append(gate.choose(1))
+            gate.observe(1, t)
+            t -= 0.01
+        rates = gate.buckets[0].rates
+        return rates[PIPE].per_token(), rates[SERIAL].per_token(), modes
+
+    pipe, serial, modes = learn(abba=False)
+    assert serial < 0.97 * pipe  # the trend alone makes serial look 3 % faster
+    pipe, serial, modes = learn(abba=True)
+    assert modes[:12] == [PIPE] * 3 + [SERIAL] * 6 + [PIPE] * 3
+    assert abs(serial - pipe) < 0.01 * pipe
