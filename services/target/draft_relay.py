@@ -58,7 +58,7 @@ RETRY_S = 5.0  # after the stream failed (the draft away or unreachable), nothin
 # process warm up alike, then compared on the median of each mode's last steps (a step counts after two choices of its mode), the
 # mode taken kept until the other is clearly faster (on 2 cores: 20 % faster with them at batch 1, 35 % without at 64,
 # about even at 8)
-RELAY_GATE = MeasuredGateConfig(min_steps=20, run_steps=6, explore_every=200, lag=2, window=24, hysteresis=0.08,
+RELAY_GATE = MeasuredGateConfig(min_steps=12, run_steps=6, explore_every=200, lag=2, window=24, hysteresis=0.08,
                                 abba=True)  # fmt: skip
 
 log = logging.getLogger(__name__)
