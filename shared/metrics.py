@@ -25,8 +25,11 @@ tier, e.g. "tight"/"loose"/"none"), ``finish_reason``, ``position`` (capped at
 
 from __future__ import annotations
 
+import collections
 import threading
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
+from functools import partial
 from wsgiref.simple_server import WSGIServer
 
 import prometheus_client
@@ -57,6 +60,23 @@ def observe_n(hist: Histogram, amount: float, n: int) -> None:
         if amount <= bound:
             buckets[i].inc(n)
             break
+
+
+def observe_all(hist: Histogram, amounts: Sequence[float]) -> None:
+    """Every value of ``amounts`` observed, each series touched once: the bucket of each value found by bisection
+    (``observe`` takes the first bound at or above it: ``bisect_left``), then one ``inc`` per bucket used and one
+    for the sum. A finished request's inter-token latencies are a few hundred values, and ``observe`` costs
+    about 2 µs each. Through the same internals as ``observe_n``, else ``observe`` one by one."""
+    total, bounds, buckets = (getattr(hist, a, None) for a in ("_sum", "_upper_bounds", "_buckets"))
+    if total is None or bounds is None or buckets is None:
+        for amount in amounts:
+            hist.observe(amount)
+        return
+    if not amounts:
+        return
+    total.inc(sum(amounts))
+    for i, n in collections.Counter(map(partial(bisect_left, bounds), amounts)).items():  # the last bound is +Inf
+        buckets[i].inc(n)
 
 
 class TandemMetrics:

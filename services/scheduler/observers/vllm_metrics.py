@@ -26,7 +26,7 @@ from scheduler.policies.queue import reserved_tokens
 from scheduler.report import StepReport
 from scheduler.request import FinishReason, Request
 from shared.metric_flush import StepBatch
-from shared.metrics import TPOT_BUCKETS, TTFT_BUCKETS
+from shared.metrics import TPOT_BUCKETS, TTFT_BUCKETS, observe_all
 
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                480.0, 960.0)  # fmt: skip
@@ -134,9 +134,7 @@ class VllmMetricsObserver:
         if request.arrival_time is not None and request.token_times:
             c.e2e.observe(max(0.0, request.token_times[-1] - request.arrival_time))
         steps = sorted(set(request.token_times))  # tokens of one step share its commit time
-        observe = c.itl.observe
-        for a, b in zip(steps, steps[1:]):
-            observe(b - a)
+        observe_all(c.itl, [b - a for a, b in zip(steps, steps[1:])])
         c.prompt_tokens.inc(len(request.prompt_ids))
         self.success.labels(self.model, _REASONS.get(request.finish_reason, "error")).inc()
 
