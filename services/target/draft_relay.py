@@ -55,11 +55,12 @@ RELAY_METHOD = "/tandem.v1.DraftService/Relay"
 WAIT_S = 30.0  # the longest a plan waits for a relayed tree (a draft that hangs; a broken stream answers at once)
 RETRY_S = 5.0  # after the stream failed (the draft away or unreachable), nothing is relayed for this long
 # lookaheads or not, per shape and batch size: learnt in short runs (P S S P ...), so that both modes see the
-# process warm up alike, then compared on the median of each mode's last steps (a step counts after two choices
-# of its mode), the mode taken kept until the other is clearly faster (on 2 cores: 20 % faster with them at
-# batch 1, 35 % without at 64, about even at 8)
+# process warm up alike, then compared on the trimmed mean of each mode's last steps (a step counts after two
+# choices of its mode), the mode taken kept until the other is clearly faster (on 2 cores: 20 % faster with them
+# at batch 1, 10-20 % at 8, 30-40 % slower at 64), and the other judged only on its last exploration run, as it
+# ends
 RELAY_GATE = MeasuredGateConfig(min_steps=12, run_steps=6, explore_every=200, lag=2, window=24, hysteresis=0.08,
-                                abba=True)  # fmt: skip
+                                abba=True, fresh=True)  # fmt: skip
 
 log = logging.getLogger(__name__)
 
