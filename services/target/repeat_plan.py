@@ -23,11 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.rpc.relay_pack import pack_relay
-from services.target.relay_plan import relay_items
-from shared.engine.types import RELAY_TAKE, AcceptResult, TokenTree, VerifyItem
+from shared.engine.types import RELAY_TAKE, AcceptResult, SpecItem, VerifyItem
 from shared.rpc.gen.tandem.v1 import common_pb2, target_pb2
-from shared.rpc.packing import pack_i32, pack_trees, unpack_i32
 
 MAX_REPEAT = 4  # continuation steps one plan may ask for
 
@@ -42,18 +39,29 @@ def check_repeat(plan: target_pb2.TargetPlan) -> str | None:
 
 
 @dataclass
+class StepItems:
+    """A step's verifies and draft handoffs in the engine's types (step_stream.run_target_plan): read from its plan,
+    or, for a continuation, made from the last step's without a round trip through protobuf."""
+
+    verifies: list[VerifyItem] | None = None
+    handoffs: list[tuple[SpecItem, int]] | None = None  # (a sequence's next speculation, what it may still emit)
+
+
+@dataclass
 class LastStep:
     """The last step a stream ran: what a plan that goes on continues (or the error it answers)."""
 
     plan: target_pb2.TargetPlan | None = None
     results: list[AcceptResult] = field(default_factory=list)  # its verifies' results, in verify order
     error: common_pb2.StepError | None = None  # it was refused: nothing to go on from
+    items: StepItems = field(default_factory=StepItems)  # its verifies and handoffs, as it read them
 
-    def ran(self, plan: target_pb2.TargetPlan, reply: target_pb2.TargetOutcome, results: list[AcceptResult]) -> None:
+    def ran(self, plan: target_pb2.TargetPlan, reply: target_pb2.TargetOutcome, results: list[AcceptResult],
+            items: StepItems) -> None:  # fmt: skip
         if reply.HasField("error"):
-            self.plan, self.results, self.error = None, [], reply.error
+            self.plan, self.results, self.error, self.items = None, [], reply.error, StepItems()
         else:
-            self.plan, self.results, self.error = plan, results, None
+            self.plan, self.results, self.error, self.items = plan, results, None, items
 
 
 def check_goes_on(plan: target_pb2.TargetPlan, last: LastStep) -> str | None:
@@ -65,37 +73,26 @@ def check_goes_on(plan: target_pb2.TargetPlan, last: LastStep) -> str | None:
     return None
 
 
-def continuation(plan: target_pb2.TargetPlan, results: list[AcceptResult]) -> target_pb2.TargetPlan:
-    """The step after ``plan``, whose verifies committed ``results`` (in verify order)."""
-    n = len(plan.verify_ids)
-    nxt = target_pb2.TargetPlan(step=plan.step + 1, verify_ids=plan.verify_ids, trees=pack_trees([TokenTree()] * n))
+def continuation(last: LastStep) -> tuple[target_pb2.TargetPlan, StepItems]:
+    """The step after the last one, whose verifies committed ``last.results`` (in verify order): a plan that carries
+    only what the step's span and outcome read (ids, the draft's address, relay flags, trace context), and its
+    items made directly: each sequence verifies again with no tree of the scheduler's, and each relayed one takes
+    the tree the draft relays and is handed off again in its shape, with no new tokens and its budget less what
+    the last step emitted."""
+    plan = last.plan
+    nxt = target_pb2.TargetPlan(step=plan.step + 1, verify_ids=plan.verify_ids)
     nxt.trace_context.update(plan.trace_context)
-    if not plan.HasField("relay"):
-        return nxt
-    emitted = {seq_id: len(res.tokens) for seq_id, res in zip(plan.verify_ids, results)}
-    if plan.relay.HasField("chains"):  # most plans: the columns again, no new tokens, less budget
-        chains = plan.relay.chains
-        nxt.relay.draft = plan.relay.draft
-        nxt.relay.chains.CopyFrom(chains)
-        nxt.relay.chains.num_new_tokens = pack_i32([0] * len(chains.seq_ids))
-        nxt.relay.chains.new_tokens = b""
-        nxt.relay.chains.rollbacks = b""
-        remaining = unpack_i32(plan.relay.remaining, "relay remaining")
-        nxt.relay.remaining = pack_i32([r - emitted.get(s, 0) for s, r in zip(chains.seq_ids, remaining)])
-        handed = set(chains.seq_ids)
-        nxt.relay_flags = bytes(RELAY_TAKE if s in handed else 0 for s in plan.verify_ids)
-        return nxt
-    handoffs = {item.seq_id: (item, remaining) for item, remaining in relay_items(plan.relay)}
-    verifies = []
-    for seq_id in plan.verify_ids:
-        if seq_id in handoffs:
-            item, remaining = handoffs[seq_id]
-            item.new_tokens = []
-            verifies.append(VerifyItem(seq_id, relay=RELAY_TAKE, handoff=item, remaining=remaining - emitted.get(seq_id, 0)))
-        else:
-            verifies.append(VerifyItem(seq_id))  # not relayed: a plain decode step
-    pack_relay(nxt, verifies, plan.relay.draft)
-    return nxt
+    verifies = [VerifyItem(seq_id) for seq_id in plan.verify_ids]
+    handoffs = last.items.handoffs
+    if handoffs is None:
+        return nxt, StepItems(verifies)
+    nxt.relay.draft = plan.relay.draft
+    emitted = {seq_id: len(res.tokens) for seq_id, res in zip(plan.verify_ids, last.results)}
+    again = [(SpecItem(i.seq_id, [], i.chain_len, i.tree_depth, i.tree_width, i.confidence_threshold, i.tree_expansion),
+              remaining - emitted.get(i.seq_id, 0)) for i, remaining in handoffs]  # fmt: skip
+    handed = {item.seq_id for item, _ in handoffs}
+    nxt.relay_flags = bytes(RELAY_TAKE if seq_id in handed else 0 for seq_id in plan.verify_ids)
+    return nxt, StepItems(verifies, again)
 
 
 def refused(step: int, error: common_pb2.StepError) -> target_pb2.TargetOutcome:

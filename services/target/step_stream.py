@@ -21,7 +21,7 @@ from shared.rpc.convert import CallTimer, feature_block_to_pb, feature_spec_from
 from shared.rpc.gen.tandem.v1 import common_pb2, target_pb2
 from shared.rpc.interceptors import status_for_exception
 from services.target.relay_plan import hand_off, relay_items, take_relayed
-from services.target.repeat_plan import MAX_REPEAT, LastStep, check_goes_on, check_repeat, continuation, refused
+from services.target.repeat_plan import MAX_REPEAT, LastStep, StepItems, check_goes_on, check_repeat, continuation, refused
 from shared.engine.errors import InvalidRequestError
 from shared.rpc.packing import pack_accepts, pack_i32, pack_trees, stream_prefill_from_pb, unpack_trees
 
@@ -47,24 +47,26 @@ async def run_plan(servicer, plan: target_pb2.TargetPlan, last: LastStep | None 
         if problem := check_goes_on(plan, last) or check_repeat(plan):
             last.plan, last.error = None, common_pb2.StepError(code=_INVALID, message=problem)
     else:
-        results: list = []
-        reply = await run_target_plan(servicer, plan, results)
-        last.ran(plan, reply, results)
+        results, items = [], StepItems()
+        reply = await run_target_plan(servicer, plan, results, items)
+        last.ran(plan, reply, results, items)
         yield reply
         first += 1
     for step in range(first, plan.step + 1 + min(plan.repeat, MAX_REPEAT)):
         if last.error is not None:  # nothing committed: its continuations answer the same
             yield refused(step, last.error)
             continue
-        nxt, results = continuation(last.plan, last.results), []
+        (nxt, items), results = continuation(last), []
         nxt.step = step
-        reply = await run_target_plan(servicer, nxt, results)
-        last.ran(nxt, reply, results)
+        reply = await run_target_plan(servicer, nxt, results, items)
+        last.ran(nxt, reply, results, items)
         yield reply
 
 
-async def run_target_plan(servicer, plan: target_pb2.TargetPlan, results: list | None = None) -> target_pb2.TargetOutcome:
-    """One step; ``results`` gets its verifies' AcceptResults."""
+async def run_target_plan(servicer, plan: target_pb2.TargetPlan, results: list | None = None,
+                          items: StepItems | None = None) -> target_pb2.TargetOutcome:  # fmt: skip
+    """One step; ``results`` gets its verifies' AcceptResults. ``items``: the step's verifies and handoffs when
+    already known (a continuation's), else they are read from the plan into it."""
     timer = CallTimer()
     name = plan_name(len(plan.prefills), len(plan.verify_ids))
     with plan_span(getattr(servicer.host, "tracer_provider", None), SERVICE, name, plan.trace_context):
@@ -72,11 +74,16 @@ async def run_target_plan(servicer, plan: target_pb2.TargetPlan, results: list |
             if problem := check_repeat(plan):
                 raise InvalidRequestError(problem)
             prefills = [stream_prefill_from_pb(m) for m in plan.prefills]
-            trees = unpack_trees(plan.trees, len(plan.verify_ids))
-            verifies = [VerifyItem(seq_id, tree) for seq_id, tree in zip(plan.verify_ids, trees)]
+            if items is not None and items.verifies is not None:
+                verifies, handoffs = items.verifies, items.handoffs
+            else:
+                trees = unpack_trees(plan.trees, len(plan.verify_ids))
+                verifies = [VerifyItem(seq_id, tree) for seq_id, tree in zip(plan.verify_ids, trees)]
+                handoffs = relay_items(plan.relay) if plan.HasField("relay") else None  # checked before anything runs
+                if items is not None:
+                    items.verifies, items.handoffs = verifies, handoffs
             spec = feature_spec_from_pb(plan.features) if plan.HasField("features") else None
             taken = await take_relayed(servicer.relay, plan, verifies)
-            handoffs = relay_items(plan.relay) if plan.HasField("relay") else None  # checked before anything runs
             out, costs, timing = await servicer._step(prefills, verifies, timer, spec, releases=list(plan.releases),
                                                      stream=True)
         except Exception as exc:  # noqa: BLE001 - the step's status, in band: the stream stays up
