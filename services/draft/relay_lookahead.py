@@ -28,26 +28,28 @@ scheduler's count of what the draft holds is the true prefix throughout.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from shared.engine.spec_cap import shape_key
-from shared.engine.tree_cut import below_root, first_child_path, single_root
+from shared.engine.tree_cut import first_child_path, single_root
 from shared.engine.types import LOOKAHEAD, SpecItem, TokenTree
 
 
-def lookahead_shape(item: SpecItem, limits: dict[str, int | None]) -> SpecItem | None:
-    """``item``'s shape one level deeper at the top (a chain one longer; an expansion with a single root), or None
-    where there is no such shape: a beam (its first level holds many nodes), or past the draft's limits."""
+def lookahead_shape(item: SpecItem, limits: dict[str, int | None], new_tokens: list[int] | None = None) -> SpecItem | None:
+    """``item``'s shape one level deeper at the top (a chain one longer; an expansion with a single root), drafting
+    after ``new_tokens``, or None where there is no such shape: a beam (its first level holds many nodes), or past
+    the draft's limits."""
     if item.chain_len:
         longest = limits.get("max_chain")
         if longest is not None and item.chain_len + 1 > longest:
             return None
-        return SpecItem(item.seq_id, chain_len=item.chain_len + 1, confidence_threshold=item.confidence_threshold)
+        return SpecItem(item.seq_id, new_tokens or [], chain_len=item.chain_len + 1,
+                        confidence_threshold=item.confidence_threshold)  # fmt: skip
     if item.tree_expansion:
         deepest = limits.get("max_depth")
         if deepest is not None and item.tree_depth + 1 > deepest:
             return None
-        return SpecItem(item.seq_id, tree_depth=item.tree_depth + 1, tree_width=item.tree_width,
+        return SpecItem(item.seq_id, new_tokens or [], tree_depth=item.tree_depth + 1, tree_width=item.tree_width,
                         tree_expansion=(1, *item.tree_expansion))  # fmt: skip
     return None
 
@@ -91,41 +93,47 @@ class Lookaheads:
         fresh, looks, bad, taken = [TokenTree()] * n, [TokenTree()] * n, set(), set()
         firsts: list[tuple[int, SpecItem]] = []
         seconds: list[tuple[int, SpecItem, list[int]]] = []  # (index, lookahead item, its optimistic path)
+        limits, states = self.limits, self.states
         for k, item in enumerate(items):
-            st = self.states.pop(item.seq_id, None)
-            ahead = lookahead_shape(item, self.limits) if flags[k] & LOOKAHEAD else None
-            if (ahead is not None and st is not None and st.guess is not None and shape_key(item) == st.shape
-                    and item.new_tokens == [*st.path, st.guess]):  # fmt: skip
-                taken.add(k)  # the step committed the lookahead's prefix: the target verifies it next
-                self.num_taken += 1
-                seconds.append((k, replace(ahead, new_tokens=[st.guess, *st.next_path]), st.next_path))
-                continue
+            st = states.pop(item.seq_id, None)
+            asks = flags[k] & LOOKAHEAD
+            if (asks and st is not None and st.guess is not None and item.new_tokens == [*st.path, st.guess]
+                    and shape_key(item) == st.shape):  # fmt: skip
+                ahead = lookahead_shape(item, limits, [st.guess, *st.next_path])
+                if ahead is not None:
+                    taken.add(k)  # the step committed the lookahead's prefix: the target verifies it next
+                    self.num_taken += 1
+                    seconds.append((k, ahead, st.next_path))
+                    continue
             if st is not None and st.path:
                 item.rollback += len(st.path)  # the optimistic prefix failed (or was not asked for again)
             firsts.append((k, item))
         if firsts:
             for (k, item), tree in zip(firsts, speculate([item for _, item in firsts])):
                 fresh[k] = tree
-                ahead = lookahead_shape(item, self.limits) if flags[k] & LOOKAHEAD else None
-                path = [tree.token_ids[i] for i in first_child_path(tree)] if ahead is not None else None
-                if path:
-                    seconds.append((k, replace(ahead, new_tokens=path), path))
+                if not flags[k] & LOOKAHEAD:
+                    continue
+                path = [tree.token_ids[i] for i in first_child_path(tree)]
+                ahead = lookahead_shape(item, limits, path) if path else None
+                if ahead is not None:
+                    seconds.append((k, ahead, path))
         if seconds:
             try:
                 drafted = speculate([item for _, item, _ in seconds])
             except Exception:  # the fresh trees stand; a taken sequence has nothing to verify next: missing
                 bad.update(k for k, _, _ in seconds if k in taken)
                 for k, _, _ in seconds:
-                    self.states.pop(items[k].seq_id, None)
+                    states.pop(items[k].seq_id, None)
                 raise _LookaheadFailed(fresh, looks, bad, taken - bad) from None
             for (k, item, path), tree in zip(seconds, drafted):
                 self.num_drafted += 1
                 rooted = single_root(tree)
-                looks[k] = tree if rooted else TokenTree()
-                below = below_root(tree) if rooted else TokenTree()
-                self.states[item.seq_id] = Optimistic(path, tree.token_ids[0] if rooted else None,
-                                                      [below.token_ids[i] for i in first_child_path(below)],
-                                                      shape_key(items[k]))  # fmt: skip
+                if rooted:  # the root is the guessed bonus token; below it, the next tree's first-child path
+                    looks[k] = tree
+                    below = [tree.token_ids[i] for i in first_child_path(tree)[1:]]
+                    states[item.seq_id] = Optimistic(path, tree.token_ids[0], below, shape_key(items[k]))
+                else:
+                    states[item.seq_id] = Optimistic(path, None, [], shape_key(items[k]))
         return fresh, looks, bad, taken
 
 

@@ -55,7 +55,12 @@ class Check:
 @dataclass
 class Lookahead:
     root: int  # the guessed bonus token
-    below: TokenTree  # the tree to verify next, re-rooted under it
+    tree: TokenTree  # the lookahead as drafted: the root, and the tree to verify next below it
+
+    @property
+    def below(self) -> TokenTree:
+        """The tree to verify next, re-rooted under the root (made only for a lookahead taken)."""
+        return below_root(self.tree)
 
 
 def wants_lookahead(item: SpecItem, remaining: int) -> bool:
@@ -75,7 +80,7 @@ def is_taken(item: SpecItem, base: TokenTree | None, look: Lookahead | None, ahe
 def unpack_lookaheads(reply) -> list[Lookahead | None]:
     """RelayTrees.lookaheads, one per item (None where the draft drafted none)."""
     trees = unpack_trees(reply.lookaheads, len(reply.lookaheads.has_probs))
-    return [Lookahead(t.token_ids[0], below_root(t)) if single_root(t) else None for t in trees]
+    return [Lookahead(t.token_ids[0], t) if single_root(t) else None for t in trees]
 
 
 def lookahead_gate() -> MissGate:

@@ -111,9 +111,9 @@ def test_a_failed_lookahead_call_keeps_the_fresh_trees():
 
 def test_the_target_takes_only_the_exact_prefix_in_the_same_shape():
     item = SpecItem("a", [1, 2, 3, 9], chain_len=3)
-    look, ahead = Lookahead(9, TokenTree.chain([4, 5, 6])), Ahead(1, 0, SpecItem("a", chain_len=3))
+    look, ahead = Lookahead(9, TokenTree.chain([9, 4, 5, 6])), Ahead(1, 0, SpecItem("a", chain_len=3))
     base = TokenTree.chain([1, 2, 3])
-    assert is_taken(item, base, look, ahead)
+    assert is_taken(item, base, look, ahead) and look.below.token_ids == [4, 5, 6]
     assert not is_taken(item, TokenTree.chain([1, 2, 4]), look, ahead)  # a rejection
     assert not is_taken(SpecItem("a", [1, 2, 3, 8], chain_len=3), base, look, ahead)  # another bonus
     assert not is_taken(SpecItem("a", [1, 2, 3, 9], chain_len=2), base, look, ahead)  # the shape changed
