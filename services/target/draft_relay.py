@@ -83,8 +83,7 @@ class DraftRelay:
         self._check: dict[str, Check] = {}  # seq id -> its last handoff may take that lookahead: decided at its take
         self._confirm: dict[str, tuple[int, int, tuple]] = {}  # seq id -> the handoff whose answer must say taken
         self._lost: set[str] = set()  # sequences whose draft state is not what this target took it to be
-        self._unsent: deque[tuple] = deque()  # handoffs made, not placed yet, in order
-        self._outbox: deque[tuple] = deque()  # handoffs placed, their messages not written yet, in order
+        self._unsent: deque[tuple] = deque()  # handoffs made, not written yet, in order
         self._writing = asyncio.Lock()  # flush's: one handoff written at a time
         self.lookahead = getattr(settings, "relay_lookahead", "measured")  # measured, always or off
         self.gate = lookahead_gate()
@@ -141,40 +140,23 @@ class DraftRelay:
     async def flush(self) -> None:
         """Write the handoffs made since the last flush, one writer at a time (each scheduler's step stream flushes;
         two writes at once on one gRPC call fail it), in the order they were made."""
-        self._prepare()
         async with self._writing:
-            while self._outbox:
-                await self._send(*self._outbox.popleft())
+            while self._unsent:
+                await self._write(*self._unsent.popleft())
 
-    def _prepare(self) -> None:
-        """Place each handoff made since the last call, in order (where its trees and lookaheads will be, which
-        lookaheads its sequences may take), and queue its message for ``flush``. Synchronous, so that a take sees
-        every handoff placed without waiting for the write: a write's completion comes back through gRPC's poller
-        thread and the event loop, 0.15-0.8 ms after the draft already has the message on two busy cores."""
-        while self._unsent:
-            address, step, fut, handed, trace_context, look = self._unsent.popleft()
-            items, flags = self._place(step, handed, look)
-            self._unref(step)
-            if not items:
-                continue
-            chains = pack_chain_items(items)  # most handoffs: columns for the whole batch
-            msg = draft_pb2.RelayHandoff(step=step, chains=chains) if chains is not None else draft_pb2.RelayHandoff(
-                step=step, items=[stream_spec_item_to_pb(i) for i in items])  # fmt: skip
-            if any(flags):
-                msg.lookahead_flags = bytes(flags)
-            if trace_context:
-                msg.trace_context.update(trace_context)
-            self._outbox.append((address, step, fut, items, msg))
-
-    def _flush_soon(self) -> None:
-        """Place what is unsent now, and have it written by a flush of its own unless one is under way (the
-        outcome's, normally: it writes whatever is queued before it ends)."""
-        self._prepare()
-        if self._outbox and not self._writing.locked():
-            task = asyncio.get_running_loop().create_task(self.flush(), name="draft-relay-flush")
-            task.add_done_callback(_log_failure)
-
-    async def _send(self, address: str, step: int, fut: asyncio.Future, items: list[SpecItem], msg) -> None:
+    async def _write(self, address: str, step: int, fut: asyncio.Future, handed: list[Handed], trace_context,
+                     look: bool) -> None:  # fmt: skip
+        items, flags = self._place(step, handed, look)
+        self._unref(step)
+        if not items:
+            return
+        chains = pack_chain_items(items)  # most handoffs: columns for the whole batch
+        msg = draft_pb2.RelayHandoff(step=step, chains=chains) if chains is not None else draft_pb2.RelayHandoff(
+            step=step, items=[stream_spec_item_to_pb(i) for i in items])  # fmt: skip
+        if any(flags):
+            msg.lookahead_flags = bytes(flags)
+        if trace_context:
+            msg.trace_context.update(trace_context)
         try:
             call = self._open(address)
             self._waiting[step] = fut
@@ -219,7 +201,7 @@ class DraftRelay:
         never came: missed), and how many were lookaheads. A sequence whose last handoff committed exactly the
         assumed prefix of the lookahead before it takes that lookahead (no wait for the last answer), as the
         draft does on its side; its last answer must then say taken, which the sequence's next take checks."""
-        self._flush_soon()  # placed now; written beside the last outcome (no wait for the write's completion)
+        await self.flush()  # normally written as the last outcome left
         await self._confirmed(seq_ids)
         checks = [(s, c) for s in seq_ids if (c := self._check.pop(s, None)) is not None]
         await self._wait({c.ahead.step for _, c in checks})
@@ -370,11 +352,6 @@ def _took(answer, index: int) -> bool:
     """The draft's answer says its item ``index`` took the sequence's last lookahead."""
     taken = answer[3]
     return index < len(taken) and taken[index] == 1
-
-
-def _log_failure(task: asyncio.Task) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("draft relay: a flush failed", exc_info=task.exception())
 
 
 def _fail(waiting: dict) -> None:
