@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Sequence
+from itertools import accumulate
 
 import shared.rpc  # noqa: F401 - builds the generated code if needed
 from shared.engine.errors import InvalidRequestError
@@ -142,6 +143,9 @@ def pack_trees(trees: Sequence[TokenTree]) -> common_pb2.PackedTrees:
     return msg
 
 
+_NO_DISTS = {n: (0,) * n for n in range(1, 257)}  # a batch's trees without child distributions (greedy drafts)
+
+
 def unpack_trees(msg: common_pb2.PackedTrees, expected: int, *, relay: bool = False) -> list[TokenTree]:
     """``expected`` trees; ``relay``: child distributions stay lists (the scheduler), else tensors (engines)."""
     num_nodes = unpack_i32(msg.num_nodes, "trees num_nodes")
@@ -160,12 +164,19 @@ def unpack_trees(msg: common_pb2.PackedTrees, expected: int, *, relay: bool = Fa
     if len(tokens) != total or len(parents) != total or len(probs) != with_probs:
         raise InvalidRequestError(f"packed trees: {total} nodes, but {len(tokens)} token_ids, {len(parents)} "
                                   f"parent_ids and {len(probs)} draft_probs (want {with_probs})")  # fmt: skip
-    num_dists = unpack_i32(msg.num_dists, "trees num_dists") if msg.dist_rows else [0] * expected
-    rows, sizes = unpack_i32(msg.dist_rows, "trees dist_rows"), unpack_i32(msg.dist_sizes, "trees dist_sizes")
-    dist_tokens, dist_probs = unpack_i32(msg.dist_token_ids, "dist_token_ids"), unpack_f32(msg.dist_probs, "dist_probs")
+    if not (msg.dist_rows or msg.num_dists or msg.dist_sizes or msg.dist_token_ids or msg.dist_probs):
+        num_dists, rows, sizes, dist_tokens, dist_probs = _NO_DISTS.get(expected) or [0] * expected, [], [], [], []
+    else:  # child distributions (sampled drafts)
+        num_dists = unpack_i32(msg.num_dists, "trees num_dists") if msg.dist_rows else [0] * expected
+        rows, sizes = unpack_i32(msg.dist_rows, "trees dist_rows"), unpack_i32(msg.dist_sizes, "trees dist_sizes")
+        dist_tokens = unpack_i32(msg.dist_token_ids, "dist_token_ids")
+        dist_probs = unpack_f32(msg.dist_probs, "dist_probs")
     if (len(num_dists) != expected or sum(num_dists) != len(rows) or len(sizes) != len(rows)
             or any(s < 0 for s in sizes) or sum(sizes) != len(dist_tokens) or len(dist_probs) != len(dist_tokens)):
         raise InvalidRequestError("packed trees: child distribution counts disagree")  # fmt: skip
+    if not rows and not probs:  # greedy drafts: the trees' slices alone
+        ends = accumulate(num_nodes)
+        return [TokenTree(tokens[end - n : end], parents[end - n : end], [], {}) for n, end in zip(num_nodes, ends)]
     trees, at, p_at, d_at, e_at = [], 0, 0, 0, 0
     for n, flag, k in zip(num_nodes, msg.has_probs, num_dists):
         dists: dict[int, SparseDist] = {}
