@@ -18,6 +18,16 @@ def _run(gate: MeasuredGate, batch_size: int, steps: int, switch_cost: float = 0
     return modes
 
 
+def _steps(gate: MeasuredGate, per_token: dict[str, float], n: int, batch_size: int = 1) -> list[str]:
+    """``n`` steps of one token each, at each mode's time per token (read when the step runs)."""
+    modes = []
+    for _ in range(n):
+        mode = gate.choose(batch_size)
+        gate.observe(1, per_token[mode])
+        modes.append(mode)
+    return modes
+
+
 def test_buckets():
     assert [bucket(b) for b in (1, 2, 3, 4, 7, 8, 15, 16, 64)] == [0, 1, 1, 2, 2, 3, 3, 4, 4]
 
@@ -116,12 +126,7 @@ def test_with_hysteresis_the_mode_taken_stays_until_the_other_is_clearly_faster(
     per_token = {PIPE: 0.100, SERIAL: 0.098}  # about even: pipelining is kept (the margin)
 
     def steps(n):
-        modes = []
-        for _ in range(n):
-            mode = gate.choose(1)
-            gate.observe(1, per_token[mode])
-            modes.append(mode)
-        return modes
+        return _steps(gate, per_token, n)
 
     assert steps(4) == [PIPE, PIPE, SERIAL, SERIAL] and steps(4) == [PIPE] * 4
     gate.buckets[0].rates[SERIAL].recent.extend([0.090] * 4)  # 10 % faster: past the margin, not the hysteresis
@@ -167,12 +172,7 @@ def test_fresh_a_slow_stretch_of_the_mode_in_use_does_not_flip_it_but_a_fresh_ru
     per_token = {PIPE: 0.13, SERIAL: 0.10}
 
     def steps(gate, n):
-        modes = []
-        for _ in range(n):
-            mode = gate.choose(64)
-            gate.observe(1, per_token[mode])
-            modes.append(mode)
-        return modes
+        return _steps(gate, per_token, n, batch_size=64)
 
     fresh, stale = MeasuredGate(MeasuredGateConfig(**base, fresh=True)), MeasuredGate(MeasuredGateConfig(**base))
     for gate in (fresh, stale):
