@@ -466,17 +466,17 @@ class Scheduler:
             if not res.tokens:
                 self._fail([req], "target verify returned no token", None, report)
                 continue
-            drafted = len(tree)
+            drafted = len(tree.token_ids)
             if drafted:
                 record_acceptance(req, tree, res)
             if features is not None and not features.on_verify(req, res):
                 self.link.drop(req)  # its held features were dropped: rebuilt from a recomputation if it speculates
-            keep_logprobs(req, res)
+            if res.logprobs:
+                keep_logprobs(req, res)
             emitted = self._commit_tokens(req, res.tokens, now)
-            outcomes.append(RequestOutcome(
-                request_id=req.id, shape=shape if drafted else SpecShape.none(), num_drafted=drafted,
-                num_accepted=res.num_accepted if drafted else 0, num_emitted=len(emitted),
-                finish_reason=req.finish_reason, num_pruned=res.num_pruned))  # fmt: skip
+            outcomes.append(RequestOutcome(req.id, shape if drafted else SpecShape.none(), drafted,
+                                           len(res.accepted_nodes) if drafted else 0, len(emitted), req.finish_reason,
+                                           len(res.pruned_nodes)))  # fmt: skip
 
     # ------------------------------------------------------------------ tokens and endings
     def _commit_tokens(self, req: Request, tokens: list[int], now: float) -> list[int]:

@@ -27,7 +27,7 @@ class PhaseTimes:
         return max(0.0, self.speculate - self.draft_sync)
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutcome:
     request_id: str
     shape: SpecShape

@@ -9,7 +9,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 
 
 class StepTally:
@@ -25,16 +26,21 @@ class StepTally:
         self.preempted = self.resumed = self.evicted = 0
 
     def add_steps(self, steps: Sequence[tuple[int, int, int, int]]) -> None:
+        self.add_counted(Counter(steps).items())
+
+    def add_counted(self, counted: Iterable[tuple[tuple[int, int, int, int], int]]) -> None:
+        """Request steps with how many times each: a batch's requests mostly share one outcome (a chain accepted
+        whole), so each distinct one is added once."""
         lengths, depths, reached, cap = self.lengths, self.depths, self.reached, self.max_positions
-        for num_proposed, num_accepted, depth, num_pruned in steps:
-            self.proposed += num_proposed
-            self.accepted += num_accepted
-            self.pruned += num_pruned
-            lengths[num_accepted + 1] = lengths.get(num_accepted + 1, 0) + 1
+        for (num_proposed, num_accepted, depth, num_pruned), n in counted:
+            self.proposed += num_proposed * n
+            self.accepted += num_accepted * n
+            self.pruned += num_pruned * n
+            lengths[num_accepted + 1] = lengths.get(num_accepted + 1, 0) + n
             key = min(depth, cap)
-            depths[key] = depths.get(key, 0) + 1
+            depths[key] = depths.get(key, 0) + n
             key = min(num_accepted, depth, cap)
-            reached[key] = reached.get(key, 0) + 1
+            reached[key] = reached.get(key, 0) + n
 
     def add_plain(self, n: int) -> None:
         """``n`` request steps without a draft: accepted length 1, nothing proposed."""
@@ -43,7 +49,7 @@ class StepTally:
 
     def add_speculation(self, ks: Sequence[int]) -> None:
         counts = self.ks
-        for k in ks:
-            counts[k] = counts.get(k, 0) + 1
+        for k, n in Counter(ks).items():
+            counts[k] = counts.get(k, 0) + n
         if ks:
             self.last_mean_k = sum(ks) / len(ks)

@@ -39,18 +39,20 @@ class MetricsObserver:
 
     def on_step(self, report: StepReport) -> None:
         plain = 0  # outcomes without a draft: counted together (most of a batch when nothing speculates)
-        steps = []
+        steps, ks = [], []
         for o in report.outcomes:
+            shape = o.shape
+            ks.append(shape.max_depth)
             if not o.num_drafted and not o.num_pruned:
                 plain += 1
                 continue
-            depth = o.num_drafted if o.shape.kind == "chain" else o.shape.max_depth
+            depth = o.num_drafted if shape.kind == "chain" else shape.max_depth
             steps.append((o.num_drafted, o.num_accepted, depth, o.num_pruned))
         with self._batch.lock:
             t = self._tally
             t.add_steps(steps)
             t.add_plain(plain)
-            t.add_speculation([o.shape.max_depth for o in report.outcomes])
+            t.add_speculation(ks)
             t.preempted += len(report.preempted_ids)
             t.resumed += len(report.resumed_ids)
             t.evicted += len(report.evicted_ids)
