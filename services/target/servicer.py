@@ -14,8 +14,6 @@ reloads; the scheduler calls it around the draft's Offload and Reload.
 
 from __future__ import annotations
 
-import asyncio
-
 import grpc.aio
 
 from services.engine_host import EngineHost
@@ -85,19 +83,15 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
 
     async def StepStream(self, request_iterator, context: grpc.aio.ServicerContext):
         last = LastStep()  # what a plan that goes on continues (repeat_plan.py)
-        handing, outcomes = None, StreamWriter(context, "step-outcomes")  # the next step runs while one leaves
+        outcomes = StreamWriter(context, "step-outcomes")  # the next step runs while one leaves
         try:
             async for plan in request_iterator:  # one plan, one engine step, one outcome (step_stream.py)
                 async for outcome in run_plan(self, plan, last):  # and its continuation steps (repeat_plan.py)
-                    if handing is not None:
-                        await handing
-                    # the step's handoff to the draft leaves beside its outcome (draft_relay.py): the next tree
-                    # is drafted while the outcome travels; the next step's take waits for the write
-                    handing = asyncio.ensure_future(self.relay.flush())
                     outcomes.put(outcome)
+                    # the step's handoff to the draft leaves beside its outcome (draft_relay.py), before the next
+                    # step runs: the next tree is drafted while the outcome travels
+                    await self.relay.flush()
         finally:
-            if handing is not None:
-                await handing
             await outcomes.close()
 
     async def Release(
