@@ -99,8 +99,10 @@ class VerifyAhead:
     def _more(self, loop, batch: list[Request], results: list[AcceptResult]) -> int:
         """Steps to go on with after the last continuation owed (0: none), asked for as it is read so that the target
         runs them without waiting for a plan (TargetPlan.goes_on): while the plan's requests all still run as known."""
-        if not self.repeat or len(batch) != len(self._items) or (known := self._known(loop, batch, results)) is None:
-            return 0  # one that ended is released by the next plan of the loop's own
+        if not self.repeat or len(batch) != len(self._items) or getattr(loop.target, "renewing", False) or \
+                (known := self._known(loop, batch, results)) is None:  # fmt: skip
+            return 0  # one that ended is released by the next plan of the loop's own; a stream that is to move to
+            # new credentials moves at the next plan
         outs, remaining = known
         return _repeat(self.repeat + 1, remaining, [out.shape for out in outs])  # the one owed and these: R + 1 steps
 

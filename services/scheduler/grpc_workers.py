@@ -26,6 +26,7 @@ loop degrades at once.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -93,6 +94,7 @@ class _GrpcWorker:
             self.channel, self._owns_channel = channel_or_address, False
         self.timeout_s = timeout_s
         self._stub = self._make_stub(self.channel)
+        self._old_channels: set[asyncio.Task] = set()  # renew_credentials: old channels closing after their grace
 
     def _make_stub(self, channel: grpc.aio.Channel) -> Any:
         raise NotImplementedError
@@ -139,14 +141,16 @@ class _GrpcWorker:
 
     async def renew_credentials(self, credentials: grpc.ChannelCredentials, grace_s: float = 60.0) -> None:
         """New calls go over a new channel with ``credentials`` (a renewed client certificate or CA); calls in
-        flight finish on the old one, closed after ``grace_s``. Only for a channel this worker made."""
+        flight finish on the old one, closed after ``grace_s`` (in the background). Only for a channel this worker
+        made."""
         if not self._owns_channel:
             raise RuntimeError("renew_credentials needs a channel this worker made from an address")
         address, interceptors, options = self._dial
         old, self.channel = self.channel, aio_channel(address, interceptors=interceptors, credentials=credentials,
                                                       options=options)
         self._stub = self._make_stub(self.channel)
-        await old.close(grace=grace_s)
+        self._old_channels = {t for t in self._old_channels if not t.done()}
+        self._old_channels.add(asyncio.get_running_loop().create_task(old.close(grace=grace_s)))
 
     async def close(self) -> None:
         """Close the channel if this worker made it."""

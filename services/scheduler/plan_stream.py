@@ -14,6 +14,7 @@ tracing interceptor opens no stream-long span; each plan carries the current tra
     the stream ends (EOF)                -> WorkerRpcError UNAVAILABLE
     the outcome carries a StepError      -> WorkerRpcError with that status; the stream stays open
     the outcome is for another step      -> WorkerProtocolError; the call is dropped
+    the call is cancelled under a wait   -> WorkerRpcError UNAVAILABLE (``drop`` or ``close`` from another task)
 
 Any break drops the call; the next exchange opens a new one, as does one that finds the call ended while
 idle (a service restarted between steps: the plan goes to the new process, as a unary call would). Exchanges are serialised (one plan in
@@ -21,7 +22,8 @@ flight per worker, as the loop's contract has it). A plan may also be sent ahead
 later (``send`` / ``receive``, services/scheduler/run_ahead.py): outcomes come back in plan order, so
 an exchange waits for none to be outstanding. A plan sent with ``repeat`` R (services/target/repeat_plan.py)
 owes R more outcomes, numbered on from its step, each read by its own ``receive``; ``go_on`` asks for more of
-them (TargetPlan.goes_on) before the last one owed is read.
+them (TargetPlan.goes_on) before the last one owed is read. ``renew`` moves the stream to a new call (new TLS
+credentials) at the next plan that starts with nothing owed, so no outcome is lost to a renewal.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class PlanStream:
         self._owed = 0  # continuation outcomes still owed after that one (TargetPlan.repeat)
         self._continuing = False  # those are owed by an exchanged plan (read by receive_continuation)
         self._deadline = WaitDeadline()  # asyncio.timeout's behaviour, one timer for every wait (wait_deadline.py)
+        self._renewed: asyncio.Event | None = None  # renew(): set once the call has moved to a new one
         self.num_opened = 0  # calls opened so far (1 + reconnects)
         self.bytes_out = 0  # plan bytes written, all time
         self.bytes_in = 0  # outcome bytes read, all time
@@ -88,6 +91,19 @@ class PlanStream:
         """An outcome is owed: a plan sent ahead, or a continuation of a repeated plan."""
         return self._ahead is not None
 
+    @property
+    def renewing(self) -> bool:
+        """The call is to move to a new one (``renew``): nothing more should be asked of the old one."""
+        return self._renewed is not None
+
+    def renew(self) -> asyncio.Event:
+        """Move to a new call (``open_call`` now dials new credentials) at the next plan that starts with nothing
+        owed: the outcomes still owed are read on the old call first, and it is cancelled then. The event is set once
+        the old call is left (the moment to close its channel)."""
+        if self._renewed is None:
+            self._renewed = asyncio.Event()
+        return self._renewed
+
     async def exchange(self, plan: Any) -> Any:
         async with self._lock:
             while self._ahead is not None and self._continuing:  # continuations nobody read: the loop moved on
@@ -101,6 +117,8 @@ class PlanStream:
                     reply = await call.read()
             except _BREAKS as err:
                 raise self._broken(err) from None
+            except asyncio.CancelledError as err:
+                raise self._cancelled(call, err) from None
             self._advance(plan.step)
             self._continuing = self._ahead is not None
             return self._check(reply, plan.step, in_band_errors=True)
@@ -128,11 +146,14 @@ class PlanStream:
             if carrier:
                 plan.trace_context.update(carrier)
             self.bytes_out += plan.ByteSize()
+            call = self._call
             try:
                 with self._deadline.within(self.timeout_s):
-                    await self._call.write(plan)
+                    await call.write(plan)
             except _BREAKS as err:
                 raise self._broken(err) from None
+            except asyncio.CancelledError as err:
+                raise self._cancelled(call, err) from None
 
     def _advance(self, step: int) -> None:
         """The outcome of ``step`` is read: the next one owed, if a continuation follows."""
@@ -151,6 +172,8 @@ class PlanStream:
                 await call.write(plan)
         except _BREAKS as err:
             raise self._broken(err) from None
+        except asyncio.CancelledError as err:
+            raise self._cancelled(call, err) from None
         return plan.step
 
     async def receive(self, step: int, *, in_band_errors: bool = True) -> Any:
@@ -167,6 +190,8 @@ class PlanStream:
                 reply = await call.read()
         except _BREAKS as err:
             raise self._broken(err) from None
+        except asyncio.CancelledError as err:
+            raise self._cancelled(call, err) from None
         return self._check(reply, step, in_band_errors=in_band_errors)
 
     def _prepare(self, plan: Any) -> Any:
@@ -179,6 +204,9 @@ class PlanStream:
         if carrier:
             plan.trace_context.update(carrier)
         self.bytes_out += plan.ByteSize()
+        if self._renewed is not None and self._call is not None:  # nothing is owed on it any more (renew)
+            call, self._call = self._call, None
+            call.cancel()
         if self._call is not None and self._call.done():  # it ended while idle (the service restarted): dial again,
             self._call = None  # as a unary call would; what the old peer held is its errors' to tell (unknown ids)
         return self._call if self._call is not None else self._open()
@@ -206,6 +234,18 @@ class PlanStream:
             return WorkerRpcError(self.role, self.method, err)
         return WorkerRpcError(self.role, self.method, rpc_error(grpc.StatusCode.UNAVAILABLE, str(err)))  # a call already done
 
+    def _cancelled(self, call: Any, err: asyncio.CancelledError) -> BaseException:
+        """What a wait on ``call`` that ended in ``err`` raises: for a call cancelled under it (``drop``, ``close``:
+        grpc.aio ends a local cancel's read or write so), a break like any other; ``err`` itself where this task is
+        the one cancelled."""
+        task = asyncio.current_task()
+        if not call.cancelled() or (task is not None and task.cancelling()):
+            return err
+        if self._call is call:
+            self.drop()
+        return WorkerRpcError(self.role, self.method, rpc_error(grpc.StatusCode.UNAVAILABLE,
+                                                                "the step stream was cancelled"))  # fmt: skip
+
     def _open(self) -> Any:
         token = otel_context.attach(otel_context.Context())  # no trace: the stream outlives every request
         try:
@@ -213,6 +253,9 @@ class PlanStream:
         finally:
             otel_context.detach(token)
         self.num_opened += 1
+        if self._renewed is not None:  # the new call dialled the new credentials
+            self._renewed, renewed = None, self._renewed
+            renewed.set()
         return self._call
 
     def drop(self) -> None:

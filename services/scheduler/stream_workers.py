@@ -25,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import grpc.aio
+
 from services.scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker, WorkerProtocolError, WorkerRpcError
 from services.scheduler.plan_stream import PlanStream
 from services.scheduler.relay_packing import relay_outcome, relayed_trees
@@ -112,20 +114,41 @@ class _BareStream:
 
     def _open_bare(self, method: str, credentials=None) -> PlanStream:
         self._bare_stub, self._bare_channel, self._bare_metadata = self._stream_channel(method, credentials)
+        self._closing: set[asyncio.Task] = set()  # old channels closed once the stream has left them
         call = lambda: getattr(self._bare_stub, method)(metadata=self._bare_metadata)  # noqa: E731
         return PlanStream(self.role, method, call, self.timeout_s)
 
-    async def _renew_bare(self, credentials, grace_s: float) -> None:
+    @property
+    def renewing(self) -> bool:
+        """The step stream waits to move to new credentials: ask no more continuation steps of it."""
+        return self.stream.renewing
+
+    async def renew_credentials(self, credentials, grace_s: float = 60.0) -> None:
+        """Unary calls move at once (grpc_workers.py); the step stream at its next plan that starts with nothing
+        owed (plan_stream.py), on a new channel, the old one closed as it is left."""
+        await super().renew_credentials(credentials, grace_s)
         old = self._bare_channel
         self._bare_stub, self._bare_channel, self._bare_metadata = self._stream_channel(self.stream.method,
                                                                                         credentials)  # fmt: skip
-        self.stream.drop()  # the next plan opens the stream on the new channel
-        if old is not None:
-            await old.close(grace=grace_s)
+        if old is None:  # the stream rides on the main channel: it is to move with it
+            self.stream.renew()
+        else:
+            self._closing.add(asyncio.get_running_loop().create_task(_close_when(self.stream.renew(), old)))
+            self._closing = {t for t in self._closing if not t.done()}
 
     async def _close_bare(self) -> None:
+        for task in self._closing:
+            task.cancel()
         if self._bare_channel is not None:
             await self._bare_channel.close()
+
+
+async def _close_when(left: asyncio.Event, channel: grpc.aio.Channel) -> None:
+    """Close ``channel`` once the step stream has left it (PlanStream.renew)."""
+    try:
+        await left.wait()
+    finally:
+        await channel.close()
 
 
 class StreamTargetWorker(_BareStream, GrpcTargetWorker):
@@ -209,7 +232,8 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
         if ahead is None or ahead.sent is None:
             return
         (step, ids, released), ahead.sent = ahead.sent, None
-        if go_on and not ahead.owed and ahead.repeat and not self.releases.ids and not ahead.released:
+        if go_on and not ahead.owed and ahead.repeat and not self.releases.ids and not ahead.released and \
+                not self.stream.renewing:  # fmt: skip
             try:  # the last one owed, nothing released since: go on with the same decodes (TargetPlan.goes_on)
                 await self.stream.go_on(target_pb2.TargetPlan(goes_on=True, repeat=ahead.repeat))
                 ahead.owed, ahead.num_went_on = ahead.repeat + 1, ahead.num_went_on + 1
@@ -315,12 +339,6 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
         await _flush_quietly(self)  # what Info reports includes the releases queued so far
         return await super().info(wait_s)
 
-    async def renew_credentials(self, credentials, grace_s: float = 60.0) -> None:
-        await super().renew_credentials(credentials, grace_s)
-        async with self._order:
-            await self._settle_all()  # a plan sent ahead is read on the old stream before it goes
-            await self._renew_bare(credentials, grace_s)
-
     async def close(self) -> None:
         self.releases.cancel()
         try:
@@ -411,12 +429,6 @@ class StreamDraftWorker(_BareStream, GrpcDraftWorker):
     async def info(self, wait_s: float = 2.0):
         await _flush_quietly(self)
         return await super().info(wait_s)
-
-    async def renew_credentials(self, credentials, grace_s: float = 60.0) -> None:
-        await super().renew_credentials(credentials, grace_s)
-        async with self._order:
-            await self._settle_all()  # a plan sent ahead is read on the old stream before it goes
-            await self._renew_bare(credentials, grace_s)
 
     async def close(self) -> None:
         self.releases.cancel()

@@ -24,22 +24,29 @@ class FakeCall:
         self.sent: list[int] = []
         self.answer = answer or (lambda out: out)
         self.hang = hang
-        self.cancelled = False
+        self.was_cancelled = False
         self.ended = False  # the peer ended the call (it restarted)
+        self._reading: asyncio.Future | None = None  # a read under way (cancel ends it as grpc.aio does)
 
     async def write(self, plan) -> None:
         self.sent.append(plan.step)
 
     async def read(self):
         if self.hang:
-            await asyncio.sleep(10)
+            self._reading = asyncio.get_running_loop().create_future()
+            await asyncio.wait_for(self._reading, 10)
         return self.answer(target_pb2.TargetOutcome(step=self.sent.pop(0)))
 
     def cancel(self) -> None:
-        self.cancelled = True
+        self.was_cancelled = True
+        if self._reading is not None and not self._reading.done():
+            self._reading.cancel()  # grpc.aio: a read under a local cancel ends in CancelledError
+
+    def cancelled(self) -> bool:
+        return self.was_cancelled
 
     def done(self) -> bool:
-        return self.cancelled or self.ended
+        return self.was_cancelled or self.ended
 
 
 def stream_of(call: FakeCall, timeout_s: float = 1.0) -> PlanStream:
@@ -77,7 +84,7 @@ def test_a_broken_exchange_drops_the_call_with_the_unary_error(answer, hang, err
         return call, stream, info.value
 
     call, stream, err = asyncio.run(main())
-    assert call.cancelled and stream._call is None and not stream.busy  # the next plan opens a new call
+    assert call.was_cancelled and stream._call is None and not stream.busy  # the next plan opens a new call
     if code is not None:
         assert err.code() is code
 
@@ -98,7 +105,7 @@ def test_a_step_error_raises_its_status_and_keeps_the_stream():
 
     call, stream, err, reply = asyncio.run(main())
     assert err.code() is grpc.StatusCode.NOT_FOUND and "unknown sequence" in err.details()
-    assert not call.cancelled and stream._call is call and reply.HasField("error")
+    assert not call.was_cancelled and stream._call is call and reply.HasField("error")
 
 
 def test_a_call_that_ended_while_idle_is_dialled_again_before_the_next_plan():
@@ -128,3 +135,48 @@ def test_a_write_on_a_torn_down_connection_is_an_outage_not_an_internal_error():
     with pytest.raises(WorkerRpcError) as err:
         asyncio.run(stream.exchange(target_pb2.TargetPlan()))
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_call_dropped_under_a_read_is_a_break_not_a_cancelled_task():
+    """Another task drops the call while an outcome is awaited (grpc.aio ends that read in CancelledError): the
+    read raises the broken stream's UNAVAILABLE, so the loop recovers as from any break; a cancel of the reading
+    task itself still cancels it."""
+    async def main():
+        call = FakeCall(hang=True)
+        stream = stream_of(call, timeout_s=5.0)
+        reading = asyncio.create_task(stream.exchange(target_pb2.TargetPlan()))
+        await asyncio.sleep(0.01)
+        stream.drop()
+        with pytest.raises(WorkerRpcError) as err:
+            await reading
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and stream._call is None
+        other = stream_of(FakeCall(hang=True), timeout_s=5.0)
+        reading = asyncio.create_task(other.exchange(target_pb2.TargetPlan()))
+        await asyncio.sleep(0.01)
+        reading.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reading
+
+    asyncio.run(main())
+
+
+def test_renew_moves_to_a_new_call_once_nothing_is_owed():
+    """A renewal (new TLS credentials) reads what the old call owes first, then the next plan opens a new call and
+    the old one is cancelled: no outcome is lost, and the event tells when the old channel may close."""
+    calls = [FakeCall(), FakeCall()]
+    opened = iter(calls)
+    stream = PlanStream("target", "StepStream", lambda: next(opened), 1.0)
+
+    async def main():
+        first = await stream.send(target_pb2.TargetPlan(repeat=1))  # two outcomes owed on the first call
+        left = stream.renew()
+        assert stream.renewing and stream.renew() is left
+        calls[0].sent.append(first + 1)  # the continuation's outcome, as the target would write it
+        assert (await stream.receive(first)).step == first
+        assert (await stream.receive(first + 1)).step == first + 1 and not left.is_set()
+        assert (await stream.exchange(target_pb2.TargetPlan())).step == first + 2
+        return left
+
+    left = asyncio.run(main())
+    assert left.is_set() and not stream.renewing and stream.num_opened == 2
+    assert calls[0].was_cancelled and not calls[1].was_cancelled
