@@ -57,10 +57,12 @@ RETRY_S = 5.0  # after the stream failed (the draft away or unreachable), nothin
 # lookaheads or not, per shape and batch size: learnt in short runs (P S S P ...), so that both modes see the
 # process warm up alike, then compared on the trimmed mean of each mode's last steps (a step counts after two
 # choices of its mode), the mode taken kept until the other is clearly faster (on 2 cores: 20 % faster with them
-# at batch 1, 10-20 % at 8, 30-40 % slower at 64), and the other judged only on its last exploration run, as it
-# ends
+# at batch 1, 10-20 % at 8, 10-40 % slower at 64), and the other judged only on its last exploration run, as it
+# ends; neither mode is favoured (margin 0: a lookahead is an option, not a cost model's choice): with the default
+# 5 % margin on top of the hysteresis, the lookahead, once taken after a noisy exploration, had to measure 13 % slower
+# to be left, and at batch 64 it often costs 10-15 %
 RELAY_GATE = MeasuredGateConfig(min_steps=12, run_steps=6, explore_every=200, lag=2, window=24, hysteresis=0.08,
-                                abba=True, fresh=True)  # fmt: skip
+                                margin=0.0, abba=True, fresh=True)  # fmt: skip
 
 log = logging.getLogger(__name__)
 

@@ -188,3 +188,20 @@ def test_fresh_a_slow_stretch_of_the_mode_in_use_does_not_flip_it_but_a_fresh_ru
     per_token[PIPE] = 0.07  # pipe now much faster: its next run flips the gate as it ends
     modes = steps(fresh, 45)
     assert modes[-1] == PIPE
+
+
+def test_the_relay_lookahead_gate_favours_neither_mode():
+    """The relay's lookaheads are an option, not a cost model's choice: once taken after an exploration that measured
+    them faster, they are left as soon as steps without them measure past the hysteresis faster (10 % here), and
+    taken back only past the same margin the other way (services/target/draft_relay.py)."""
+    from services.target.draft_relay import RELAY_GATE
+
+    gate = MeasuredGate(RELAY_GATE)
+    per_token = {PIPE: 0.10, SERIAL: 0.11}  # lookaheads 10 % faster while learning (noise, say)
+    _steps(gate, per_token, 4 * RELAY_GATE.min_steps, batch_size=64)
+    assert gate.buckets[4].settled == PIPE
+    per_token[PIPE] = 0.12  # then 10 % slower than without: the next run without them flips the gate as it ends
+    modes = _steps(gate, per_token, 2 * RELAY_GATE.explore_every, batch_size=64)
+    assert modes[-1] == SERIAL and gate.buckets[4].settled == SERIAL
+    per_token[PIPE] = 0.105  # 5 % faster with them: within the hysteresis, the mode taken stays
+    assert _steps(gate, per_token, 2 * RELAY_GATE.explore_every, batch_size=64)[-1] == SERIAL
