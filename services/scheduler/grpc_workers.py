@@ -153,7 +153,9 @@ class _GrpcWorker:
         self._old_channels.add(asyncio.get_running_loop().create_task(old.close(grace=grace_s)))
 
     async def close(self) -> None:
-        """Close the channel if this worker made it."""
+        """Close the channel if this worker made it (and at once, any a renewal left closing)."""
+        for task in self._old_channels:
+            task.cancel()
         if self._owns_channel:
             await self.channel.close()
 
