@@ -94,7 +94,7 @@ class _GrpcWorker:
             self.channel, self._owns_channel = channel_or_address, False
         self.timeout_s = timeout_s
         self._stub = self._make_stub(self.channel)
-        self._old_channels: set[asyncio.Task] = set()  # renew_credentials: old channels closing after their grace
+        self._old_channels: set[asyncio.Task] = set()  # renew_credentials: old channels closing (grace, or once left)
 
     def _make_stub(self, channel: grpc.aio.Channel) -> Any:
         raise NotImplementedError

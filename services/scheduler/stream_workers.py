@@ -114,7 +114,6 @@ class _BareStream:
 
     def _open_bare(self, method: str, credentials=None) -> PlanStream:
         self._bare_stub, self._bare_channel, self._bare_metadata = self._stream_channel(method, credentials)
-        self._closing: set[asyncio.Task] = set()  # old channels closed once the stream has left them
         call = lambda: getattr(self._bare_stub, method)(metadata=self._bare_metadata)  # noqa: E731
         return PlanStream(self.role, method, call, self.timeout_s)
 
@@ -133,12 +132,9 @@ class _BareStream:
         if old is None:  # the stream rides on the main channel: it is to move with it
             self.stream.renew()
         else:
-            self._closing.add(asyncio.get_running_loop().create_task(_close_when(self.stream.renew(), old)))
-            self._closing = {t for t in self._closing if not t.done()}
+            self._old_channels.add(asyncio.get_running_loop().create_task(_close_when(self.stream.renew(), old)))
 
     async def _close_bare(self) -> None:
-        for task in self._closing:
-            task.cancel()
         if self._bare_channel is not None:
             await self._bare_channel.close()
 

@@ -43,7 +43,7 @@ def test_a_renewal_while_decoding_moves_the_step_stream_and_loses_nothing(tiny_m
             try:
                 _, *outs = await asyncio.gather(sched.run_until_idle(), *(s.collect() for s in streams))
                 info = await target.info()
-                closing = set(target._closing)
+                closing = set(target._old_channels)
                 await asyncio.wait_for(asyncio.gather(*closing), 5)  # the old channels close once left
                 return outs, info, target.stream.num_opened, first_channel, target._bare_channel
             finally:
@@ -67,7 +67,7 @@ def test_the_draft_stream_moves_after_a_renewal_and_keeps_its_sequences(tiny_mod
                 await worker.renew_credentials(None)
                 assert worker.renewing and worker.stream.num_opened == 1
                 after = await worker.speculate([SpecItem("a", [92], chain_len=2)])  # same position: same tree
-                await asyncio.wait_for(asyncio.gather(*worker._closing), 5)
+                await asyncio.wait_for(asyncio.gather(*worker._old_channels), 5)
                 return before, after, worker.renewing, worker.stream.num_opened
             finally:
                 await worker.close()
