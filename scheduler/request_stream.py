@@ -2,7 +2,8 @@
 
 The loop puts an event per request per step, so the stream is a deque and one waiter future, made only
 when the reader finds nothing queued (an ``asyncio.Queue`` makes a future for every ``get`` and wakes
-its reader through more callbacks).
+its reader through more callbacks). A reader that wants only the whole output asks for ``final_only``
+and is woken once, by the finished event.
 """
 
 from __future__ import annotations
@@ -42,12 +43,23 @@ class RequestStream:
         self._events: deque[TokenEvent] = deque()
         self._waiter: asyncio.Future[None] | None = None  # the reader's, while it waits for an event
         self._done = False
+        self._final_only = False  # the reader is woken by the finished event alone (final_only)
 
     def _put(self, event: TokenEvent) -> None:
         self._events.append(event)
+        if self._final_only and not event.finished:
+            return
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def final_only(self) -> RequestStream:
+        """Wake the reader once, at the end, for one that returns the whole output (``collect``, a unary
+        ``GenerateUnary``, a non-streaming HTTP request): the loop still queues an event per step, in order, but
+        sets no waiter until the finished event, so a batch of B such readers costs no B task wake-ups per step
+        (vLLM's FINAL_ONLY outputs). Its events are all read then, as before."""
+        self._final_only = True
+        return self
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -74,6 +86,7 @@ class RequestStream:
         """All output tokens, once the request ends (every event queued is taken at each wake-up)."""
         out: list[int] = []
         events = self._events
+        self.final_only()
         while not self._done:
             if not events:
                 await self._wait()

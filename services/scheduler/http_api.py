@@ -193,7 +193,7 @@ def build_app(servicer: TandemServicer, *, model_name: str, keys: frozenset[str]
         token = otel_context.attach(ctx)  # each request's span is opened at submit, inside its first step
         try:
             for i, msg in enumerate(msgs):
-                gen = servicer._generate(msg)
+                gen = servicer._generate(msg, final_only=not body.stream)  # a whole answer: read once it ends
                 samples.append(Sample(i, gen))
                 await gen.__anext__()  # the checks run here: a bad request is an HTTP error, not a stream
         except BaseException as exc:

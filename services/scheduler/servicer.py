@@ -81,7 +81,7 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
         self, request: tandem_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> tandem_pb2.GenerateResult:
         result = tandem_pb2.GenerateResult()
-        async for msg in self._generate(request):
+        async for msg in self._generate(request, final_only=True):  # woken once, at the end
             result.request_id = msg.request_id
             kind = msg.WhichOneof("event")
             if kind == "tokens":
@@ -128,11 +128,16 @@ class TandemServicer(tandem_pb2_grpc.TandemServicer):
         return info
 
     # ------------------------------------------------------------------ one request
-    async def _generate(self, msg: tandem_pb2.GenerateRequest) -> AsyncIterator[tandem_pb2.GenerateResponse]:
+    async def _generate(self, msg: tandem_pb2.GenerateRequest,
+                        final_only: bool = False) -> AsyncIterator[tandem_pb2.GenerateResponse]:  # fmt: skip
+        """The request's messages; ``final_only``: its tokens are read once it ends (a caller that returns the
+        whole output), not as each step commits them (RequestStream.final_only)."""
         arrival = self.scheduler.clock.now()
         req = to_request(msg, self.limits, self.codec)
         req.arrival_time = arrival
         stream = self._submit(req)
+        if final_only:
+            stream.final_only()
         eos_ids = set(self.codec.eos_token_ids if self.codec else ()) - set(msg.stop_token_ids)
         decoder = self.codec.stream() if self.codec else None
         try:

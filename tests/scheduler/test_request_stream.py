@@ -69,3 +69,41 @@ def test_a_reader_cancelled_while_waiting_leaves_the_stream_usable():
         assert (await stream.__anext__()).token_ids == [5]
 
     asyncio.run(main())
+
+
+def test_a_final_only_reader_is_woken_once_by_the_end_and_reads_every_event_in_order():
+    async def main():
+        stream = _stream().final_only()
+        got: list[TokenEvent] = []
+
+        async def read():
+            async for ev in stream:
+                got.append(ev)
+
+        reader = asyncio.create_task(read())
+        for i in range(3):  # a step each: queued, nobody woken
+            await asyncio.sleep(0)
+            stream._put(_event(i, [5 + i]))
+            await asyncio.sleep(0)
+            assert got == [] and stream._waiter is not None and not stream._waiter.done()
+        stream._put(_event(3, [8], finished=True))
+        await asyncio.wait_for(reader, 1)
+        assert [e.token_ids for e in got] == [[5], [6], [7], [8]] and got[-1].finished
+
+    asyncio.run(main())
+
+
+def test_collect_waits_for_the_end_alone():
+    async def main():
+        stream = _stream()
+        task = asyncio.create_task(stream.collect())
+        await asyncio.sleep(0)
+        waiter = stream._waiter
+        stream._put(_event(0, [5]))
+        stream._put(_event(1, [6]))
+        await asyncio.sleep(0)
+        assert stream._waiter is waiter and not waiter.done() and not task.done()  # still the first wait
+        stream._put(_event(2, [7], finished=True))
+        assert await asyncio.wait_for(task, 1) == [5, 6, 7]
+
+    asyncio.run(main())
