@@ -88,8 +88,8 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
             async for plan in request_iterator:  # one plan, one engine step, one outcome (step_stream.py)
                 async for outcome in run_plan(self, plan, last):  # and its continuation steps (repeat_plan.py)
                     outcomes.put(outcome)
-                    # the step's handoff to the draft leaves beside its outcome (draft_relay.py), before the next
-                    # step runs: the next tree is drafted while the outcome travels
+                    # the step's handoff to the draft left before its outcome was packed (step_stream.py): the next
+                    # tree is drafted while the outcome is built and travels; anything still unsent leaves now
                     await self.relay.flush()
         finally:
             await outcomes.close()

@@ -94,8 +94,9 @@ async def run_target_plan(servicer, plan: target_pb2.TargetPlan, results: list |
     reply = target_pb2.TargetOutcome(step=plan.step, costs=costs, timing=timing)
     if results is not None:
         results.extend(out.verifies)
-    if handoffs:  # written as the outcome leaves: the draft drafts while the scheduler commits
+    if handoffs:  # written before the outcome is packed: the draft drafts while the rest is built and sent
         reply.relayed.extend(hand_off(servicer.relay, plan, handoffs, out.verifies, taken.bases))
+        await servicer.relay.flush()
     if plan.relay_flags:
         reply.relay_missed.extend(taken.missed)
         reply.relayed_trees.CopyFrom(pack_trees(taken.trees))
