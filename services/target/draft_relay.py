@@ -100,9 +100,9 @@ class DraftRelay:
 
     def handoff(self, address: str, items: list[Handed], trace_context=None, tokens: int = 0) -> list[str]:
         """Hand the draft one step's tokens and next shapes (``tokens``: how many the step committed for them); the
-        ids handed off. The message is written by ``flush``, which the step stream calls once the step's outcome
-        is on its way to the scheduler (its path is the longer one); a write that fails loses the answer, and the
-        trees are missed."""
+        ids handed off. The message is written by ``flush``, which the step stream calls as soon as the step has
+        run, before its outcome is packed (step_stream.py); a write that fails loses the answer, and the trees
+        are missed."""
         if not items or self.disabled or time.monotonic() < self._down_until:
             return []  # the scheduler drafts them itself meanwhile
         look = self.lookahead == "always" or (self.lookahead == "measured" and self._choose(items, tokens))
