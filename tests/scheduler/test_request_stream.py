@@ -20,16 +20,21 @@ def _stream() -> RequestStream:
     return RequestStream(Request(id="r", prompt_ids=[1, 2], max_new_tokens=8))
 
 
+def _read_into(stream: RequestStream, got: list[TokenEvent]) -> asyncio.Task:
+    """A reader task that iterates ``stream`` and keeps every event it gets, in order."""
+
+    async def read():
+        async for ev in stream:
+            got.append(ev)
+
+    return asyncio.create_task(read())
+
+
 def test_events_come_in_order_and_the_stream_stops_after_the_finished_one():
     async def main():
         stream = _stream()
         got: list[TokenEvent] = []
-
-        async def read():
-            async for ev in stream:
-                got.append(ev)
-
-        reader = asyncio.create_task(read())
+        reader = _read_into(stream, got)
         await asyncio.sleep(0)  # the reader waits on an empty stream
         stream._put(_event(0, [5]))
         stream._put(_event(1, [6, 7]))  # two before it wakes: both come, in order
@@ -75,12 +80,7 @@ def test_a_final_only_reader_is_woken_once_by_the_end_and_reads_every_event_in_o
     async def main():
         stream = _stream().final_only()
         got: list[TokenEvent] = []
-
-        async def read():
-            async for ev in stream:
-                got.append(ev)
-
-        reader = asyncio.create_task(read())
+        reader = _read_into(stream, got)
         for i in range(3):  # a step each: queued, nobody woken
             await asyncio.sleep(0)
             stream._put(_event(i, [5 + i]))
