@@ -6,6 +6,9 @@ and EngineHost (bench/zero_cost_service.py), over gRPC on loopback. A step costs
 
     orchestration = step wall time (start to start) - the slowest worker's compute (engine time per step)
 
+with the step wall time the mean over the steady steps (a median would read the fast half of steps whose
+outcomes come two to a message, services/target/outcome_hold.py, or whose continuation was already in),
+
 for plain decode (no draft), a chain of 4 and a 6-node tree (SpecInfer expansion 2-2), at batch 1, 8 and
 64, and a chain of 4 with EAGLE features of 3 layers of hidden 576 and 4096 at batch 1 and 32. Each case
 runs with ``TANDEM_WORKER_PROTOCOL=unary`` and ``=stream`` side by side, interleaved, in every repeat
@@ -153,7 +156,7 @@ async def run_case(running, services: Services, tag: str, shape: str, batch: int
     steady = [i for i, r in enumerate(log.rows) if r[1] == batch and r[2] == 0 and i > 0][warm:]
     steady_set = set(steady)
     pairs = [(log.rows[i - 1], log.rows[i]) for i in steady if i - 1 in steady_set]
-    step_s = statistics.median(b[0] - a[0] for a, b in pairs)
+    step_s = sum(b[0] - a[0] for a, b in pairs) / len(pairs)  # the mean: outcomes may come two to a message
     wire = statistics.median(b[3] - a[3] for a, b in pairs)
     hidden = log.rows[steady[-1]][5] - log.rows[steady[0]][5]  # deferred observer time over the steady steps
     own = sum(log.rows[i][4] for i in steady) + hidden  # the scheduler's own per-step work: commit + observers

@@ -42,6 +42,7 @@ from shared.engine.types import RELAY_TAKE, AcceptResult, TokenTree, VerifyItem
 class VerifyAhead:
     def __init__(self, repeat: int = 0) -> None:
         self.repeat = repeat  # continuation steps each verify sent ahead asks for (step streams only)
+        self.pace = None  # or a StepPace: the repeat then follows the step time, up to its most (step_pace.py)
         self._task: asyncio.Task | None = None
         self._batch: list[Request] = []
         self._shapes: list[SpecShape] = []
@@ -53,12 +54,19 @@ class VerifyAhead:
         self.num_went_on = 0  # plans that went on from the last continuation owed (TargetPlan.goes_on), all time
 
     @property
+    def most(self) -> int:
+        """Continuation steps the next plan may ask for: ``repeat``, or the pace's where the step time sets it."""
+        return self.pace.repeat if self.pace is not None else self.repeat
+
+    @property
     def pending(self) -> bool:
         return self._task is not None
 
     def start(self, loop, batch: list[Request], results: list[AcceptResult]) -> bool:
         """After step N's verify, before its commit: send step N+1's verify when its plan is already known (or read
         the next continuation step of the last one sent, which comes whatever the loop would plan)."""
+        if self.pace is not None:
+            self.pace.tick(loop.clock.now())
         if self._owed and self._collected_at != loop._num_steps:
             self._owed = 0  # not read in the step that collected its plan (nothing left to verify): the stream
             # drains it before its next plan (services/scheduler/plan_stream.py)
@@ -76,7 +84,7 @@ class VerifyAhead:
         if known is None:
             return False
         outs, remaining = known
-        repeat = _repeat(self.repeat, remaining, [out.shape for out in outs])
+        repeat = _repeat(self.most, remaining, [out.shape for out in outs])
         items = [VerifyItem(req.id, relay=RELAY_TAKE, handoff=out.shape.spec_item(req.id, []), remaining=left,
                             repeat=repeat) for req, out, left in zip(batch, outs, remaining)]  # fmt: skip
         self._batch, self._shapes = list(batch), [out.shape for out in outs]
@@ -99,12 +107,12 @@ class VerifyAhead:
     def _more(self, loop, batch: list[Request], results: list[AcceptResult]) -> int:
         """Steps to go on with after the last continuation owed (0: none), asked for as it is read so that the target
         runs them without waiting for a plan (TargetPlan.goes_on): while the plan's requests all still run as known."""
-        if not self.repeat or len(batch) != len(self._items) or getattr(loop.target, "renewing", False) or \
+        if not self.most or len(batch) != len(self._items) or getattr(loop.target, "renewing", False) or \
                 (known := self._known(loop, batch, results)) is None:  # fmt: skip
             return 0  # one that ended is released by the next plan of the loop's own; a stream that is to move to
             # new credentials moves at the next plan
         outs, remaining = known
-        return _repeat(self.repeat + 1, remaining, [out.shape for out in outs])  # the one owed and these: R + 1 steps
+        return _repeat(self.most + 1, remaining, [out.shape for out in outs])  # the one owed and these: R + 1 steps
 
     async def collect(self, loop, report) -> tuple[list[Request], list[SpecShape], list[TokenTree], list[AcceptResult]] | None:
         """Step N+1's verify, for the requests still running (the others' results are dropped); None when it failed

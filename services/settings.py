@@ -336,11 +336,18 @@ class ServiceSettings(BaseModel):
         "service, one message per step; docs/services.md) or unary (one RPC per call, the older protocol).",
     )
     plan_repeat: int = Field(
-        1, ge=0, le=4,
+        3, ge=0, le=4,
         description="Scheduler over step streams: where the next steps are known when a plan leaves (decode "
-        "run-ahead; relayed verify run-ahead under a fixed policy), the plan asks the target to run this many more "
-        "by itself (services/target/repeat_plan.py): fewer plan messages and no round trip between those steps; "
-        "a request that ends meanwhile is decoded or verified that many times more for nothing.",
+        "run-ahead; relayed verify run-ahead under a fixed policy), the plan asks the target to run up to this many "
+        "more by itself (services/target/repeat_plan.py): fewer plan messages and no round trip between those steps; "
+        "a request that ends meanwhile is decoded or verified that many times more for nothing. How many, from 1 "
+        "up, follows the step time (repeat_wait_ms).",
+    )  # fmt: skip
+    repeat_wait_ms: float = Field(
+        4.0, ge=0.0,
+        description="Scheduler over step streams: the most an arrival should wait for steps already asked of the "
+        "target (2R + 1 of them at R continuation steps per plan): R is the largest, up to plan_repeat and at least "
+        "1, with (2R + 1) steps of the measured step time within it (scheduler/step_pace.py).",
     )  # fmt: skip
     run_ahead: bool = Field(
         True,
@@ -367,6 +374,12 @@ class ServiceSettings(BaseModel):
         "measured: where steps measure faster per token with it than without, per batch size, and while at least "
         "one in ten is taken; always: every handoff; off: never.",
     )
+    outcome_hold_ms: float = Field(
+        2.0, ge=0.0, le=100.0,
+        description="Target, step streams: a continuation step that took under this long holds its outcome for the "
+        "next step's, and both leave as one message (services/target/outcome_hold.py): less CPU per step where steps "
+        "are short, each held outcome's tokens one step later; 0: every outcome leaves at once.",
+    )  # fmt: skip
     feature_path: Literal["direct", "relay"] = Field(
         "direct",
         description="Scheduler, feature-level drafts over step streams: direct (the target pushes each step's "

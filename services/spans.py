@@ -12,6 +12,11 @@ from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
 
+def recording() -> bool:
+    """Whether the current span records: attributes that cost a pass over a batch are computed only then."""
+    return trace.get_current_span().is_recording()
+
+
 def annotate(**attributes: AttributeValue) -> None:
     span = trace.get_current_span()
     if span.is_recording():

@@ -17,7 +17,7 @@ import logging
 from services.draft.relay_lookahead import _LookaheadFailed
 from services.draft.spec_stream import stream_spec_item_from_pb
 from services.plan_spans import plan_span
-from services.spans import annotate
+from services.spans import annotate, recording
 from shared.engine.errors import InvalidRequestError
 from shared.engine.types import TokenTree
 from shared.rpc.chain_packing import unpack_chain_items
@@ -27,6 +27,7 @@ from shared.rpc.packing import pack_trees
 
 log = logging.getLogger(__name__)
 SERVICE = "tandem.v1.DraftService"
+_NONE = TokenTree()  # where an item has no tree (packed, never changed)
 
 
 async def run_relay_handoff(servicer, handoff: draft_pb2.RelayHandoff) -> draft_pb2.RelayTrees:
@@ -47,8 +48,9 @@ async def run_relay_handoff(servicer, handoff: draft_pb2.RelayHandoff) -> draft_
     ran = None
     if ready:
         with plan_span(getattr(servicer.host, "tracer_provider", None), SERVICE, "Speculate", handoff.trace_context):
-            annotate(batch_size=len(ready), seq_ids=[i.seq_id for _, i in ready], relayed=True,
-                     new_tokens=sum(len(i.new_tokens) for _, i in ready))  # fmt: skip
+            if recording():
+                annotate(batch_size=len(ready), seq_ids=[i.seq_id for _, i in ready], relayed=True,
+                         new_tokens=sum(len(i.new_tokens) for _, i in ready))  # fmt: skip
             ready_flags = bytes(flags[k] if k < len(flags) else 0 for k, _ in ready) if flags else b""
             try:
                 ran = await servicer.host.run_step(servicer._relay, [i for _, i in ready], ready_flags)
@@ -60,13 +62,14 @@ async def run_relay_handoff(servicer, handoff: draft_pb2.RelayHandoff) -> draft_
                 looks = {k: t for (k, _), t in zip(ready, got_looks) if len(t)}
                 bad = {ready[j][0] for j in got_bad}
                 taken = {ready[j][0] for j in got_taken}
-                annotate(drafted_tokens=[len(t) for t in got_fresh], lookahead_tokens=[len(t) for t in got_looks])
+                if recording():
+                    annotate(drafted_tokens=[len(t) for t in got_fresh], lookahead_tokens=[len(t) for t in got_looks])
     missing = [i.seq_id for k, i in enumerate(items) if k not in fresh or k in bad]
     timing = ran.timing(timer, forward_ns=round(sum(c.duration_s for c in ran.result[1]) * 1e9)) if ran else timer.timing()
     answer = draft_pb2.RelayTrees(step=handoff.step, missing=missing, timing=timing,
-                                  trees=pack_trees([fresh.get(k, TokenTree()) for k in range(len(items))]))  # fmt: skip
+                                  trees=pack_trees([fresh.get(k, _NONE) for k in range(len(items))]))  # fmt: skip
     if looks:
-        answer.lookaheads.CopyFrom(pack_trees([looks.get(k, TokenTree()) for k in range(len(items))]))
+        answer.lookaheads.CopyFrom(pack_trees([looks.get(k, _NONE) for k in range(len(items))]))
     if taken - bad:
         answer.taken = bytes(1 if k in taken and k not in bad else 0 for k in range(len(items)))
     return answer

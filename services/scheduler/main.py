@@ -44,6 +44,7 @@ from redis.exceptions import RedisError
 import shared.rpc  # noqa: F401 - builds the generated code if needed
 from scheduler.engine_loop import Scheduler, SchedulerConfig
 from scheduler.target_link import TargetRecoveryConfig
+from scheduler.step_pace import StepPace
 from services.scheduler.grpc_workers import GrpcDraftWorker, GrpcTargetWorker
 from services.scheduler.stream_workers import worker_classes
 from services.scheduler.run_ahead import RunAhead
@@ -151,7 +152,7 @@ async def _start(
     if draft is not None:
         closers.append(draft.close)
     elif settings.run_ahead and hasattr(target, "run_ahead"):  # every step a plain decode: the next goes ahead
-        target.run_ahead = RunAhead(repeat=settings.plan_repeat)
+        target.run_ahead = RunAhead(repeat=settings.plan_repeat, pace=_pace(settings))
     if internal_tls is not None:  # a renewed client certificate or CA reaches new calls without a restart
         follow = asyncio.get_running_loop().create_task(
             follow_client_tls(internal_tls, [w for w in (target, draft) if w is not None]), name="internal-tls")
@@ -221,7 +222,7 @@ async def _start(
         detokenize=codec.decode if codec else None,
     )
     if scheduler.verify_ahead is not None and relay:  # relayed over step streams: a plan may run several steps
-        scheduler.verify_ahead.repeat = settings.plan_repeat
+        scheduler.verify_ahead.repeat, scheduler.verify_ahead.pace = settings.plan_repeat, _pace(settings)
     levels = getattr(getattr(scheduler.queue_policy, "config", None), "levels", None)
     if levels is not None:  # LAPS-SD's queues (services/scheduler/policies.py)
         log.info("queue policy %s: %d queues, %s, M = %g", scheduler.queue_policy.name,
@@ -345,6 +346,11 @@ async def serve(settings: ServiceSettings, *, ready: asyncio.Event | None = None
     """Serve until cancelled or SIGTERM/SIGINT, then drain for ``shutdown_grace_s``; ``ready`` is set once SERVING;
     ``freeze_gc``: the process's own entry point (shared/gc_freeze.py)."""
     await serve_until_stopped(start(settings, set_global_tracing=True), ready=ready, freeze_gc=freeze_gc)
+
+
+def _pace(settings: ServiceSettings) -> StepPace:
+    """How many continuation steps a plan asks for, from the step time (scheduler/step_pace.py)."""
+    return StepPace(settings.plan_repeat, settings.repeat_wait_ms / 1e3)
 
 
 def internal_channel_args(tls: ClientTls | None) -> dict[str, Any]:

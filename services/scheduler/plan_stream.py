@@ -29,6 +29,7 @@ credentials) at the next plan that starts with nothing owed, so no outcome is lo
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -73,9 +74,11 @@ class PlanStream:
         self._continuing = False  # those are owed by an exchanged plan (read by receive_continuation)
         self._deadline = WaitDeadline()  # asyncio.timeout's behaviour, one timer for every wait (wait_deadline.py)
         self._renewed: asyncio.Event | None = None  # renew(): set once the call has moved to a new one
+        self._then: deque = deque()  # outcomes that came with the last one read (TargetOutcome.then), in step order
         self.num_opened = 0  # calls opened so far (1 + reconnects)
         self.bytes_out = 0  # plan bytes written, all time
         self.bytes_in = 0  # outcome bytes read, all time
+        self.messages_in = 0  # outcome messages read, all time (fewer than outcomes where some came together)
 
     @property
     def busy(self) -> bool:
@@ -185,6 +188,8 @@ class PlanStream:
         self._advance(step)
         if call is None:  # dropped since the plan left (a failed write)
             raise WorkerRpcError(self.role, self.method, rpc_error(grpc.StatusCode.UNAVAILABLE, "the step stream broke"))
+        if self._then:  # it came with the last one read (services/target/outcome_hold.py)
+            return self._check(self._then.popleft(), step, in_band_errors=in_band_errors, counted=True)
         try:
             with self._deadline.within(self.timeout_s):
                 reply = await call.read()
@@ -211,12 +216,16 @@ class PlanStream:
             self._call = None  # as a unary call would; what the old peer held is its errors' to tell (unknown ids)
         return self._call if self._call is not None else self._open()
 
-    def _check(self, reply: Any, step: int, *, in_band_errors: bool) -> Any:
+    def _check(self, reply: Any, step: int, *, in_band_errors: bool, counted: bool = False) -> Any:
         if reply is grpc.aio.EOF:
             self.drop()
             raise WorkerRpcError(self.role, self.method,
                                  rpc_error(grpc.StatusCode.UNAVAILABLE, "the step stream ended"))  # fmt: skip
-        self.bytes_in += reply.ByteSize()
+        if not counted:  # a message as read (with the outcomes it carries)
+            self.bytes_in += reply.ByteSize()
+            self.messages_in += 1
+            if getattr(reply, "then", None):
+                self._then.extend(reply.then)
         if reply.step != step:
             self.drop()
             raise WorkerProtocolError(f"{self.role} {self.method}: outcome of step {reply.step} for plan {step}")
@@ -261,6 +270,7 @@ class PlanStream:
     def drop(self) -> None:
         """Forget the call (cancelled if still open) and any outcome owed; the next exchange opens a new one."""
         call, self._call, self._ahead, self._owed, self._continuing = self._call, None, None, 0, False
+        self._then.clear()
         if call is not None:
             call.cancel()
 

@@ -49,11 +49,16 @@ class RunAhead:
     sent: tuple[int, list[str], list[str]] | None = None  # (step, seq ids, releases) of the next outcome owed
     owed: int = 0  # continuation outcomes owed after that one
     repeat: int = 0  # continuation steps each plan sent ahead asks for
+    pace: object = None  # or a StepPace (scheduler/step_pace.py): the repeat then follows the step time, up to its most
     released: set[str] = field(default_factory=set)  # ids released since the last plan left (their results drop)
     num_plans: int = 0  # plans sent ahead, all time
     num_went_on: int = 0  # plans that went on from the last outcome owed (TargetPlan.goes_on), all time
     num_used: int = 0  # results sent ahead that the loop took
     num_dropped: int = 0  # results sent ahead and dropped (released, prefilled again)
+
+    def most(self) -> int:
+        """Continuation steps the next plan asks for: ``repeat``, or the pace's (ticked once per loop step)."""
+        return self.pace.repeat if self.pace is not None else self.repeat
 
     def split(self, verifies: list[VerifyItem]) -> tuple[dict[int, AcceptResult], list[VerifyItem]]:
         """The loop's verifies: (index -> result computed ahead, those to compute now)."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import grpc.aio
 
@@ -182,6 +183,8 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
         ahead = self.run_ahead
         if ahead is None:
             return await self._step_now(prefills, verifies)
+        if ahead.pace is not None:
+            ahead.pace.tick(time.perf_counter())
         async with self._order:
             await self._settle(go_on=True)  # the oldest outcome owed (sent ahead last step, or a continuation)
             ahead.drop(p.seq_id for p in prefills)
@@ -204,7 +207,7 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
     async def _send_ahead(self, ids: list[str]) -> None:
         """The next plain decode of ``ids`` (and with ``repeat``, the ones after it), sent now; its outcome is read
         at the next step or flush."""
-        plan = target_pb2.TargetPlan(verify_ids=ids, trees=pack_trees([_NO_TREE] * len(ids)), repeat=self.run_ahead.repeat)
+        plan = target_pb2.TargetPlan(verify_ids=ids, trees=pack_trees([_NO_TREE] * len(ids)), repeat=self.run_ahead.most())
         released = self.releases.take()
         plan.releases.extend(released)
         try:
@@ -228,11 +231,11 @@ class StreamTargetWorker(_BareStream, GrpcTargetWorker):
         if ahead is None or ahead.sent is None:
             return
         (step, ids, released), ahead.sent = ahead.sent, None
-        if go_on and not ahead.owed and ahead.repeat and not self.releases.ids and not ahead.released and \
-                not self.stream.renewing:  # fmt: skip
+        if go_on and not ahead.owed and (repeat := ahead.most()) and not self.releases.ids and not ahead.released \
+                and not self.stream.renewing:  # fmt: skip
             try:  # the last one owed, nothing released since: go on with the same decodes (TargetPlan.goes_on)
-                await self.stream.go_on(target_pb2.TargetPlan(goes_on=True, repeat=ahead.repeat))
-                ahead.owed, ahead.num_went_on = ahead.repeat + 1, ahead.num_went_on + 1
+                await self.stream.go_on(target_pb2.TargetPlan(goes_on=True, repeat=repeat))
+                ahead.owed, ahead.num_went_on = repeat + 1, ahead.num_went_on + 1
             except WorkerRpcError as exc:  # the stream is dropped: what is owed fails below, as any read would
                 log.debug("target: a plan that goes on failed (%s)", exc)
         if ahead.owed:  # a continuation's outcome follows this one

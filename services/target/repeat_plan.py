@@ -55,6 +55,8 @@ class LastStep:
     results: list[AcceptResult] = field(default_factory=list)  # its verifies' results, in verify order
     error: common_pb2.StepError | None = None  # it was refused: nothing to go on from
     items: StepItems = field(default_factory=StepItems)  # its verifies and handoffs, as it read them
+    ids: list[str] = field(default_factory=list)  # the verify ids of ``continued``, read off the protobuf once
+    continued: target_pb2.TargetPlan | None = None  # the continuation plan built last: the steps after it run it again
 
     def ran(self, plan: target_pb2.TargetPlan, reply: target_pb2.TargetOutcome, results: list[AcceptResult],
             items: StepItems) -> None:  # fmt: skip
@@ -79,19 +81,25 @@ def continuation(last: LastStep) -> tuple[target_pb2.TargetPlan, StepItems]:
     items made directly: each sequence verifies again with no tree of the scheduler's, and each relayed one takes
     the tree the draft relays and is handed off again in its shape, with no new tokens and its budget less what
     the last step emitted."""
-    plan = last.plan
-    nxt = target_pb2.TargetPlan(step=plan.step + 1, verify_ids=plan.verify_ids)
-    nxt.trace_context.update(plan.trace_context)
-    verifies = [VerifyItem(seq_id) for seq_id in plan.verify_ids]
-    handoffs = last.items.handoffs
+    plan, handoffs = last.plan, last.items.handoffs
+    if plan is last.continued:  # a continuation's continuation: the same plan, one step on (each reads only its
+        nxt, ids = plan, last.ids  # step off it while it runs), its ids and flags as they were
+        nxt.step = plan.step + 1
+    else:
+        ids = list(plan.verify_ids)
+        nxt = target_pb2.TargetPlan(step=plan.step + 1, verify_ids=ids)
+        nxt.trace_context.update(plan.trace_context)
+        if handoffs is not None:
+            nxt.relay.draft = plan.relay.draft
+            handed = {item.seq_id for item, _ in handoffs}  # every continuation hands off the same sequences
+            nxt.relay_flags = bytes(RELAY_TAKE if seq_id in handed else 0 for seq_id in ids)
+        last.ids, last.continued = ids, nxt
+    verifies = [VerifyItem(seq_id) for seq_id in ids]
     if handoffs is None:
         return nxt, StepItems(verifies)
-    nxt.relay.draft = plan.relay.draft
-    emitted = {seq_id: len(res.tokens) for seq_id, res in zip(plan.verify_ids, last.results)}
+    emitted = {seq_id: len(res.tokens) for seq_id, res in zip(ids, last.results)}
     again = [(SpecItem(i.seq_id, [], i.chain_len, i.tree_depth, i.tree_width, i.confidence_threshold, i.tree_expansion),
               remaining - emitted.get(i.seq_id, 0)) for i, remaining in handoffs]  # fmt: skip
-    handed = {item.seq_id for item, _ in handoffs}
-    nxt.relay_flags = bytes(RELAY_TAKE if seq_id in handed else 0 for seq_id in plan.verify_ids)
     return nxt, StepItems(verifies, again)
 
 

@@ -14,11 +14,14 @@ reloads; the scheduler calls it around the draft's Offload and Reload.
 
 from __future__ import annotations
 
+import time
+
 import grpc.aio
 
 from services.engine_host import EngineHost
 from services.spans import annotate, event, grammar_cost
 from services.target.draft_relay import DraftRelay
+from services.target.outcome_hold import HOLD_S, OutcomeHold
 from services.target.feature_push import FeaturePusher
 from services.stream_writer import StreamWriter
 from services.target.repeat_plan import LastStep
@@ -48,6 +51,8 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
         host.feature_pusher = self.pusher
         self.relay = DraftRelay(getattr(host, "settings", None))  # tokens straight to the draft, trees straight back
         host.closers, host.draft_relay = [*host.closers, self.relay.close], self.relay
+        hold_ms = getattr(getattr(host, "settings", None), "outcome_hold_ms", None)
+        self.outcome_hold_s = HOLD_S if hold_ms is None else hold_ms / 1e3  # 0: every outcome alone
 
     async def Prefill(
         self, request: target_pb2.TargetPrefillRequest, context: grpc.aio.ServicerContext
@@ -84,10 +89,15 @@ class TargetServiceServicer(target_pb2_grpc.TargetServiceServicer):
     async def StepStream(self, request_iterator, context: grpc.aio.ServicerContext):
         last = LastStep()  # what a plan that goes on continues (repeat_plan.py)
         outcomes = StreamWriter(context, "step-outcomes")  # the next step runs while one leaves
+        hold = OutcomeHold(self.outcome_hold_s)  # short steps: two outcomes per message (outcome_hold.py)
         try:
             async for plan in request_iterator:  # one plan, one engine step, one outcome (step_stream.py)
-                async for outcome in run_plan(self, plan, last):  # and its continuation steps (repeat_plan.py)
-                    outcomes.put(outcome)
+                began = time.perf_counter()
+                async for outcome, steps_after in run_plan(self, plan, last):  # and its continuations (repeat_plan.py)
+                    now = time.perf_counter()
+                    if (msg := hold.offer(outcome, steps_after, now - began)) is not None:
+                        outcomes.put(msg)
+                    began = now
                     # the step's handoff to the draft left before its outcome was packed (step_stream.py): the next
                     # tree is drafted while the outcome is built and travels; anything still unsent leaves now
                     await self.relay.flush()

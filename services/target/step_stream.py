@@ -39,10 +39,11 @@ def plan_name(num_prefills: int, num_verifies: int) -> str:
 
 
 async def run_plan(servicer, plan: target_pb2.TargetPlan, last: LastStep | None = None):
-    """A plan's outcome, then its continuation steps' (TargetPlan.repeat, repeat_plan.py), one by one; ``last``
-    keeps the stream's last step, which a plan that goes on (TargetPlan.goes_on) continues."""
+    """A plan's outcome, then its continuation steps' (TargetPlan.repeat, repeat_plan.py), one by one, each with the
+    number of this plan's steps still to run after it; ``last`` keeps the stream's last step, which a plan that goes
+    on (TargetPlan.goes_on) continues."""
     last = last if last is not None else LastStep()
-    first = plan.step
+    first, end = plan.step, plan.step + 1 + min(plan.repeat, MAX_REPEAT)
     if plan.goes_on:
         if problem := check_goes_on(plan, last) or check_repeat(plan):
             last.plan, last.error = None, common_pb2.StepError(code=_INVALID, message=problem)
@@ -50,17 +51,17 @@ async def run_plan(servicer, plan: target_pb2.TargetPlan, last: LastStep | None 
         results, items = [], StepItems()
         reply = await run_target_plan(servicer, plan, results, items)
         last.ran(plan, reply, results, items)
-        yield reply
+        yield reply, end - first - 1
         first += 1
-    for step in range(first, plan.step + 1 + min(plan.repeat, MAX_REPEAT)):
+    for step in range(first, end):
         if last.error is not None:  # nothing committed: its continuations answer the same
-            yield refused(step, last.error)
+            yield refused(step, last.error), end - step - 1
             continue
         (nxt, items), results = continuation(last), []
         nxt.step = step
         reply = await run_target_plan(servicer, nxt, results, items)
         last.ran(nxt, reply, results, items)
-        yield reply
+        yield reply, end - step - 1
 
 
 async def run_target_plan(servicer, plan: target_pb2.TargetPlan, results: list | None = None,

@@ -69,9 +69,9 @@ def unpack_chain_items(msg: draft_pb2.PackedChainItems) -> list[SpecItem]:
     ends = list(accumulate(counts))
     if msg.tree_expansion:
         expansion = tuple(msg.tree_expansion)
-        width = max(expansion_widths(expansion))
-        return [SpecItem(seq_id, tokens[end - c : end], rollback=rollback,
-                         **({"tree_depth": len(expansion), "tree_width": width, "tree_expansion": expansion} if length else {}))
+        depth, width = len(expansion), max(expansion_widths(expansion))
+        return [SpecItem(seq_id, tokens[end - c : end], 0, depth, width, 0.0, expansion, rollback) if length else
+                SpecItem(seq_id, tokens[end - c : end], rollback=rollback)  # positional: SpecItem's field order
                 for seq_id, c, end, length, rollback in zip(msg.seq_ids, counts, ends, lengths, rollbacks)]  # fmt: skip
     return [SpecItem(seq_id, tokens[end - c : end], chain_len=length, confidence_threshold=threshold, rollback=rollback)
             for seq_id, c, end, length, rollback, threshold in zip(msg.seq_ids, counts, ends, lengths, rollbacks,

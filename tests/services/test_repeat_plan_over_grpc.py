@@ -28,9 +28,9 @@ def _decode(ids, repeat):
 
 
 @asynccontextmanager
-async def prefilled(model_dir):
+async def prefilled(model_dir, **overrides):
     """A target service, the scheduler's stream worker to it, and sequence "a" prefilled: (worker, its tokens)."""
-    async with serving(model_dir) as (target, _):
+    async with serving(model_dir, **overrides) as (target, _):
         tw = StreamTargetWorker(target.address, timeout_s=10)
         try:
             yield tw, [(await tw.prefill([PrefillItem("a", PROMPT)]))[0].first_token]
@@ -54,6 +54,33 @@ def test_a_decode_plan_with_continuations_answers_each_step_and_the_tokens_are_t
 
     out = asyncio.run(main())
     assert out == greedy_reference(tiny_model_dir, tuple(PROMPT), len(out)) and len(out) == 5
+
+
+@pytest.mark.parametrize("hold_ms, messages", [(100.0, 3 + 3), (0.0, 4 + 4)])
+def test_short_steps_send_two_outcomes_in_one_message_and_the_tokens_are_the_targets(tiny_model_dir, hold_ms, messages):
+    """services/target/outcome_hold.py: of a plan's four steps the first two outcomes leave together (each read on
+    its own all the same), the last two alone; a plan that goes on pairs its first two again."""
+    async def main():
+        async with prefilled(tiny_model_dir, outcome_hold_ms=hold_ms) as (tw, out):
+            stream = tw.stream
+            before = stream.messages_in
+            step = await stream.send(_decode(["a"], 3))
+            for k in range(4):
+                if k == 3:  # the last one owed: go on for four more, as the scheduler's worker does
+                    await stream.go_on(target_pb2.TargetPlan(goes_on=True, repeat=3))
+                reply = await stream.receive(step + k)
+                assert reply.step == step + k and not reply.HasField("error")
+                out += unpack_accepts(reply.accepts, [0])[0].tokens
+            for k in range(4, 8):
+                reply = await stream.receive(step + k)
+                assert reply.step == step + k
+                out += unpack_accepts(reply.accepts, [0])[0].tokens
+            assert not stream.owes
+            return out, stream.messages_in - before
+
+    out, read = asyncio.run(main())
+    assert out == greedy_reference(tiny_model_dir, tuple(PROMPT), len(out)) and len(out) == 9
+    assert read == messages
 
 
 def test_a_refused_plan_and_its_continuations_commit_nothing(tiny_model_dir):

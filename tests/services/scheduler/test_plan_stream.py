@@ -180,3 +180,61 @@ def test_renew_moves_to_a_new_call_once_nothing_is_owed():
     left = asyncio.run(main())
     assert left.is_set() and not stream.renewing and stream.num_opened == 2
     assert calls[0].was_cancelled and not calls[1].was_cancelled
+
+
+class BundlingCall(FakeCall):
+    """Answers a plan with ``repeat`` R by its R + 1 outcomes, the first two in one message (outcome_hold.py)."""
+
+    async def write(self, plan) -> None:
+        self.sent.append((plan.step, plan.repeat))
+
+    async def read(self):
+        if not self.sent:
+            return grpc.aio.EOF
+        step, repeat = self.sent[0]
+        if isinstance(step, list):  # the rest of a plan's outcomes, one by one
+            out = target_pb2.TargetOutcome(step=step.pop(0))
+            if not step:
+                self.sent.pop(0)
+            return out
+        first = target_pb2.TargetOutcome(step=step)
+        first.then.add(step=step + 1)
+        rest = list(range(step + 2, step + 1 + repeat))
+        if rest:
+            self.sent[0] = (rest, None)
+        else:
+            self.sent.pop(0)
+        return first
+
+
+def test_outcomes_that_come_together_are_read_one_by_one_in_step_order():
+    async def main():
+        call = BundlingCall()
+        stream = stream_of(call)
+        step = await stream.send(target_pb2.TargetPlan(repeat=3))
+        steps = [(await stream.receive(step + k)).step for k in range(4)]
+        assert steps == [step, step + 1, step + 2, step + 3] and not stream.owes
+        counted = stream.bytes_in
+        # a plan that goes on after them is read the same way, and the bytes of a message count once
+        await stream.exchange(target_pb2.TargetPlan(repeat=1))  # reads its first outcome (carrying the second)
+        assert (await stream.receive_continuation()).step == step + 5 and not stream.owes
+        assert stream.bytes_in - counted == target_pb2.TargetOutcome(step=step + 4, then=[
+            target_pb2.TargetOutcome(step=step + 5)]).ByteSize()  # fmt: skip
+        return call
+
+    asyncio.run(main())
+
+
+def test_outcomes_left_from_a_dropped_call_are_not_read_on_the_next():
+    async def main():
+        call = BundlingCall()
+        stream = stream_of(call)
+        step = await stream.send(target_pb2.TargetPlan(repeat=1))
+        assert (await stream.receive(step)).step == step  # the second came with it
+        stream.drop()  # the stream broke: what it owed is gone with it
+        call.was_cancelled, call.sent = False, []
+        nxt = await stream.send(target_pb2.TargetPlan())
+        call.sent = [(nxt, 1)]
+        assert (await stream.receive(nxt)).step == nxt  # not the dropped call's outcome of step + 1
+
+    asyncio.run(main())
