@@ -38,3 +38,17 @@ def test_an_idle_pause_is_not_a_step():
         pace.tick(t)
     pace.tick(30.0)  # the server idled for half a minute
     assert pace.repeat == 3 and pace.step_s < 0.001
+
+
+def test_the_run_aheads_ask_the_pace_for_their_repeat_where_they_have_one():
+    from scheduler.verify_ahead import VerifyAhead
+    from services.scheduler.run_ahead import RunAhead
+
+    pace = StepPace(3, 0.004, warm=1)
+    decode, verify = RunAhead(repeat=3, pace=pace), VerifyAhead(repeat=3)
+    verify.pace = pace
+    assert decode.most() == verify.most == 1  # nothing measured yet
+    for t in (0.0, 0.0005, 0.001):
+        pace.tick(t)
+    assert decode.most() == verify.most == 3
+    assert RunAhead(repeat=2).most() == 2 and VerifyAhead(repeat=2).most == 2  # no pace: the fixed repeat
