@@ -277,6 +277,7 @@ class PlanStream:
     async def close(self) -> None:
         """Half-close the call and let the service end it."""
         call, self._call = self._call, None
+        self._then.clear()
         if call is not None:
             try:
                 await asyncio.wait_for(call.done_writing(), 1.0)
