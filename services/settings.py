@@ -376,9 +376,10 @@ class ServiceSettings(BaseModel):
     )
     outcome_hold_ms: float = Field(
         2.0, ge=0.0, le=100.0,
-        description="Target, step streams: a continuation step that took under this long holds its outcome for the "
-        "next step's, and both leave as one message (services/target/outcome_hold.py): less CPU per step where steps "
-        "are short, each held outcome's tokens one step later; 0: every outcome leaves at once.",
+        description="Target, step streams: a continuation step that took under this long, with three more owed, "
+        "holds its outcome for the next step's, and both leave as one message (services/target/outcome_hold.py): "
+        "less CPU per step where steps are short, each held outcome's tokens one step later; 0: every outcome "
+        "leaves at once.",
     )  # fmt: skip
     feature_path: Literal["direct", "relay"] = Field(
         "direct",

@@ -25,13 +25,11 @@ def test_a_plan_of_four_short_steps_sends_three_messages_the_first_two_steps_tog
     assert hold.num_held == 1
 
 
-def test_five_steps_pair_twice_and_the_last_leaves_alone():
-    assert _steps(OutcomeHold(0.002), [(4, FAST), (3, FAST), (2, FAST), (1, FAST), (0, FAST)]) == [[0, 1], [2, 3], [4]]
-
-
-def test_with_one_continuation_or_none_every_outcome_leaves_at_once():
-    """The scheduler asks for more steps as it reads the last one owed: holding one of the last two would make
-    the target wait for that plan."""
+def test_the_last_two_outcomes_of_a_group_leave_alone():
+    """The scheduler asks for more steps once it has read the last-but-one outcome owed: that outcome never waits
+    behind another, nor carries one the scheduler must commit first."""
+    assert _steps(OutcomeHold(0.002), [(4, FAST), (3, FAST), (2, FAST), (1, FAST), (0, FAST)]) == [[0, 1], [2], [3], [4]]
+    assert _steps(OutcomeHold(0.002), [(2, FAST), (1, FAST), (0, FAST)]) == [[0], [1], [2]]  # R = 2: nothing held
     assert _steps(OutcomeHold(0.002), [(1, FAST), (0, FAST)]) == [[0], [1]]
     assert _steps(OutcomeHold(0.002), [(0, FAST)]) == [[0]]
 
