@@ -102,7 +102,7 @@ class FakeTandem(tandem_pb2_grpc.TandemServicer):
                         await asyncio.wait_for(aborted.wait(), 0.05)
                     except TimeoutError:
                         pass
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):  # cancelled at an await, or closed at a yield
             self.cancelled.append(rid)
             raise
         finally:
