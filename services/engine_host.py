@@ -276,6 +276,7 @@ class EngineHost:
             num_live_seqs=len(runner.seqs),
             weights_offloaded=bool(getattr(self.engine, "offloaded", False)),
             shared_memory_host=_HOST_ID,  # a target on this host pushes feature rows through shared memory
+            relay_port=getattr(self, "relay_port", 0),  # a draft's relay socket (services/draft/relay_socket.py)
         )
         cache = self.kv_cache
         if cache is None:  # model-free: no weights, no context limit, no KV blocks (the fields stay 0)

@@ -62,6 +62,7 @@ class RunningService:
     grace_s: float
     stopped: bool = False
     metrics_server: object | None = None  # the /metrics HTTP server (TANDEM_METRICS_PORT), if any
+    relay_socket: object | None = None  # a draft's relay socket (services/draft/relay_socket.py), if it serves one
 
     @property
     def metrics_port(self) -> int | None:
@@ -80,6 +81,8 @@ class RunningService:
             return
         self.stopped = True
         await set_serving(self.health, [self.service], False)
+        if self.relay_socket is not None:  # its handoffs not answered are missed on the target's side
+            await self.relay_socket.close()
         await self.server.stop(self.grace_s if grace_s is None else grace_s)
         self.engine_host.close()
         self.tracer_provider.shutdown()
@@ -108,10 +111,18 @@ async def start_model_service(settings: ServiceSettings, role: str, service: str
     register(engine_host, server)
     health_servicer = await add_health(server, [service])
     metrics_server = _serve_metrics(settings, engine_host)
+    relay_socket = None
     try:
         port = bind(server, settings.listen_address(role), tls=tls)
         await server.start()
+        if getattr(engine_host, "relay_handler", None) is not None and settings.relay_socket and tls is None:
+            from services.draft.relay_socket import RelaySocketServer
+
+            relay_socket = RelaySocketServer(engine_host.relay_handler, secret)
+            engine_host.relay_port = await relay_socket.start(settings.host, settings.relay_socket_port)
     except BaseException:
+        if relay_socket is not None:
+            await relay_socket.close()
         engine_host.close()
         provider.shutdown()
         if metrics_server is not None:
@@ -128,6 +139,7 @@ async def start_model_service(settings: ServiceSettings, role: str, service: str
         tracer_provider=provider,
         grace_s=settings.shutdown_grace_s,
         metrics_server=metrics_server,
+        relay_socket=relay_socket,
     )
     log.info("%s serving %s on %s%s", role, engine_host.describe(), running.address,
              "" if tls is None else " over mutual TLS" if tls.mutual else " over TLS")

@@ -374,6 +374,22 @@ class ServiceSettings(BaseModel):
         "measured: where steps measure faster per token with it than without, per batch size, and while at least "
         "one in ten is taken; always: every handoff; off: never.",
     )
+    relay_transport: Literal["socket", "grpc"] = Field(
+        "socket",
+        description="Target, draft relay: socket (the draft's relay socket, a plain framed TCP connection that Info "
+        "reports, services/draft/relay_socket.py; gRPC where the draft serves none or it does not answer) or grpc "
+        "(the DraftService/Relay stream).",
+    )
+    relay_socket: bool = Field(
+        True,
+        description="Draft: serve the relay on a framed TCP socket beside gRPC (not under internal TLS, which only "
+        "gRPC carries): the same handoffs and answers without gRPC's per-message cost.",
+    )
+    relay_socket_port: int = Field(
+        0, ge=0, le=65535,
+        description="Draft: the relay socket's port; 0 = any free one (Info reports it). Name one where only "
+        "declared ports are reachable (a Kubernetes Service).",
+    )
     outcome_hold_ms: float = Field(
         2.0, ge=0.0, le=100.0,
         description="Target, step streams: a continuation step that took under this long, with three more owed, "

@@ -49,6 +49,7 @@ class DraftServiceServicer(draft_pb2_grpc.DraftServiceServicer):
         self.lookahead = Lookaheads(limits)  # the relay's optimistic drafts (relay_lookahead.py), engine thread only
         host.release_hooks.append(self.lookahead.forget)
         host.relay_lookahead = self.lookahead
+        host.relay_handler = self.Relay  # also served on the relay socket (relay_socket.py; services/runtime.py)
 
     async def Prefill(
         self, request: draft_pb2.DraftPrefillRequest, context: grpc.aio.ServicerContext

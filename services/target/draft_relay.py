@@ -41,17 +41,19 @@ import grpc.aio
 from opentelemetry import context as otel_context
 
 from services.target.draft_dial import cannot_dial, dial_draft
+from services.target.relay_socket import OPEN_S, RelaySocketCall, socket_host
 from scheduler.frontier_gate import PIPE, MeasuredGate, MeasuredGateConfig
 from services.target.relay_lookahead import (LOOKAHEAD, Ahead, Check, Handed, is_taken, lookahead_gate,
                                              unpack_lookaheads)  # fmt: skip
 from shared.engine.spec_cap import shape_key
 from shared.engine.tree_cut import cut_to_expansion
 from shared.engine.types import SpecItem, TokenTree
-from shared.rpc.gen.tandem.v1 import draft_pb2
+from shared.rpc.gen.tandem.v1 import common_pb2, draft_pb2
 from shared.rpc.chain_packing import pack_chain_items
 from shared.rpc.packing import stream_spec_item_to_pb, unpack_trees
 
 RELAY_METHOD = "/tandem.v1.DraftService/Relay"
+INFO_METHOD = "/tandem.v1.DraftService/Info"
 WAIT_S = 30.0  # the longest a plan waits for a relayed tree (a draft that hangs; a broken stream answers at once)
 RETRY_S = 5.0  # after the stream failed (the draft away or unreachable), nothing is relayed for this long
 # lookaheads or not, per shape and batch size: learnt in short runs (P S S P ...), so that both modes see the
@@ -88,6 +90,8 @@ class DraftRelay:
         self._unsent: deque[tuple] = deque()  # handoffs made, not written yet, in order
         self._writing = asyncio.Lock()  # flush's: one handoff written at a time
         self.lookahead = getattr(settings, "relay_lookahead", "measured")  # measured, always or off
+        self.relay_transport = getattr(settings, "relay_transport", "socket")  # the draft's relay socket, or gRPC
+        self.transport: str | None = None  # what the open stream runs over: socket or grpc
         self.gate = lookahead_gate()
         self.measured: dict[tuple, MeasuredGate] = {}  # by shape: with lookaheads or without, the faster
         self._asked: MeasuredGate | None = None  # the gate the last handoff asked
@@ -160,7 +164,7 @@ class DraftRelay:
         if trace_context:
             msg.trace_context.update(trace_context)
         try:
-            call = self._open(address)
+            call = await self._open(address)
             self._waiting[step] = fut
             await call.write(msg)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError, ConnectionError, RuntimeError,
@@ -297,7 +301,7 @@ class DraftRelay:
                         "resynchronised", len(late), self.wait_s)  # fmt: skip
             self._drop()
 
-    def _open(self, address: str):
+    async def _open(self, address: str):
         if address != self.address:
             self._drop()
             channel, self._channel = self._channel, None
@@ -307,16 +311,39 @@ class DraftRelay:
         if self._channel is None:
             self._channel = dial_draft(self.settings, address)
         if self._call is None:
-            token = otel_context.attach(otel_context.Context())  # the stream outlives any one plan's trace
-            try:
-                self._call = self._channel.stream_stream(RELAY_METHOD, request_serializer=draft_pb2.RelayHandoff.SerializeToString,
-                                                         response_deserializer=draft_pb2.RelayTrees.FromString)()  # fmt: skip
-            finally:
-                otel_context.detach(token)
+            call = await self._open_socket(address)  # the draft's relay socket where it serves one (relay_socket.py)
+            if call is None:
+                token = otel_context.attach(otel_context.Context())  # the stream outlives any one plan's trace
+                try:
+                    call = self._channel.stream_stream(RELAY_METHOD, request_serializer=draft_pb2.RelayHandoff.SerializeToString,
+                                                       response_deserializer=draft_pb2.RelayTrees.FromString)()  # fmt: skip
+                finally:
+                    otel_context.detach(token)
+            self._call = call
+            self.transport = "socket" if isinstance(call, RelaySocketCall) else "grpc"
             self._waiting = {}  # this stream's own: an older reader that ends fails only what it was to answer
             self._reader = asyncio.get_running_loop().create_task(self._read(self._call, self._waiting),
                                                                   name="draft-relay-reader")  # fmt: skip
         return self._call
+
+    async def _open_socket(self, address: str) -> RelaySocketCall | None:
+        """A connection to the draft's relay socket, asked of its Info at each (re)connection (a restarted draft
+        listens on another port); None where the relay stays on gRPC: TANDEM_RELAY_TRANSPORT=grpc, a draft that serves
+        no socket (internal TLS), an address a plain socket cannot dial, or a socket that does not answer."""
+        host = socket_host(address)
+        if self.relay_transport != "socket" or host is None:
+            return None
+        try:
+            info = await self._channel.unary_unary(INFO_METHOD, request_serializer=common_pb2.InfoRequest.SerializeToString,
+                                                   response_deserializer=common_pb2.ServiceInfo.FromString)(
+                common_pb2.InfoRequest(), timeout=OPEN_S)  # fmt: skip
+            if not info.relay_port:
+                return None
+            secret = self.settings.secret() if self.settings is not None else None
+            return await RelaySocketCall.open(host, info.relay_port, secret)
+        except (grpc.aio.AioRpcError, OSError, asyncio.TimeoutError) as exc:  # ConnectionError is an OSError
+            log.info("draft relay to %s goes over gRPC: its relay socket is not reachable (%s)", address, exc)
+            return None
 
     async def _read(self, call, waiting: dict) -> None:
         try:

@@ -1,0 +1,144 @@
+"""The draft relay's socket (services/draft/relay_socket.py, services/target/relay_socket.py): the target finds it in
+the draft's Info and relays over it, with the same output as over gRPC; gRPC stays where the socket is off or
+refused; a stranger without the internal secret, or a malformed frame, is closed and changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.scheduler.stream_workers import StreamDraftWorker, StreamTargetWorker
+from services.target.relay_socket import RelaySocketCall, socket_host
+from shared.engine.types import RELAY_TAKE, PrefillItem, SpecItem, VerifyItem
+from shared.rpc.frame_socket import MAGIC, MAX_FRAME, FrameProtocol, frame
+from shared.rpc.shared_secret import secret_client_interceptors
+from tests.support.model_services import greedy_reference, serving
+
+PROMPT = [3, 14, 15, 92, 65, 35]
+SECRET = "relay socket secret"
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.closed = False
+
+    def get_extra_info(self, name):
+        return None
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_frames_split_and_joined_arrive_whole_and_an_oversized_one_closes():
+    async def main():
+        proto = FrameProtocol()
+        proto.connection_made(_Transport())
+        stream = frame(b"one") + frame(b"") + frame(b"three")
+        for i in range(0, len(stream), 2):  # two bytes at a time
+            proto.data_received(stream[i : i + 2])
+        proto.data_received(frame(b"four") + frame(b"five"))  # two in one read
+        proto.data_received(frame(b"six"))  # one whole frame: the no-copy path
+        got = [proto.frames.get_nowait() for _ in range(proto.frames.qsize())]
+        assert got == [b"one", b"", b"three", b"four", b"five", b"six"]
+        proto.send(b"out")
+        assert proto.transport.written == [frame(b"out")]
+        proto.data_received((MAX_FRAME + 1).to_bytes(4, "little"))
+        assert proto.transport.closed and proto.frames.empty()
+        proto.connection_lost(None)
+        assert await proto.frames.get() is None
+        with pytest.raises(ConnectionError):
+            proto.send(b"late")
+
+    asyncio.run(main())
+
+
+def test_socket_host_of_grpc_addresses():
+    assert socket_host("draft:50053") == "draft"
+    assert socket_host("127.0.0.1:41234") == "127.0.0.1"
+    assert socket_host("[::1]:50053") == "::1"
+    assert socket_host("dns:///draft.tandem.svc:50053") == "draft.tandem.svc"
+    assert socket_host("unix:/tmp/draft.sock") is None
+    assert socket_host("draft") is None
+
+
+async def _relay_greedy(target, draft, tw, dw, steps: int = 20) -> list[int]:
+    first = (await tw.prefill([PrefillItem("a", PROMPT)]))[0].first_token
+    await dw.prefill([PrefillItem("a", PROMPT)])
+    out = [first]
+    tree = (await dw.speculate([SpecItem("a", [first], chain_len=3)]))[0]
+    res = (await tw.verify([VerifyItem("a", tree, handoff=SpecItem("a", [], chain_len=3), remaining=60)]))[0]
+    out += res.tokens
+    while len(out) < steps:
+        item = VerifyItem("a", relay=RELAY_TAKE, handoff=SpecItem("a", [], chain_len=3), remaining=60 - len(out))
+        res = (await tw.verify([item]))[0]
+        assert not res.relay_missed and res.relay_tree is not None
+        out += res.tokens
+    return out
+
+
+@pytest.mark.parametrize(
+    ("overrides", "transport"),
+    [
+        ({}, "socket"),
+        ({"internal_secret": SECRET}, "socket"),  # the hello carries the secret
+        ({"relay_transport": "grpc"}, "grpc"),
+        ({"relay_socket": False}, "grpc"),  # the draft serves none: Info says port 0
+    ],
+)
+def test_the_relay_runs_over_the_socket_where_the_draft_serves_one(tiny_model_dir, overrides, transport):
+    async def main():
+        async with serving(tiny_model_dir, tiny_model_dir, **overrides) as (target, draft):
+            assert bool(draft.engine_host.info().relay_port) == (overrides.get("relay_socket", True))
+            secret = overrides.get("internal_secret")
+            interceptors = secret_client_interceptors(secret) if secret else []
+            tw = StreamTargetWorker(target.address, interceptors=interceptors)
+            dw = StreamDraftWorker(draft.address, interceptors=interceptors)
+            tw.relay_to = draft.address
+            try:
+                out = await _relay_greedy(target, draft, tw, dw)
+            finally:
+                await tw.close()
+                await dw.close()
+            return out, target.engine_host.draft_relay.transport
+
+    out, used = asyncio.run(main())
+    assert used == transport
+    assert out == greedy_reference(tiny_model_dir, tuple(PROMPT), len(out))
+
+
+def test_a_stranger_or_a_malformed_frame_is_closed_and_the_relay_goes_on(tiny_model_dir):
+    async def main():
+        async with serving(tiny_model_dir, tiny_model_dir, internal_secret=SECRET) as (target, draft):
+            port = draft.engine_host.info().relay_port
+            with pytest.raises(ConnectionError):  # no secret, then a wrong one: closed without an ack
+                await RelaySocketCall.open("127.0.0.1", port)
+            with pytest.raises(ConnectionError):
+                await RelaySocketCall.open("127.0.0.1", port, "wrong")
+            assert draft.relay_socket.num_refused == 2
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)  # the secret, then garbage
+            writer.write(frame(MAGIC + SECRET.encode()))
+            assert await reader.readexactly(4 + len(MAGIC)) == frame(MAGIC)
+            writer.write(frame(b"\xff\xff\xff not a handoff"))
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the draft
+            writer.close()
+            tw = StreamTargetWorker(target.address, interceptors=secret_client_interceptors(SECRET))
+            dw = StreamDraftWorker(draft.address, interceptors=secret_client_interceptors(SECRET))
+            tw.relay_to = draft.address
+            try:
+                out = await _relay_greedy(target, draft, tw, dw, steps=12)
+            finally:
+                await tw.close()
+                await dw.close()
+            return out, draft.engine_host.info().num_live_seqs
+
+    out, live = asyncio.run(main())
+    assert out == greedy_reference(tiny_model_dir, tuple(PROMPT), len(out))
+    assert live == 1  # only the sequence the scheduler prefilled: the strangers made none
