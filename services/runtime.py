@@ -81,9 +81,9 @@ class RunningService:
             return
         self.stopped = True
         await set_serving(self.health, [self.service], False)
-        if self.relay_socket is not None:  # its handoffs not answered are missed on the target's side
-            await self.relay_socket.close()
         await self.server.stop(self.grace_s if grace_s is None else grace_s)
+        if self.relay_socket is not None:  # after the grace, as gRPC's streams: what it did not answer is missed
+            await self.relay_socket.close()
         self.engine_host.close()
         self.tracer_provider.shutdown()
         if self.metrics_server is not None:

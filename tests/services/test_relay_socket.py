@@ -142,3 +142,18 @@ def test_a_stranger_or_a_malformed_frame_is_closed_and_the_relay_goes_on(tiny_mo
     out, live = asyncio.run(main())
     assert out == greedy_reference(tiny_model_dir, tuple(PROMPT), len(out))
     assert live == 1  # only the sequence the scheduler prefilled: the strangers made none
+
+
+def test_under_internal_tls_the_draft_serves_no_socket_and_the_relay_stays_on_grpc(tiny_model_dir, tmp_path):
+    from tests.support.certs import TestCA
+
+    ca = TestCA()
+    roots = ca.write(tmp_path / "ca.crt")
+    cert, key = ca.issue(tmp_path / "internal")
+    tls = {"internal_tls_cert": cert, "internal_tls_key": key, "internal_tls_ca": roots}
+
+    async def main():
+        async with serving(tiny_model_dir, tiny_model_dir, **tls) as (target, draft):
+            return draft.relay_socket, draft.engine_host.info().relay_port
+
+    assert asyncio.run(main()) == (None, 0)
