@@ -115,10 +115,12 @@ async def start_model_service(settings: ServiceSettings, role: str, service: str
     try:
         port = bind(server, settings.listen_address(role), tls=tls)
         await server.start()
-        if getattr(engine_host, "relay_handler", None) is not None and settings.relay_socket and tls is None:
+        if getattr(engine_host, "relay_handler", None) is not None and settings.relay_socket:
             from services.draft.relay_socket import RelaySocketServer
+            from shared.rpc.socket_tls import ServerSocketTls
 
-            relay_socket = RelaySocketServer(engine_host.relay_handler, secret)
+            socket_tls = ServerSocketTls(tls) if tls is not None else None  # the same files, mutual where gRPC's is
+            relay_socket = RelaySocketServer(engine_host.relay_handler, secret, socket_tls)
             engine_host.relay_port = await relay_socket.start(settings.host, settings.relay_socket_port)
     except BaseException:
         if relay_socket is not None:

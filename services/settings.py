@@ -382,8 +382,8 @@ class ServiceSettings(BaseModel):
     )
     relay_socket: bool = Field(
         True,
-        description="Draft: serve the relay on a framed TCP socket beside gRPC (not under internal TLS, which only "
-        "gRPC carries): the same handoffs and answers without gRPC's per-message cost.",
+        description="Draft: serve the relay on a framed TCP socket beside gRPC (over internal TLS too, from the same "
+        "files): the same handoffs and answers without gRPC's per-message cost.",
     )
     relay_socket_port: int = Field(
         0, ge=0, le=65535,

@@ -6,8 +6,9 @@
 The same handler as the gRPC ``Relay`` stream runs each connection (relay_stream.py): one engine call and
 one answer per handoff, in order. Only the transport differs (shared/rpc/frame_socket.py says why). The
 port is any free one unless ``relay_socket_port`` names one; Info reports it (``relay_port``), and a
-target finds it there. With internal TLS the socket is not served: the relay then stays on gRPC, which
-carries the TLS. A peer whose hello lacks the internal secret is closed, having changed nothing.
+target finds it there. With internal TLS the socket speaks it too, from the same files, mutual where
+gRPC's is (shared/rpc/socket_tls.py). A peer whose hello lacks the internal secret is closed, having
+changed nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from google.protobuf.message import DecodeError
 
 from shared.rpc.frame_socket import MAGIC, FrameProtocol
 from shared.rpc.gen.tandem.v1 import draft_pb2
+from shared.rpc.socket_tls import ServerSocketTls
 
 log = logging.getLogger(__name__)
 HELLO_S = 5.0  # a connection that says nothing for this long is closed
@@ -49,8 +51,9 @@ async def _handoffs(proto: FrameProtocol) -> AsyncIterator[draft_pb2.RelayHandof
 
 
 class RelaySocketServer:
-    def __init__(self, relay: Relay, secret: str | None = None) -> None:
+    def __init__(self, relay: Relay, secret: str | None = None, tls: ServerSocketTls | None = None) -> None:
         self._relay = relay
+        self._tls = tls
         self._secret = (secret or "").encode()
         self._server: asyncio.AbstractServer | None = None
         self._conns: set[asyncio.Task] = set()
@@ -60,11 +63,14 @@ class RelaySocketServer:
     async def start(self, host: str, port: int = 0) -> int:
         """Listen on ``host``:``port`` (0: any free port); the port."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._protocol, host or None, port)
+        self._server = await loop.create_server(self._protocol, host or None, port,
+                                                ssl=self._tls.context if self._tls is not None else None)  # fmt: skip
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
     def _protocol(self) -> FrameProtocol:
+        if self._tls is not None:  # before this connection's handshake: certificate files that changed load now
+            self._tls.refresh()
         proto = FrameProtocol()
         task = asyncio.get_running_loop().create_task(self._serve(proto), name="relay-socket")
         self._conns.add(task)

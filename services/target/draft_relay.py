@@ -42,6 +42,7 @@ from opentelemetry import context as otel_context
 
 from services.target.draft_dial import cannot_dial, dial_draft
 from services.target.relay_socket import OPEN_S, RelaySocketCall, socket_host
+from shared.rpc.socket_tls import client_context
 from scheduler.frontier_gate import PIPE, MeasuredGate, MeasuredGateConfig
 from services.target.relay_lookahead import (LOOKAHEAD, Ahead, Check, Handed, is_taken, lookahead_gate,
                                              unpack_lookaheads)  # fmt: skip
@@ -328,8 +329,9 @@ class DraftRelay:
 
     async def _open_socket(self, address: str) -> RelaySocketCall | None:
         """A connection to the draft's relay socket, asked of its Info at each (re)connection (a restarted draft
-        listens on another port); None where the relay stays on gRPC: TANDEM_RELAY_TRANSPORT=grpc, a draft that serves
-        no socket (internal TLS), an address a plain socket cannot dial, or a socket that does not answer."""
+        listens on another port), over TLS where this target dials the draft with it; None where the relay stays on gRPC:
+        TANDEM_RELAY_TRANSPORT=grpc, a draft that serves no socket, an address a plain socket cannot dial, or a socket
+        that does not answer."""
         host = socket_host(address)
         if self.relay_transport != "socket" or host is None:
             return None
@@ -340,8 +342,10 @@ class DraftRelay:
             if not info.relay_port:
                 return None
             secret = self.settings.secret() if self.settings is not None else None
-            return await RelaySocketCall.open(host, info.relay_port, secret)
-        except (grpc.aio.AioRpcError, OSError, asyncio.TimeoutError) as exc:  # ConnectionError is an OSError
+            tls = self.settings.internal_client_tls() if self.settings is not None else None
+            return await RelaySocketCall.open(host, info.relay_port, secret, ssl=client_context(tls) if tls else None,
+                                              server_name=tls.server_name if tls else None)  # fmt: skip
+        except (grpc.aio.AioRpcError, OSError, asyncio.TimeoutError) as exc:  # ConnectionError, SSLError: OSErrors
             log.info("draft relay to %s goes over gRPC: its relay socket is not reachable (%s)", address, exc)
             return None
 

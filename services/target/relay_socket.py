@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from ssl import SSLContext
 
 from google.protobuf.message import DecodeError
 
@@ -44,10 +45,13 @@ class RelaySocketCall:
         self._cancelled = False
 
     @classmethod
-    async def open(cls, host: str, port: int, secret: str | None = None, timeout_s: float = OPEN_S) -> RelaySocketCall:
-        """Connect and say hello; ConnectionError (or OSError, TimeoutError) when the draft does not answer it."""
+    async def open(cls, host: str, port: int, secret: str | None = None, timeout_s: float = OPEN_S,
+                   ssl: SSLContext | None = None, server_name: str | None = None) -> RelaySocketCall:  # fmt: skip
+        """Connect (over TLS with ``ssl``, checking the draft's certificate for ``server_name`` or ``host``) and say
+        hello; ConnectionError (or OSError, TimeoutError) when the draft does not answer it."""
         loop = asyncio.get_running_loop()
-        transport, proto = await asyncio.wait_for(loop.create_connection(FrameProtocol, host, port), timeout_s)
+        tls = dict(ssl=ssl, server_hostname=server_name or host) if ssl is not None else {}
+        transport, proto = await asyncio.wait_for(loop.create_connection(FrameProtocol, host, port, **tls), timeout_s)
         try:
             proto.send(MAGIC + (secret or "").encode())
             ack = await asyncio.wait_for(proto.frames.get(), timeout_s)

@@ -100,11 +100,15 @@ def test_only_the_scheduler_reaches_the_model_services_and_redis_and_the_target_
     policies = _kind(_docs("tandem.yaml"), "NetworkPolicy")
     policy, to_draft = policies["tandem-internal"], policies["tandem-target-to-draft"]
     assert set(policies) == {"tandem-internal", "tandem-target-to-draft"}
-    # the target dials the draft itself (relay, feature rows): its gRPC port, from the target only
+    # the target dials the draft itself (relay, feature rows): its gRPC port and relay socket, from the target only
     assert to_draft["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "draft"
     (only,) = to_draft["spec"]["ingress"]
     assert only["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "target"
-    assert only["ports"] == [{"port": "grpc", "protocol": "TCP"}]
+    assert only["ports"] == [{"port": "grpc", "protocol": "TCP"}, {"port": "relay", "protocol": "TCP"}]
+    draft = _kind(_docs("tandem.yaml"), "Deployment")["draft"]
+    relay_port = int(_env(draft)["TANDEM_RELAY_SOCKET_PORT"])  # pinned: a Service routes declared ports only
+    assert {"name": "relay", "containerPort": relay_port} in _container(draft)["ports"]
+    assert {"name": "relay", "port": relay_port, "targetPort": "relay"} in _kind(_docs("tandem.yaml"), "Service")["draft"]["spec"]["ports"]
     guarded = policy["spec"]["podSelector"]["matchExpressions"][0]["values"]
     assert set(guarded) == {"target", "draft", "redis"}
     rule, scrape = policy["spec"]["ingress"]

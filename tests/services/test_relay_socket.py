@@ -12,6 +12,7 @@ from services.scheduler.stream_workers import StreamDraftWorker, StreamTargetWor
 from services.target.relay_socket import RelaySocketCall, socket_host
 from shared.engine.types import RELAY_TAKE, PrefillItem, SpecItem, VerifyItem
 from shared.rpc.frame_socket import MAGIC, MAX_FRAME, FrameProtocol, frame
+from shared.rpc.gen.tandem.v1 import draft_pb2
 from shared.rpc.shared_secret import secret_client_interceptors
 from tests.support.model_services import greedy_reference, serving
 
@@ -144,16 +145,40 @@ def test_a_stranger_or_a_malformed_frame_is_closed_and_the_relay_goes_on(tiny_mo
     assert live == 1  # only the sequence the scheduler prefilled: the strangers made none
 
 
-def test_under_internal_tls_the_draft_serves_no_socket_and_the_relay_stays_on_grpc(tiny_model_dir, tmp_path):
+def test_under_internal_mutual_tls_the_socket_speaks_it_and_a_client_without_a_certificate_is_refused(
+        tiny_model_dir, tmp_path):  # fmt: skip
+    import ssl
+
+    from shared.rpc.socket_tls import client_context
+    from shared.rpc.tls import ClientTls
     from tests.support.certs import TestCA
 
     ca = TestCA()
     roots = ca.write(tmp_path / "ca.crt")
     cert, key = ca.issue(tmp_path / "internal")
     tls = {"internal_tls_cert": cert, "internal_tls_key": key, "internal_tls_ca": roots}
+    client = ClientTls(ca=roots, cert=cert, key=key)
 
     async def main():
         async with serving(tiny_model_dir, tiny_model_dir, **tls) as (target, draft):
-            return draft.relay_socket, draft.engine_host.info().relay_port
+            port = draft.engine_host.info().relay_port
+            with pytest.raises((OSError, ConnectionError)):  # plaintext to a TLS socket: no ack
+                await RelaySocketCall.open("127.0.0.1", port, timeout_s=1.0)
+            with pytest.raises((OSError, ConnectionError, ssl.SSLError)):  # TLS without a client certificate
+                call = await RelaySocketCall.open("127.0.0.1", port, ssl=client_context(ClientTls(ca=roots)),
+                                                  timeout_s=1.0)  # fmt: skip
+                await call.write(draft_pb2.RelayHandoff(step=1))
+                await asyncio.wait_for(call.__anext__(), 1.0)  # the server's refusal arrives after the handshake
+            tw = StreamTargetWorker(target.address, credentials=client.credentials())
+            dw = StreamDraftWorker(draft.address, credentials=client.credentials())
+            tw.relay_to = draft.address
+            try:
+                out = await _relay_greedy(target, draft, tw, dw, steps=12)
+            finally:
+                await tw.close()
+                await dw.close()
+            return out, target.engine_host.draft_relay.transport
 
-    assert asyncio.run(main()) == (None, 0)
+    out, used = asyncio.run(main())
+    assert used == "socket"
+    assert out == greedy_reference(tiny_model_dir, tuple(PROMPT), len(out))
