@@ -70,7 +70,18 @@ def test_socket_host_of_grpc_addresses():
     assert socket_host("draft") is None
 
 
-async def _relay_greedy(target, draft, tw, dw, steps: int = 20) -> list[int]:
+async def _relay_greedy(target, draft, steps: int = 20, **dial) -> list[int]:
+    """Greedy steps of one sequence with the target relaying to the draft, from scheduler workers dialled with ``dial``."""
+    tw, dw = StreamTargetWorker(target.address, **dial), StreamDraftWorker(draft.address, **dial)
+    tw.relay_to = draft.address
+    try:
+        return await _steps(tw, dw, steps)
+    finally:
+        await tw.close()
+        await dw.close()
+
+
+async def _steps(tw, dw, steps: int) -> list[int]:
     first = (await tw.prefill([PrefillItem("a", PROMPT)]))[0].first_token
     await dw.prefill([PrefillItem("a", PROMPT)])
     out = [first]
@@ -100,14 +111,7 @@ def test_the_relay_runs_over_the_socket_where_the_draft_serves_one(tiny_model_di
             assert bool(draft.engine_host.info().relay_port) == (overrides.get("relay_socket", True))
             secret = overrides.get("internal_secret")
             interceptors = secret_client_interceptors(secret) if secret else []
-            tw = StreamTargetWorker(target.address, interceptors=interceptors)
-            dw = StreamDraftWorker(draft.address, interceptors=interceptors)
-            tw.relay_to = draft.address
-            try:
-                out = await _relay_greedy(target, draft, tw, dw)
-            finally:
-                await tw.close()
-                await dw.close()
+            out = await _relay_greedy(target, draft, interceptors=interceptors)
             return out, target.engine_host.draft_relay.transport
 
     out, used = asyncio.run(main())
@@ -130,14 +134,7 @@ def test_a_stranger_or_a_malformed_frame_is_closed_and_the_relay_goes_on(tiny_mo
             writer.write(frame(b"\xff\xff\xff not a handoff"))
             assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the draft
             writer.close()
-            tw = StreamTargetWorker(target.address, interceptors=secret_client_interceptors(SECRET))
-            dw = StreamDraftWorker(draft.address, interceptors=secret_client_interceptors(SECRET))
-            tw.relay_to = draft.address
-            try:
-                out = await _relay_greedy(target, draft, tw, dw, steps=12)
-            finally:
-                await tw.close()
-                await dw.close()
+            out = await _relay_greedy(target, draft, steps=12, interceptors=secret_client_interceptors(SECRET))
             return out, draft.engine_host.info().num_live_seqs
 
     out, live = asyncio.run(main())
@@ -169,14 +166,7 @@ def test_under_internal_mutual_tls_the_socket_speaks_it_and_a_client_without_a_c
                                                   timeout_s=1.0)  # fmt: skip
                 await call.write(draft_pb2.RelayHandoff(step=1))
                 await asyncio.wait_for(call.__anext__(), 1.0)  # the server's refusal arrives after the handshake
-            tw = StreamTargetWorker(target.address, credentials=client.credentials())
-            dw = StreamDraftWorker(draft.address, credentials=client.credentials())
-            tw.relay_to = draft.address
-            try:
-                out = await _relay_greedy(target, draft, tw, dw, steps=12)
-            finally:
-                await tw.close()
-                await dw.close()
+            out = await _relay_greedy(target, draft, steps=12, credentials=client.credentials())
             return out, target.engine_host.draft_relay.transport
 
     out, used = asyncio.run(main())
