@@ -70,26 +70,26 @@ def test_socket_host_of_grpc_addresses():
     assert socket_host("draft") is None
 
 
-async def _relay_greedy(target, draft, steps: int = 20, **dial) -> list[int]:
+async def _relay_greedy(target, draft, steps: int = 20, seq: str = "a", **dial) -> list[int]:
     """Greedy steps of one sequence with the target relaying to the draft, from scheduler workers dialled with ``dial``."""
     tw, dw = StreamTargetWorker(target.address, **dial), StreamDraftWorker(draft.address, **dial)
     tw.relay_to = draft.address
     try:
-        return await _steps(tw, dw, steps)
+        return await _steps(tw, dw, steps, seq)
     finally:
         await tw.close()
         await dw.close()
 
 
-async def _steps(tw, dw, steps: int) -> list[int]:
-    first = (await tw.prefill([PrefillItem("a", PROMPT)]))[0].first_token
-    await dw.prefill([PrefillItem("a", PROMPT)])
+async def _steps(tw, dw, steps: int, seq: str) -> list[int]:
+    first = (await tw.prefill([PrefillItem(seq, PROMPT)]))[0].first_token
+    await dw.prefill([PrefillItem(seq, PROMPT)])
     out = [first]
-    tree = (await dw.speculate([SpecItem("a", [first], chain_len=3)]))[0]
-    res = (await tw.verify([VerifyItem("a", tree, handoff=SpecItem("a", [], chain_len=3), remaining=60)]))[0]
+    tree = (await dw.speculate([SpecItem(seq, [first], chain_len=3)]))[0]
+    res = (await tw.verify([VerifyItem(seq, tree, handoff=SpecItem(seq, [], chain_len=3), remaining=60)]))[0]
     out += res.tokens
     while len(out) < steps:
-        item = VerifyItem("a", relay=RELAY_TAKE, handoff=SpecItem("a", [], chain_len=3), remaining=60 - len(out))
+        item = VerifyItem(seq, relay=RELAY_TAKE, handoff=SpecItem(seq, [], chain_len=3), remaining=60 - len(out))
         res = (await tw.verify([item]))[0]
         assert not res.relay_missed and res.relay_tree is not None
         out += res.tokens
@@ -172,3 +172,31 @@ def test_under_internal_mutual_tls_the_socket_speaks_it_and_a_client_without_a_c
     out, used = asyncio.run(main())
     assert used == "socket"
     assert out == greedy_reference(tiny_model_dir, tuple(PROMPT), len(out))
+
+
+def test_a_restarted_draft_is_found_again_on_its_new_socket(tiny_model_dir, monkeypatch):
+    """The draft restarts on its gRPC port, its relay socket on another free one: the target's next handoff after the
+    broken stream's pause asks Info again and relays over the new socket; the output stays the target's."""
+    import services.target.draft_relay as draft_relay
+    from services.model_main import start
+    from tests.support.model_services import model_settings
+
+    monkeypatch.setattr(draft_relay, "RETRY_S", 0.2)  # the pause after a broken relay stream
+
+    async def main():
+        async with serving(tiny_model_dir, tiny_model_dir) as (target, draft):
+            before = draft.engine_host.info().relay_port
+            out = await _relay_greedy(target, draft, steps=8)
+            await draft.stop(0)
+            again = await start(model_settings(tiny_model_dir, port=draft.port), "draft")
+            try:
+                await asyncio.sleep(0.3)
+                after = again.engine_host.info().relay_port
+                return out, await _relay_greedy(target, again, steps=8, seq="b"), before, after, target
+            finally:
+                await again.stop(0)
+
+    out, again, before, after, target = asyncio.run(main())
+    assert before != after and target.engine_host.draft_relay.transport == "socket"
+    assert out == greedy_reference(tiny_model_dir, tuple(PROMPT), len(out))
+    assert again == greedy_reference(tiny_model_dir, tuple(PROMPT), len(again))
