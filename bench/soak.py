@@ -269,8 +269,10 @@ def passed(report: dict, max_rss_growth: float = 0.10) -> bool:
 def write_results(report: dict, name: str, command: str) -> Path:
     out = RESULTS / name
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"command": command, "machine": f"{platform.node()} ({platform.machine()}, {_cores()} cores)",
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    from bench.run_info import cpu_model, git_commit
+
+    meta = {"command": command, "machine": f"{cpu_model() or platform.node()} ({platform.machine()}, {_cores()} cores)",
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": git_commit()}
     (out / "soak.json").write_text(json.dumps(meta | report, indent=2) + "\n")
     (out / "README.md").write_text(render(meta, report))
     return out
@@ -297,7 +299,8 @@ def render(meta: dict, r: dict) -> str:
         ("wall time", f"{r['wall_s']} s"),
         ("verdict", "PASS" if passed(r) else "FAIL"),
     ]
-    lines = [f"# Soak with faults: {meta['date']}", "", f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}",
+    lines = [f"# Soak with faults: {meta['date']}", "", f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}  ",
+             f"Commit: {meta.get('commit') or 'unknown'}",
              "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), "",
              "RSS (KiB) per service at the start of the soak and at the end (draft and target are restarted "
              "processes: their figures are of the last incarnation):", "", "| service | start | end |", "|---|---|---|",
