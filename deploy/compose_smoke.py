@@ -94,8 +94,8 @@ class Smoke:
         if left <= 0:
             raise TimeoutError("the smoke's time budget is spent")
         self.say("$ " + " ".join(cmd))
-        out = subprocess.run(cmd, cwd=ROOT, env=self.env, capture_output=True, text=True,
-                             timeout=min(timeout, left), **kw)
+        env = kw.pop("env", self.env)  # a step may run with variables of its own (apt-get's DEBIAN_FRONTEND)
+        out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=min(timeout, left), **kw)
         text = (out.stdout + out.stderr).strip()
         if text and not quiet:
             self.log.write("\n".join(text.splitlines()[-40:]) + "\n")
