@@ -400,6 +400,9 @@ class Smoke:
     def _screenshot(self, ui: str, trace_id: str) -> dict:
         """deploy/trace_screenshot.py (Chromium over the DevTools protocol) in a venv with websockets from the
         wheelhouse: the page once the trace's span tree has rendered, the Attributes tab open."""
+        if shutil.which("chromium") is None:  # as the daemon step installs Docker: Debian's package, where apt is at hand
+            self.run(["apt-get", "install", "-y", "chromium"], timeout=900, quiet=True,
+                     env={**self.env, "DEBIAN_FRONTEND": "noninteractive"})
         if shutil.which("chromium") is None:
             raise RuntimeError("no chromium for the trace screenshot (apt-get install chromium)")
         venv = self.state / "screenshot-venv"
