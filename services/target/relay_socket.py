@@ -86,6 +86,3 @@ class RelaySocketCall:
         self._cancelled = True
         self._proto.close()
         return True
-
-    def done(self) -> bool:
-        return self._proto.lost
